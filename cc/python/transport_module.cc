@@ -1,0 +1,362 @@
+// tf_rdma._transport: the transport layer for Python (tests, the bench, `python -m tf_rdma info`).
+// Blocking calls release the GIL; errors become the exceptions of tf_rdma.errors.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <sys/resource.h>
+
+#include "absl/strings/str_cat.h"
+#include "cc/bench/transport_bench.h"
+#include "cc/transport/backend_selection.h"
+#include "cc/transport/config.h"
+#include "cc/transport/handshake.h"
+#include "cc/transport/transport.h"
+#include "cc/transport/wire.h"
+
+namespace py = pybind11;
+
+namespace tf_rdma {
+namespace {
+
+// Carries a failed status to the translator below, which raises tf_rdma.errors' class for it.
+struct StatusException {
+  absl::Status status;
+  uint64_t needed = 0;
+};
+
+void ThrowIfError(const absl::Status& status, uint64_t needed = 0) {
+  if (!status.ok()) throw StatusException{status, needed};
+}
+
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  ThrowIfError(value.status());
+  return *std::move(value);
+}
+
+Tag TagFromInt(const py::int_& value) {
+  const py::int_ all_ones(~uint64_t{0});
+  if (PyObject_RichCompareBool(value.ptr(), py::int_(0).ptr(), Py_LT) == 1) {
+    throw py::value_error("tag must be >= 0");
+  }
+  const py::int_ high(value.attr("__rshift__")(64));
+  if (PyObject_RichCompareBool(high.ptr(), all_ones.ptr(), Py_GT) == 1) {
+    throw py::value_error("tag must fit in 128 bits");
+  }
+  const py::int_ low(value.attr("__and__")(all_ones));
+  return Tag{high.cast<uint64_t>(), low.cast<uint64_t>()};
+}
+
+// One operation's outcome, waited for from Python.
+class Pending {
+ public:
+  void Finish(absl::Status status, uint64_t value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+    value_ = value;
+    done_ = true;
+    cv_.notify_all();
+  }
+  // Returns the value (bytes landed) or raises; TimeoutError if not done within `timeout` seconds.
+  uint64_t Wait(double timeout) {
+    py::gil_scoped_release release;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_; })) {
+      ThrowIfError(absl::DeadlineExceededError(absl::StrCat("not done within ", timeout, " s")));
+    }
+    ThrowIfError(status_, value_);
+    return value_;
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+  uint64_t value_ = 0;
+};
+
+struct GrantHandle {
+  uint64_t id = 0;
+  std::shared_ptr<Pending> pending = std::make_shared<Pending>();
+};
+
+struct WriteHandle {
+  std::shared_ptr<Pending> pending = std::make_shared<Pending>();
+  py::object keep_alive;  // the source buffer must outlive the write
+};
+
+// Closes the connection when Python lets go of it: its threads would otherwise keep it alive.
+class PyConnection {
+ public:
+  explicit PyConnection(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
+  ~PyConnection() { connection_->Close(absl::CancelledError("the connection object was dropped")); }
+  Connection& get() { return *connection_; }
+
+ private:
+  std::shared_ptr<Connection> connection_;
+};
+
+class PyListener {
+ public:
+  PyListener(Transport& transport, const std::string& endpoint) {
+    listener_ = ValueOrThrow(transport.Listen(
+        ValueOrThrow(Endpoint::Parse(endpoint)), [this](std::shared_ptr<Connection> connection) {
+          std::lock_guard<std::mutex> lock(mu_);
+          accepted_.push_back(std::move(connection));
+          cv_.notify_all();
+        }));
+  }
+  ~PyListener() {
+    listener_.reset();
+    for (auto& connection : accepted_) connection->Close(absl::CancelledError("never accepted"));
+  }
+  std::string endpoint() const { return listener_->endpoint().ToString(); }
+  int port() const { return listener_->endpoint().port; }
+  std::unique_ptr<PyConnection> Accept(double timeout) {
+    std::shared_ptr<Connection> connection;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return !accepted_.empty(); })) {
+        connection = std::move(accepted_.front());
+        accepted_.pop_front();
+      }
+    }
+    if (!connection) {
+      ThrowIfError(absl::DeadlineExceededError(
+          absl::StrCat("no peer connected to ", endpoint(), " within ", timeout, " s")));
+    }
+    return std::make_unique<PyConnection>(std::move(connection));
+  }
+
+ private:
+  std::unique_ptr<Listener> listener_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Connection>> accepted_;
+};
+
+TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_key,
+                             double peer_timeout, double connect_timeout, uint32_t protocol_version) {
+  TransportOptions options;
+  options.local_name = name;
+  options.cluster_key = cluster_key;
+  options.peer_timeout = absl::Seconds(peer_timeout);
+  options.connect_timeout = absl::Seconds(connect_timeout);
+  options.protocol_version_override = protocol_version;
+  return options;
+}
+
+py::dict ConfigToDict(const Config& config) {
+  py::dict d;
+  d["backend"] = config.backend;
+  d["peer_timeout"] = absl::ToDoubleSeconds(config.peer_timeout);
+  d["connect_timeout"] = absl::ToDoubleSeconds(config.connect_timeout);
+  d["secret"] = py::bytes(config.secret);
+  return d;
+}
+
+}  // namespace
+}  // namespace tf_rdma
+
+PYBIND11_MODULE(_transport, m) {
+  using namespace tf_rdma;
+  m.doc() = "tf_rdma's transport layer (receiver-granted one-sided writes) for Python.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusException& e) {
+      py::object errors = py::module_::import("tf_rdma.errors");
+      py::object error = errors.attr("from_status")(static_cast<int>(e.status.code()),
+                                                    std::string(e.status.message()), e.needed);
+      PyErr_SetObject(error.get_type().ptr(), error.ptr());
+    }
+  });
+
+  m.attr("PROTOCOL_VERSION") = wire::kProtocolVersion;
+  m.attr("BUILD_VERSION") = BuildVersion();
+
+  py::class_<MemoryRegion, std::shared_ptr<MemoryRegion>>(m, "Region", py::buffer_protocol())
+      .def_property_readonly("id", &MemoryRegion::id)
+      .def_property_readonly("size", &MemoryRegion::size)
+      .def("__len__", &MemoryRegion::size)
+      .def_buffer([](MemoryRegion& r) {
+        return py::buffer_info(r.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(r.size())}, {1}, /*readonly=*/false);
+      });
+
+  py::class_<GrantHandle>(m, "Grant")
+      .def_readonly("id", &GrantHandle::id)
+      .def("wait", [](GrantHandle& g, double timeout) { return g.pending->Wait(timeout); },
+           py::arg("timeout") = 60.0, "Bytes that landed; raises if the grant failed.")
+      .def("done", [](GrantHandle& g) { return g.pending->done(); });
+
+  py::class_<WriteHandle>(m, "Write")
+      .def("wait", [](WriteHandle& w, double timeout) { w.pending->Wait(timeout); },
+           py::arg("timeout") = 60.0)
+      .def("done", [](WriteHandle& w) { return w.pending->done(); });
+
+  py::class_<PyConnection>(m, "Connection")
+      .def_property_readonly("peer_name", [](PyConnection& c) { return c.get().peer_name(); })
+      .def_property_readonly("backend", [](PyConnection& c) { return BackendName(c.get().backend()); })
+      .def("check", [](PyConnection& c) { ThrowIfError(c.get().health()); },
+           "Raises the error that ended the connection, if any.")
+      .def("grant",
+           [](PyConnection& c, const py::int_& tag, std::shared_ptr<MemoryRegion> region,
+              uint64_t offset, uint64_t capacity) {
+             GrantHandle handle;
+             auto pending = handle.pending;
+             handle.id = c.get().Grant(TagFromInt(tag), std::move(region), offset, capacity,
+                                       [pending](const GrantResult& r) { pending->Finish(r.status, r.length); });
+             return handle;
+           },
+           py::arg("tag"), py::arg("region"), py::arg("offset"), py::arg("capacity"))
+      .def("revoke", [](PyConnection& c, const GrantHandle& g) { c.get().Revoke(g.id); })
+      .def("write",
+           [](PyConnection& c, const py::int_& tag, const py::buffer& data) {
+             py::buffer_info info = data.request();
+             WriteHandle handle;
+             handle.keep_alive = data;
+             auto pending = handle.pending;
+             c.get().Write(TagFromInt(tag), info.ptr, static_cast<uint64_t>(info.size * info.itemsize),
+                           [pending](const absl::Status& s) { pending->Finish(s, 0); });
+             return handle;
+           },
+           py::arg("tag"), py::arg("data"))
+      .def("close", [](PyConnection& c, const std::string& reason) {
+             c.get().Close(absl::CancelledError(reason));
+           }, py::arg("reason") = "closed by its owner");
+
+  py::class_<PyListener>(m, "Listener")
+      .def_property_readonly("endpoint", &PyListener::endpoint)
+      .def_property_readonly("port", &PyListener::port)
+      .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0);
+
+  py::class_<Transport>(m, "Transport")
+      .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
+                       double peer_timeout, double connect_timeout, uint32_t protocol_version) {
+             return ValueOrThrow(CreateTransport(
+                 ValueOrThrow(ParseBackend(backend)),
+                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version)));
+           }),
+           py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
+           py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,
+           py::arg("protocol_version") = 0)
+      .def_property_readonly("backend", [](Transport& t) { return BackendName(t.backend()); })
+      .def("allocate_region", [](Transport& t, size_t bytes) { return ValueOrThrow(t.AllocateRegion(bytes)); })
+      .def("listen", [](Transport& t, const std::string& endpoint) {
+             return std::make_unique<PyListener>(t, endpoint);
+           }, py::keep_alive<0, 1>())
+      .def("connect", [](Transport& t, const std::string& endpoint) {
+             auto parsed = ValueOrThrow(Endpoint::Parse(endpoint));
+             std::shared_ptr<Connection> connection;
+             {
+               py::gil_scoped_release release;
+               connection = ValueOrThrow(t.Connect(parsed));
+             }
+             return std::make_unique<PyConnection>(std::move(connection));
+           });
+
+  m.def("backend_available", [](const std::string& name) {
+    absl::Status status = BackendAvailable(ValueOrThrow(ParseBackend(name)));
+    return py::make_tuple(status.ok(), std::string(status.message()));
+  });
+  m.def("choose_backend", [](const std::string& requested, const std::string& host) {
+    BackendChoice choice = ValueOrThrow(ChooseBackend(requested, host));
+    return py::make_tuple(BackendName(choice.backend), choice.reason);
+  });
+  m.def("load_config", [] { return ConfigToDict(ValueOrThrow(LoadConfigFromEnvironment())); });
+  m.def("parse_config", [](const std::map<std::string, std::string>& environment) {
+    return ConfigToDict(ValueOrThrow(ParseConfig(environment)));
+  });
+  m.def("config_variables", [] {
+    py::list out;
+    for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));
+    return out;
+  });
+  m.def("memlock_limit", [] {
+    rlimit limit{};
+    getrlimit(RLIMIT_MEMLOCK, &limit);
+    return py::make_tuple(limit.rlim_cur == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_cur),
+                          limit.rlim_max == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_max));
+  });
+  m.def("decode_frame", [](const py::bytes& data) {
+    // Exposes the wire decoder to the fuzz test; returns the frame type's name or raises.
+    const std::string bytes = data;
+    if (bytes.size() < wire::kHeaderLength) {
+      ThrowIfError(absl::DataLossError("frame shorter than its header"));
+    }
+    auto header = ValueOrThrow(wire::DecodeHeader(std::string_view(bytes).substr(0, wire::kHeaderLength)));
+    const std::string_view body = std::string_view(bytes).substr(wire::kHeaderLength);
+    if (body.size() != header.body_length) {
+      ThrowIfError(absl::DataLossError(absl::StrCat("body is ", body.size(), " bytes, header says ",
+                                                    header.body_length)));
+    }
+    auto frame = ValueOrThrow(wire::DecodeBody(header.type, body));
+    return std::string(wire::FrameTypeName(frame.type));
+  });
+
+  m.def("bench_serve",
+        [](const std::string& backend, const bench::BenchPlan& plan, uint16_t port,
+           const std::string& cluster_key, py::function ready) {
+          TransportOptions options = MakeOptions("bench-receiver", py::bytes(cluster_key), 30, 60, 0);
+          py::gil_scoped_release release;
+          ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, port,
+                                    [&](uint16_t transport_port, uint16_t baseline_port) {
+                                      py::gil_scoped_acquire acquire;
+                                      ready(transport_port, baseline_port);
+                                    }));
+        });
+  m.def("bench_drive",
+        [](const std::string& backend, const bench::BenchPlan& plan, const std::string& endpoint,
+           const std::string& baseline_endpoint, const std::string& cluster_key) {
+          TransportOptions options = MakeOptions("bench-sender", py::bytes(cluster_key), 30, 60, 0);
+          absl::StatusOr<bench::BenchReport> report;
+          {
+            py::gil_scoped_release release;
+            report = bench::Drive(ValueOrThrow(ParseBackend(backend)), options, plan,
+                                  ValueOrThrow(Endpoint::Parse(endpoint)),
+                                  ValueOrThrow(Endpoint::Parse(baseline_endpoint)));
+          }
+          bench::BenchReport r = ValueOrThrow(std::move(report));
+          py::list throughput, latency;
+          for (const auto& s : r.throughput) {
+            py::dict d;
+            d["size"] = s.size;
+            d["iterations"] = s.iterations;
+            d["transport_gbps"] = s.transport_gbps;
+            d["tcp_socket_gbps"] = s.tcp_socket_gbps;
+            d["memcpy_gbps"] = s.memcpy_gbps;
+            throughput.append(d);
+          }
+          for (const auto& l : r.latency) {
+            py::dict d;
+            d["size"] = l.size;
+            d["transport_us"] = l.transport_us;
+            d["tcp_socket_us"] = l.tcp_socket_us;
+            latency.append(d);
+          }
+          py::dict out;
+          out["throughput"] = throughput;
+          out["latency"] = latency;
+          return out;
+        });
+
+  py::class_<bench::BenchPlan>(m, "BenchPlan")
+      .def(py::init<>())
+      .def_readwrite("sizes", &bench::BenchPlan::sizes)
+      .def_readwrite("latency_sizes", &bench::BenchPlan::latency_sizes)
+      .def_readwrite("bytes_per_size", &bench::BenchPlan::bytes_per_size)
+      .def_readwrite("latency_round_trips", &bench::BenchPlan::latency_round_trips)
+      .def_readwrite("depth", &bench::BenchPlan::depth);
+}

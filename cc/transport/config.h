@@ -1,0 +1,36 @@
+// TF_RDMA_* environment variables: the single place they are named, parsed and validated.
+// Every variable is also in the README's table; a TF_RDMA_* name this build does not know is an
+// error, so a typo cannot silently leave a setting at its default.
+#ifndef TF_RDMA_CC_TRANSPORT_CONFIG_H_
+#define TF_RDMA_CC_TRANSPORT_CONFIG_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tf_rdma {
+
+struct Config {
+  std::string backend = "auto";  // auto | verbs | tcp | shm
+  absl::Duration peer_timeout = absl::Seconds(30);
+  absl::Duration connect_timeout = absl::Seconds(60);
+  std::string secret;
+};
+
+struct ConfigVariable {
+  const char* name;
+  const char* default_value;
+  const char* meaning;
+};
+const std::vector<ConfigVariable>& ConfigVariables();
+
+// Parses `environment` (name -> value, typically the process environment's TF_RDMA_* entries).
+absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment);
+absl::StatusOr<Config> LoadConfigFromEnvironment();
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_CONFIG_H_

@@ -1,0 +1,40 @@
+// Connection setup shared by every backend: both peers prove they hold the same cluster key
+// (HMAC over fresh nonces, the key itself never travels) and speak the same wire protocol.
+#ifndef TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
+#define TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cc/transport/transport.h"
+#include "cc/transport/wire.h"
+
+namespace tf_rdma {
+
+// The blocking, framed channel a backend offers for the handshake.
+class FrameChannel {
+ public:
+  virtual ~FrameChannel() = default;
+  virtual absl::Status Send(const wire::Frame& frame) = 0;
+  virtual absl::StatusOr<wire::Frame> Receive(absl::Time deadline) = 0;
+  // How the peer is reached, for error messages ("127.0.0.1:5000").
+  virtual std::string PeerAddress() const = 0;
+};
+
+struct PeerIdentity {
+  std::string name;
+  std::string build;
+};
+
+// The version string of this tf_rdma build, sent to peers so mismatches can name both sides.
+const char* BuildVersion();
+
+absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
+                                             const TransportOptions& options);
+absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,
+                                             const TransportOptions& options);
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_

@@ -1,0 +1,64 @@
+#include "cc/transport/local_host.h"
+
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tf_rdma {
+namespace {
+
+bool IsLoopback(const sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(address);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
+  }
+  return false;
+}
+
+bool SameAddress(const sockaddr* a, const sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  }
+  if (a->sa_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> IsLocalHost(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &resolved);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool local = false;
+  for (addrinfo* a = resolved; a != nullptr && !local; a = a->ai_next) {
+    local = IsLoopback(a->ai_addr);
+    for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+      local = i->ifa_addr != nullptr && SameAddress(a->ai_addr, i->ifa_addr);
+    }
+  }
+  if (interfaces != nullptr) freeifaddrs(interfaces);
+  freeaddrinfo(resolved);
+  return local;
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,223 @@
+#include "cc/transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "cc/transport/local_host.h"
+#include "cc/transport/stream/socket_io.h"
+#include "cc/transport/stream/stream_transport.h"
+
+namespace tf_rdma {
+namespace {
+
+// A peer maps our region: once the size is sealed, it can rely on every mapped page existing.
+constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+class SharedRegion : public MemoryRegion {
+ public:
+  SharedRegion(uint32_t id, char* data, size_t size, int fd)
+      : MemoryRegion(id, data, size), fd_(fd) {}
+  ~SharedRegion() override {
+    munmap(data(), std::max<size_t>(size(), 1));
+    close(fd_);
+  }
+  int fd() const { return fd_; }
+
+ private:
+  const int fd_;
+};
+
+class ShmConnection : public StreamConnection {
+ public:
+  using StreamConnection::StreamConnection;
+  ~ShmConnection() override {
+    for (auto& [id, mapping] : mappings_) munmap(mapping.base, mapping.size);
+  }
+
+ protected:
+  absl::Status CheckLocalRegion(const MemoryRegion& region) override {
+    if (dynamic_cast<const SharedRegion*>(&region) != nullptr) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "a shm connection can grant only regions allocated by the shm transport");
+  }
+
+  std::optional<ControlFrame> FrameBeforeGrant(const std::shared_ptr<MemoryRegion>& region) override {
+    if (!shared_regions_.insert(region->id()).second) return std::nullopt;
+    const auto* shared = static_cast<const SharedRegion*>(region.get());
+    return ControlFrame{{wire::FrameType::kShmRegion, wire::ShmRegion{region->id(), region->size()}},
+                        shared->fd(), region};
+  }
+
+  absl::Status CheckRemoteGrant(const wire::Grant& grant) override {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    auto it = mappings_.find(grant.region_id);
+    if (it == mappings_.end()) {
+      return absl::DataLossError(absl::StrCat("GRANT in region ", grant.region_id,
+                                              ", which the peer never shared"));
+    }
+    if (grant.offset > it->second.size || grant.capacity > it->second.size - grant.offset) {
+      return absl::DataLossError(absl::StrCat("GRANT of [", grant.offset, ", +", grant.capacity,
+                                              ") outside region ", grant.region_id, " of ",
+                                              it->second.size, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SendMessage(const wire::Grant& grant, const wire::Frame& data, const void* src,
+                           uint64_t length) override {
+    char* destination;
+    {
+      std::lock_guard<std::mutex> lock(mappings_mu_);
+      destination = mappings_.at(grant.region_id).base + grant.offset;
+    }
+    if (length > 0) std::memcpy(destination, src, length);
+    return SendFrame(data);
+  }
+
+  absl::Status ReceiveMessage(char*, uint64_t) override { return absl::OkStatus(); }
+
+  absl::Status OnShmRegion(const wire::ShmRegion& region, int fd) override {
+    if (fd < 0) return absl::DataLossError("SHM_REGION frame without a file descriptor");
+    struct stat info {};
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) != region.size ||
+        seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
+      close(fd);
+      return absl::DataLossError(absl::StrCat("SHM_REGION ", region.region_id,
+                                              ": descriptor is not a sealed region of ", region.size,
+                                              " bytes"));
+    }
+    const size_t length = std::max<size_t>(region.size, 1);
+    void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot map the peer's region of ", region.size, " bytes: ", std::strerror(errno)));
+    }
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    if (!mappings_.emplace(region.region_id, Mapping{static_cast<char*>(base), length}).second) {
+      munmap(base, length);
+      return absl::DataLossError(absl::StrCat("region ", region.region_id, " shared twice"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Mapping {
+    char* base;
+    size_t size;
+  };
+  std::unordered_set<uint32_t> shared_regions_;  // guarded by the connection's lock
+  std::mutex mappings_mu_;
+  std::unordered_map<uint32_t, Mapping> mappings_;
+};
+
+sockaddr_un AbstractAddress(const std::string& name, socklen_t* length) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  // A leading NUL puts the name in the abstract namespace: no file to clean up, gone with the process.
+  std::memcpy(address.sun_path + 1, name.data(), std::min(name.size(), sizeof(address.sun_path) - 2));
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return address;
+}
+
+class ShmTransport : public StreamTransport {
+ public:
+  explicit ShmTransport(const TransportOptions& options) : StreamTransport(Backend::kShm, options) {}
+
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> AllocateRegion(size_t bytes) override {
+    const int fd = memfd_create("tf_rdma-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return absl::UnavailableError(ErrnoMessage("memfd_create", errno));
+    const size_t length = std::max<size_t>(bytes, 1);
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fcntl(fd, F_ADD_SEALS, kRequiredSeals) != 0) {
+      const int error = errno;
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot size a shared region of ", bytes, " bytes: ", std::strerror(error)));
+    }
+    void* data = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot map a shared region of ", bytes, " bytes: ", std::strerror(error)));
+    }
+    return std::make_shared<SharedRegion>(next_region_id_++, static_cast<char*>(data), bytes, fd);
+  }
+
+ protected:
+  absl::StatusOr<int> OpenListeningSocket(const Endpoint& endpoint, Endpoint* bound) override {
+    // Port 0 asks for any free name, as it does for TCP.
+    std::mt19937 random(std::random_device{}());
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const uint16_t port = endpoint.port != 0 ? endpoint.port
+                                               : static_cast<uint16_t>(20000 + random() % 40000);
+      const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) return absl::UnavailableError(ErrnoMessage("socket", errno));
+      socklen_t length;
+      sockaddr_un address = AbstractAddress(ShmSocketName(port), &length);
+      if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, 128) == 0) {
+        *bound = Endpoint{endpoint.host.empty() ? "127.0.0.1" : endpoint.host, port};
+        return fd;
+      }
+      const int error = errno;
+      close(fd);
+      if (endpoint.port != 0 || error != EADDRINUSE) {
+        return absl::UnavailableError(absl::StrCat("cannot listen on shm endpoint ",
+                                                   endpoint.ToString(), ": ", std::strerror(error)));
+      }
+    }
+    return absl::UnavailableError("no free shm endpoint found");
+  }
+
+  absl::StatusOr<int> ConnectSocket(const Endpoint& endpoint) override {
+    absl::StatusOr<bool> local = IsLocalHost(endpoint.host);
+    if (!local.ok()) return local.status();
+    if (!*local) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the shm backend reaches only peers on this host, and ", endpoint.host,
+          " is not one of its addresses; use TF_RDMA_BACKEND=auto, tcp or verbs"));
+    }
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::UnavailableError(ErrnoMessage("socket", errno));
+    socklen_t length;
+    sockaddr_un address = AbstractAddress(ShmSocketName(endpoint.port), &length);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+      const int error = errno;
+      close(fd);
+      return absl::UnavailableError(ErrnoMessage("connect", error));
+    }
+    return fd;
+  }
+
+  std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
+                                                   const std::string& peer_address) override {
+    return std::make_shared<ShmConnection>(fd, Backend::kShm, peer.name, peer_address, options());
+  }
+
+ private:
+  std::atomic<uint32_t> next_region_id_{1};
+};
+
+}  // namespace
+
+std::string ShmSocketName(uint16_t port) { return absl::StrCat("tf_rdma-shm-", port); }
+
+std::unique_ptr<Transport> CreateShmTransport(const TransportOptions& options) {
+  return std::make_unique<ShmTransport>(options);
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,124 @@
+#include "cc/transport/stream/socket_io.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tf_rdma {
+
+std::string ErrnoMessage(const char* what, int error) {
+  return absl::StrCat(what, ": ", std::strerror(error));
+}
+
+absl::Status SendAll(int fd, std::vector<iovec> iov, int pass_fd) {
+  size_t first = 0;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  while (first < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    if (pass_fd >= 0) {
+      std::memset(control, 0, sizeof(control));
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
+    }
+    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(ErrnoMessage("send failed", errno));
+    }
+    pass_fd = -1;  // delivered with the first byte
+    size_t left = static_cast<size_t>(sent);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (first < iov.size()) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silence_limit,
+                          std::deque<int>* received_fds) {
+  const int timeout_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(silence_limit)));
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  size_t done = 0;
+  while (done < length) {
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = poll(&pfd, 1, timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(ErrnoMessage("poll failed", errno));
+    }
+    if (ready == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the peer sent nothing for ", timeout_ms, " ms"));
+    }
+    iovec iov{dst + done, length - done};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return absl::UnavailableError(ErrnoMessage("receive failed", errno));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (received_fds != nullptr) {
+          received_fds->push_back(passed);
+        } else {
+          close(passed);
+        }
+      }
+    }
+    if (got == 0) return absl::UnavailableError("the peer closed the connection");
+    done += static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, absl::Duration silence_limit,
+                                         std::deque<int>* received_fds) {
+  char header_bytes[wire::kHeaderLength];
+  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), silence_limit, received_fds);
+  if (!status.ok()) return status;
+  absl::StatusOr<wire::Header> header = wire::DecodeHeader({header_bytes, sizeof(header_bytes)});
+  if (!header.ok()) return header.status();
+  std::string body(header->body_length, '\0');
+  status = ReceiveExact(fd, body.data(), body.size(), silence_limit, received_fds);
+  if (!status.ok()) return status;
+  return wire::DecodeBody(header->type, body);
+}
+
+absl::Status SocketFrameChannel::Send(const wire::Frame& frame) {
+  std::string bytes = wire::Encode(frame);
+  return SendAll(fd_, {iovec{bytes.data(), bytes.size()}});
+}
+
+absl::StatusOr<wire::Frame> SocketFrameChannel::Receive(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
+  return ReceiveFrame(fd_, left, nullptr);
+}
+
+}  // namespace tf_rdma

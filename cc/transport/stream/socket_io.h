@@ -1,0 +1,51 @@
+// Blocking socket I/O for the stream backends: whole-buffer sends and receives that survive partial
+// transfers and EINTR, carry file descriptors (shm), and report a silent peer instead of waiting
+// forever.
+#ifndef TF_RDMA_CC_TRANSPORT_STREAM_SOCKET_IO_H_
+#define TF_RDMA_CC_TRANSPORT_STREAM_SOCKET_IO_H_
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cc/transport/handshake.h"
+#include "cc/transport/wire.h"
+
+namespace tf_rdma {
+
+// Sends every byte of `iov`; `pass_fd` (if >= 0) rides along as SCM_RIGHTS on the first byte.
+absl::Status SendAll(int fd, std::vector<iovec> iov, int pass_fd = -1);
+
+// Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
+// kDeadlineExceeded when no byte arrived for `silence_limit`. Descriptors passed by the peer are
+// appended to `received_fds` (owned by the caller) when it is not null, and closed otherwise.
+absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silence_limit,
+                          std::deque<int>* received_fds);
+
+// Reads one frame header and body.
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, absl::Duration silence_limit,
+                                         std::deque<int>* received_fds);
+
+// The handshake's view of a connected socket.
+class SocketFrameChannel : public FrameChannel {
+ public:
+  SocketFrameChannel(int fd, std::string peer_address)
+      : fd_(fd), peer_address_(std::move(peer_address)) {}
+  absl::Status Send(const wire::Frame& frame) override;
+  absl::StatusOr<wire::Frame> Receive(absl::Time deadline) override;
+  std::string PeerAddress() const override { return peer_address_; }
+
+ private:
+  const int fd_;
+  const std::string peer_address_;
+};
+
+std::string ErrnoMessage(const char* what, int error);
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_STREAM_SOCKET_IO_H_

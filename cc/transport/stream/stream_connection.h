@@ -1,0 +1,131 @@
+// A Connection over a stream socket, shared by the tcp and shm backends. One reader thread takes
+// frames off the socket; one writer thread sends queued frames and messages, and a heartbeat when
+// idle, so that a peer that goes silent is noticed within TransportOptions::peer_timeout.
+// Backends supply only the payload path (how a message reaches a granted range).
+#ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_CONNECTION_H_
+#define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_CONNECTION_H_
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cc/transport/transport.h"
+#include "cc/transport/wire.h"
+
+namespace tf_rdma {
+
+struct TagHash {
+  size_t operator()(const Tag& tag) const { return tag.hi * 0x9e3779b97f4a7c15ULL ^ tag.lo; }
+};
+
+class StreamConnection : public Connection, public std::enable_shared_from_this<StreamConnection> {
+ public:
+  // Takes ownership of `fd`, a connected socket whose handshake is done.
+  StreamConnection(int fd, Backend backend, std::string peer_name, std::string peer_address,
+                   const TransportOptions& options);
+  ~StreamConnection() override;
+  // Starts the reader and writer threads; they keep the connection alive until it is closed.
+  void Start();
+
+  uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
+                 uint64_t capacity, GrantDone done) override;
+  void Revoke(uint64_t grant_id) override;
+  void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
+  void Close(const absl::Status& reason) override;
+  absl::Status health() const override;
+  const std::string& peer_name() const override { return peer_name_; }
+  Backend backend() const override { return backend_; }
+
+ protected:
+  // A frame to send, with the descriptor that rides along (shm regions) and what must outlive it.
+  struct ControlFrame {
+    wire::Frame frame;
+    int pass_fd = -1;
+    std::shared_ptr<MemoryRegion> keep_alive;
+  };
+
+  // Receiver side: whether peers of this backend can be granted ranges of `region`.
+  virtual absl::Status CheckLocalRegion(const MemoryRegion& region) { return absl::OkStatus(); }
+  // Receiver side, called with the connection's lock held: a frame the sender needs before it can
+  // use a grant of `region` (shm: the region's descriptor, once per connection).
+  virtual std::optional<ControlFrame> FrameBeforeGrant(const std::shared_ptr<MemoryRegion>& region) {
+    return std::nullopt;
+  }
+  // Sender side, reader thread: whether the peer's grant can be used at all.
+  virtual absl::Status CheckRemoteGrant(const wire::Grant& grant) { return absl::OkStatus(); }
+  // Sender side, writer thread: places the message in the grant and sends `data` (the DATA frame).
+  virtual absl::Status SendMessage(const wire::Grant& grant, const wire::Frame& data,
+                                   const void* src, uint64_t length) = 0;
+  // Receiver side, reader thread: a DATA frame for a grant at `dst` arrived; lands the payload.
+  virtual absl::Status ReceiveMessage(char* dst, uint64_t length) = 0;
+  // Sender side, reader thread: a SHM_REGION frame arrived with descriptor `fd` (or -1).
+  virtual absl::Status OnShmRegion(const wire::ShmRegion& region, int fd);
+
+  // For the payload hooks (writer thread only).
+  absl::Status SendFrame(const wire::Frame& frame, const void* payload = nullptr,
+                         uint64_t payload_length = 0, int pass_fd = -1);
+  absl::Status ReceiveRaw(char* dst, uint64_t length);
+  const std::string& peer_address() const { return peer_address_; }
+
+ private:
+  struct LocalGrant {
+    Tag tag;
+    std::shared_ptr<MemoryRegion> region;
+    uint64_t offset;
+    uint64_t capacity;
+    GrantDone done;
+    bool revoking = false;
+  };
+  struct PendingWrite {
+    const void* src;
+    uint64_t length;
+    WriteDone done;
+  };
+  struct Outgoing {
+    std::optional<ControlFrame> control;
+    // A message, when control is empty.
+    wire::Grant grant;
+    PendingWrite write;
+  };
+
+  void ReadLoop();
+  void WriteLoop();
+  absl::Status Dispatch(wire::Frame frame);
+  absl::Status OnRemoteGrant(const wire::Grant& grant);
+  absl::Status OnData(const wire::Data& data);
+  absl::Status OnGrantReturned(uint64_t grant_id, GrantResult result, bool must_exceed_capacity);
+  void OnPeerRevoke(uint64_t grant_id);
+  // Pairs a write with a grant if it fits; otherwise tells the peer what it needs. Lock held.
+  bool TryPairLocked(const wire::Grant& grant, const PendingWrite& write);
+  void EnqueueLocked(Outgoing item);
+  void CloseInternal(const absl::Status& reason, bool tell_peer);
+  absl::Status PeerError(const absl::Status& cause) const;
+
+  const int fd_;
+  const Backend backend_;
+  const std::string peer_name_;
+  const std::string peer_address_;
+  const TransportOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable writer_wakeup_;
+  absl::Status status_;
+  uint64_t next_grant_id_ = 1;
+  std::unordered_map<uint64_t, LocalGrant> local_grants_;
+  std::unordered_map<Tag, std::deque<PendingWrite>, TagHash> pending_writes_;
+  std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> remote_grants_;
+  std::unordered_set<uint64_t> remote_grant_ids_;
+  std::deque<Outgoing> outgoing_;
+
+  std::mutex send_mu_;  // one sender on the socket at a time: the writer, or Close's last word
+  std::deque<int> received_fds_;  // reader thread only
+};
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_STREAM_STREAM_CONNECTION_H_

@@ -1,0 +1,151 @@
+#include "cc/transport/stream/stream_transport.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <thread>
+
+#include "absl/log/log.h"
+#include "absl/strings/str_cat.h"
+#include "cc/transport/stream/socket_io.h"
+
+namespace tf_rdma {
+namespace {
+
+// Accepts on its own thread and handshakes each client on a thread of its own; joins them all when
+// destroyed, so nothing it started outlives it.
+class StreamListener : public Listener {
+ public:
+  using Handshake = std::function<void(int fd)>;
+  StreamListener(int fd, Endpoint endpoint, Handshake handshake)
+      : fd_(fd), endpoint_(std::move(endpoint)), handshake_(std::move(handshake)) {
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~StreamListener() override {
+    stopping_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    accept_thread_.join();
+    for (auto& worker : workers_) worker.thread.join();
+    close(fd_);
+  }
+  Endpoint endpoint() const override { return endpoint_; }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  void AcceptLoop() {
+    while (!stopping_) {
+      const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (!stopping_) LOG(ERROR) << "tf_rdma: accept on " << endpoint_.ToString() << ": " << std::strerror(errno);
+        return;
+      }
+      ReapFinishedWorkers();
+      Worker& worker = workers_.emplace_back();
+      worker.thread = std::thread([this, client, &worker] {
+        handshake_(client);
+        worker.finished = true;
+      });
+    }
+  }
+  void ReapFinishedWorkers() {
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->finished) {
+        it->thread.join();
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const int fd_;
+  const Endpoint endpoint_;
+  const Handshake handshake_;
+  std::atomic<bool> stopping_{false};
+  std::list<Worker> workers_;  // accept thread and destructor only
+  std::thread accept_thread_;
+};
+
+}  // namespace
+
+StreamTransport::~StreamTransport() {
+  std::vector<std::weak_ptr<StreamConnection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections.swap(connections_);
+  }
+  for (auto& weak : connections) {
+    if (auto connection = weak.lock()) {
+      connection->Close(absl::CancelledError("the local tf_rdma transport shut down"));
+    }
+  }
+}
+
+std::shared_ptr<StreamConnection> StreamTransport::StartConnection(int fd, const PeerIdentity& peer,
+                                                                   const std::string& peer_address) {
+  std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
+  connection->Start();
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
+                                    [](const auto& weak) { return weak.expired(); }),
+                     connections_.end());
+  connections_.push_back(connection);
+  return connection;
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint& endpoint,
+                                                                  AcceptCallback on_accept) {
+  Endpoint bound;
+  absl::StatusOr<int> fd = OpenListeningSocket(endpoint, &bound);
+  if (!fd.ok()) return fd.status();
+  auto handshake = [this, bound, on_accept = std::move(on_accept)](int client) {
+    const std::string address = absl::StrCat("client of ", bound.ToString());
+    SocketFrameChannel channel(client, address);
+    absl::StatusOr<PeerIdentity> peer = ServerHandshake(channel, backend(), options_);
+    if (!peer.ok()) {
+      LOG(WARNING) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
+                   << bound.ToString() << ": " << peer.status();
+      close(client);
+      return;
+    }
+    on_accept(StartConnection(client, *peer, address));
+  };
+  return std::make_unique<StreamListener>(*fd, bound, std::move(handshake));
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpoint& endpoint) {
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    absl::StatusOr<int> fd = ConnectSocket(endpoint);
+    if (fd.ok()) {
+      SocketFrameChannel channel(*fd, endpoint.ToString());
+      absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
+      if (!peer.ok()) {
+        close(*fd);
+        return peer.status();
+      }
+      return StartConnection(*fd, *peer, endpoint.ToString());
+    }
+    // Peers start in any order: a peer that is not listening yet is retried until the deadline.
+    if (fd.status().code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not reach the tf_rdma ", BackendName(backend()), " listener of peer ",
+          endpoint.ToString(), " within ", absl::FormatDuration(options_.connect_timeout),
+          " (TF_RDMA_CONNECT_TIMEOUT_MS): ", fd.status().message(),
+          ". Is the peer running, with tf_rdma loaded?"));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,51 @@
+// What the tcp and shm backends share above the connection: a listener that handshakes every
+// accepted socket on its own thread (a slow or hostile client cannot stall the others), connects
+// that retry until the peer is up or TransportOptions::connect_timeout passes, and closing every
+// connection when the transport goes away.
+#ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
+#define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cc/transport/handshake.h"
+#include "cc/transport/stream/stream_connection.h"
+#include "cc/transport/transport.h"
+
+namespace tf_rdma {
+
+class StreamTransport : public Transport {
+ public:
+  ~StreamTransport() override;
+  Backend backend() const override { return backend_; }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
+                                                   AcceptCallback on_accept) override;
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override;
+
+ protected:
+  StreamTransport(Backend backend, const TransportOptions& options)
+      : backend_(backend), options_(options) {}
+
+  // A listening socket for `endpoint`; `bound` is set to what peers must connect to.
+  virtual absl::StatusOr<int> OpenListeningSocket(const Endpoint& endpoint, Endpoint* bound) = 0;
+  // One attempt; kUnavailable means "not there yet, try again".
+  virtual absl::StatusOr<int> ConnectSocket(const Endpoint& endpoint) = 0;
+  virtual std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
+                                                           const std::string& peer_address) = 0;
+  const TransportOptions& options() const { return options_; }
+
+ private:
+  std::shared_ptr<StreamConnection> StartConnection(int fd, const PeerIdentity& peer,
+                                                    const std::string& peer_address);
+
+  const Backend backend_;
+  const TransportOptions options_;
+  std::mutex mu_;
+  std::vector<std::weak_ptr<StreamConnection>> connections_;
+};
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_

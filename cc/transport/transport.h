@@ -1,0 +1,142 @@
+// The transport layer: receiver-granted, one-sided writes between two processes.
+//
+// The model is RDMA's, whatever the backend underneath:
+//   * A receiver owns MemoryRegions. It grants a byte range of one of them to a peer for one tagged
+//     message (Connection::Grant). Only granted ranges are ever written, and a range is the receiver's
+//     again once the grant completes (data landed, grant revoked, or connection failed).
+//   * A sender writes a byte range of its own memory to the peer under a tag (Connection::Write). The
+//     write waits until the peer's grant for that tag arrives, then places the bytes straight into the
+//     granted range, and both sides are told: the sender that its memory may be reused, the receiver
+//     how many bytes landed.
+//   * A message larger than the grant is not written: the receiver's grant completes with
+//     kResourceExhausted and the size needed, and the receiver may grant a bigger range for the same
+//     tag; the sender's write keeps waiting for it.
+// Grants and writes with the same tag pair in FIFO order. Nothing here depends on TensorFlow.
+#ifndef TF_RDMA_CC_TRANSPORT_TRANSPORT_H_
+#define TF_RDMA_CC_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tf_rdma {
+
+enum class Backend { kTcp, kShm, kVerbs };
+const char* BackendName(Backend backend);
+absl::StatusOr<Backend> ParseBackend(const std::string& name);
+
+// Identifies one message between two peers; both sides must derive the same value.
+struct Tag {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  bool operator==(const Tag& other) const { return hi == other.hi && lo == other.lo; }
+};
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;
+  // Accepts "host:port" and "[v6addr]:port".
+  static absl::StatusOr<Endpoint> Parse(const std::string& text);
+};
+
+// Memory that peers may write into once granted. Backends place it where their writes can reach it
+// (plain pages for tcp, a shared memory file for shm, a registered MR for verbs).
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  uint32_t id() const { return id_; }
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  MemoryRegion(uint32_t id, char* data, size_t size) : id_(id), data_(data), size_(size) {}
+
+ private:
+  const uint32_t id_;
+  char* const data_;
+  const size_t size_;
+};
+
+// Outcome of a grant, delivered once. status is OK with `length` bytes written at the granted
+// offset; kResourceExhausted when the sender's message needs `length` bytes, more than granted;
+// kCancelled after Revoke; otherwise the connection's error.
+struct GrantResult {
+  absl::Status status;
+  uint64_t length = 0;
+};
+using GrantDone = std::function<void(const GrantResult&)>;
+using WriteDone = std::function<void(const absl::Status&)>;
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Receiver side. Returns the grant's id (for Revoke). `done` may run on a transport thread, before
+  // Grant returns if the connection has already failed; it must not block.
+  virtual uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
+                         uint64_t capacity, GrantDone done) = 0;
+  // Takes a grant back. Its `done` runs with kCancelled once the peer confirmed it will not write,
+  // or with OK if the data won the race. Either way the range is free after `done` ran.
+  virtual void Revoke(uint64_t grant_id) = 0;
+
+  // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
+  virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;
+
+  // Fails every pending and future operation with `reason` and tells the peer why.
+  virtual void Close(const absl::Status& reason) = 0;
+  // OK while the connection is usable, else the error that ended it.
+  virtual absl::Status health() const = 0;
+  virtual const std::string& peer_name() const = 0;
+  virtual Backend backend() const = 0;
+};
+
+using AcceptCallback = std::function<void(std::shared_ptr<Connection>)>;
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // The endpoint peers connect to (the actual port when port 0 was asked for).
+  virtual Endpoint endpoint() const = 0;
+};
+
+struct TransportOptions {
+  // Who this process is, for the peer's error messages (e.g. "/job:worker/replica:0/task:1").
+  std::string local_name;
+  // Peers prove they hold the same key in the handshake; see handshake.h. Derived by callers from
+  // the cluster spec and TF_RDMA_SECRET.
+  std::string cluster_key;
+  // A peer that sends nothing (not even a heartbeat) for this long is declared dead.
+  absl::Duration peer_timeout = absl::Seconds(30);
+  absl::Duration connect_timeout = absl::Seconds(20);
+  // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
+  // mismatch between two builds is reported.
+  uint32_t protocol_version_override = 0;
+};
+
+// One backend's view of this process: the memory it can grant, and its connections.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual Backend backend() const = 0;
+  virtual absl::StatusOr<std::shared_ptr<MemoryRegion>> AllocateRegion(size_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
+                                                           AcceptCallback on_accept) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
+                                                           const TransportOptions& options);
+
+// Whether `backend` can work in this process, and if not, why (e.g. "no RDMA device found").
+absl::Status BackendAvailable(Backend backend);
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,107 @@
+// The frames two tf_rdma processes exchange on a stream (tcp socket, shm control socket).
+//
+// Every frame is an 8-byte header {u8 type, u8[3] zero, u32 body length (little endian)} and a body
+// of at most kMaxBodyLength bytes; a DATA frame on tcp is followed by its payload, which is not part
+// of the body. Everything read off the wire is untrusted: decoding checks every length and field and
+// fails with kDataLoss instead of touching memory it should not.
+#ifndef TF_RDMA_CC_TRANSPORT_WIRE_H_
+#define TF_RDMA_CC_TRANSPORT_WIRE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "absl/status/statusor.h"
+#include "cc/transport/transport.h"
+
+namespace tf_rdma::wire {
+
+// Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
+constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kHeaderLength = 8;
+constexpr uint32_t kMaxBodyLength = 4096;
+constexpr size_t kMaxNameLength = 512;
+constexpr size_t kNonceLength = 32;
+constexpr size_t kMacLength = 32;
+
+enum class FrameType : uint8_t {
+  kHello = 1,      // client -> server: who I am, my nonce
+  kChallenge = 2,  // server -> client: who I am, my nonce, proof that I hold the cluster key
+  kProof = 3,      // client -> server: proof that I hold the cluster key
+  kAccept = 4,     // server -> client: handshake done
+  kReject = 5,     // either way: why the connection is refused or ended
+  kGrant = 6,      // receiver -> sender: a destination for one tagged message
+  kData = 7,       // sender -> receiver: a granted message landed (tcp: payload follows)
+  kTooSmall = 8,   // sender -> receiver: the message needs a bigger grant
+  kRevoke = 9,     // receiver -> sender: give this grant back
+  kRevoked = 10,   // sender -> receiver: the grant is given back unused
+  kPing = 11,      // either way: I am alive
+  kShmRegion = 12, // receiver -> sender (shm): a region's file descriptor rides along
+};
+
+using Nonce = std::array<uint8_t, kNonceLength>;
+using Mac = std::array<uint8_t, kMacLength>;
+
+struct Header {
+  FrameType type;
+  uint32_t body_length;
+};
+
+// kHello and kChallenge; `mac` only travels in kChallenge.
+struct Greeting {
+  uint32_t protocol_version = kProtocolVersion;
+  uint8_t backend = 0;
+  Nonce nonce{};
+  Mac mac{};
+  std::string name;   // the sender's TransportOptions::local_name
+  std::string build;  // the sender's tf_rdma version, for error messages
+};
+struct Proof { Mac mac{}; };
+struct Accept {};
+struct Reject {
+  uint32_t code = 0;  // absl::StatusCode
+  std::string message;
+};
+struct Grant {
+  uint64_t grant_id = 0;
+  Tag tag;
+  uint32_t region_id = 0;
+  uint64_t offset = 0;
+  uint64_t capacity = 0;
+};
+struct Data {
+  uint64_t grant_id = 0;
+  uint64_t length = 0;
+};
+struct TooSmall {
+  uint64_t grant_id = 0;
+  uint64_t needed = 0;
+};
+struct Revoke { uint64_t grant_id = 0; };
+struct Revoked { uint64_t grant_id = 0; };
+struct Ping {};
+struct ShmRegion {
+  uint32_t region_id = 0;
+  uint64_t size = 0;
+};
+
+using Body = std::variant<Greeting, Proof, Accept, Reject, Grant, Data, TooSmall, Revoke, Revoked,
+                          Ping, ShmRegion>;
+struct Frame {
+  FrameType type;
+  Body body;
+};
+
+absl::StatusOr<Header> DecodeHeader(std::string_view bytes);
+absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body);
+
+// Header and body of `frame`, ready to send.
+std::string Encode(const Frame& frame);
+
+const char* FrameTypeName(FrameType type);
+
+}  // namespace tf_rdma::wire
+
+#endif  // TF_RDMA_CC_TRANSPORT_WIRE_H_
