@@ -1,1 +1,28 @@
+"""tf_rdma: TensorFlow's cross-task tensors over one-sided RDMA writes instead of gRPC.
 
+Importing the package validates every TF_RDMA_* environment variable, so a typo or a bad value
+fails at once with a message naming the variable and the fix.
+"""
+from tf_rdma import errors
+from tf_rdma.config import Config, load_config
+from tf_rdma.errors import (
+    BackendUnavailableError,
+    CancelledError,
+    ConfigError,
+    HandshakeError,
+    MessageTooLargeError,
+    OperationTimeoutError,
+    PeerUnavailableError,
+    ProtocolError,
+    TransportError,
+)
+
+__version__ = "0.1.0"
+
+config = load_config()
+
+__all__ = [
+    "BackendUnavailableError", "CancelledError", "Config", "ConfigError", "HandshakeError",
+    "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
+    "TransportError", "config", "errors", "load_config",
+]

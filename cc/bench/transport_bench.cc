@@ -91,6 +91,33 @@ absl::Status ReceiveRound(Connection& connection, std::shared_ptr<MemoryRegion> 
   return completions.WaitFor(n);
 }
 
+// Bounces `rounds` messages of `size` between the two sides. Each landing message is answered from
+// the thread that delivered it, as an event-driven application would, so no hand-off to another
+// thread sits between two hops. `region` holds two landing slots and the outgoing message.
+absl::Status Bounce(Connection& connection, const std::shared_ptr<MemoryRegion>& region,
+                    uint64_t size, uint64_t rounds, uint64_t in_tag, uint64_t out_tag, bool starts) {
+  Completions landed, written;
+  const char* outgoing = region->data() + 2 * size;
+  auto write = [&](uint64_t i) {
+    connection.Write(Tag{out_tag, i}, outgoing, size, [&](const absl::Status& s) { written.Done(s); });
+  };
+  std::function<void(uint64_t)> grant = [&](uint64_t i) {
+    connection.Grant(Tag{in_tag, i}, region, (i % 2) * size, size, [&, i](const GrantResult& r) {
+      if (r.status.ok()) {
+        if (i + 1 < rounds) grant(i + 1);
+        const uint64_t next = starts ? i + 1 : i;
+        if (next < rounds) write(next);
+      }
+      landed.Done(r.status);
+    });
+  };
+  grant(0);
+  if (starts) write(0);
+  absl::Status status = landed.WaitFor(rounds);
+  if (status.ok()) status = written.WaitFor(rounds);
+  return status;
+}
+
 // ---- The plain TCP socket baseline ----
 
 absl::StatusOr<int> ListenPlainTcp(uint16_t* port) {
@@ -199,13 +226,11 @@ absl::Status Serve(Backend backend, const TransportOptions& options, const Bench
   }
   for (size_t l = 0; l < plan.latency_sizes.size(); ++l) {
     const uint64_t size = plan.latency_sizes[l];
-    absl::StatusOr<std::shared_ptr<MemoryRegion>> region = (*transport)->AllocateRegion(size);
+    absl::StatusOr<std::shared_ptr<MemoryRegion>> region = (*transport)->AllocateRegion(3 * size);
     if (!region.ok()) return finish(region.status());
-    for (int i = 0; i < plan.latency_round_trips; ++i) {
-      absl::Status status = ReceiveRound(*connection, *region, size, 1, PingTag(l), 1);
-      if (status.ok()) status = WriteAndWait(*connection, Tag{PongTag(l), 0}, (*region)->data(), size);
-      if (!status.ok()) return finish(status);
-    }
+    absl::Status bounced = Bounce(*connection, *region, size, plan.latency_round_trips, PingTag(l),
+                                  PongTag(l), /*starts=*/false);
+    if (!bounced.ok()) return finish(bounced);
     for (int i = 0; i < plan.latency_round_trips; ++i) {
       absl::Status status = ReceiveBytes(baseline, (*region)->data(), size);
       if (status.ok()) status = SendBytes(baseline, (*region)->data(), size);
@@ -290,17 +315,13 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
   }
   for (size_t l = 0; l < plan.latency_sizes.size(); ++l) {
     const uint64_t size = plan.latency_sizes[l];
-    absl::StatusOr<std::shared_ptr<MemoryRegion>> pong = (*transport)->AllocateRegion(size);
-    if (!pong.ok()) return fail(pong.status());
+    absl::StatusOr<std::shared_ptr<MemoryRegion>> region = (*transport)->AllocateRegion(3 * size);
+    if (!region.ok()) return fail(region.status());
     LatencyResult result{size};
     auto start = Clock::now();
-    for (int i = 0; i < plan.latency_round_trips; ++i) {
-      Completions ponged;
-      conn.Grant(Tag{PongTag(l), 0}, *pong, 0, size, [&](const GrantResult& r) { ponged.Done(r.status); });
-      absl::Status status = WriteAndWait(conn, Tag{PingTag(l), 0}, source.get(), size);
-      if (status.ok()) status = ponged.WaitFor(1);
-      if (!status.ok()) return fail(status);
-    }
+    absl::Status bounced = Bounce(conn, *region, size, plan.latency_round_trips, PongTag(l),
+                                  PingTag(l), /*starts=*/true);
+    if (!bounced.ok()) return fail(bounced);
     result.transport_us = Seconds(start) / plan.latency_round_trips / 2 * 1e6;
     start = Clock::now();
     for (int i = 0; i < plan.latency_round_trips; ++i) {

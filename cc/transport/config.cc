@@ -37,6 +37,14 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "How long connecting to a peer is retried (peers may start in any order) before failing."},
       {"TF_RDMA_SECRET", "(empty)",
        "Shared secret mixed into the cluster key: peers without it cannot connect or write."},
+      {"TF_RDMA_VERBS_DEVICE", "(auto)",
+       "verbs: the RDMA device to use (a name from `ibv_devices`, e.g. mlx5_0). Default: the device "
+       "whose port carries the peer's IP route, as rdma_cm resolves it."},
+      {"TF_RDMA_VERBS_PORT", "(auto)",
+       "verbs: the device port to use (1-based, see `ibv_devinfo`). Default: the port rdma_cm resolves."},
+      {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
+       "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
+       "of the local IP address, as rdma_cm resolves it."},
       {"TF_RDMA_SOFTROCE_CACHE", "build/softroce",
        "Test harness only: where the Soft-RoCE guest's kernel and initramfs are cached."},
   };
@@ -63,6 +71,31 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       config.connect_timeout = *d;
     } else if (name == "TF_RDMA_SECRET") {
       config.secret = value;
+    } else if (name == "TF_RDMA_VERBS_DEVICE") {
+      // Device names are sysfs names: short, no path separators.
+      if (value.empty() || value.size() > 63 || value.find('/') != std::string::npos ||
+          value.find_first_of(" \t\n") != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_VERBS_DEVICE='", value, "' is not an RDMA device name; use a name that "
+            "`ibv_devices` lists (e.g. mlx5_0, rxe0) or unset it"));
+      }
+      config.verbs_device = value;
+    } else if (name == "TF_RDMA_VERBS_PORT") {
+      int port = 0;
+      if (!absl::SimpleAtoi(value, &port) || port < 1 || port > 255) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_VERBS_PORT='", value, "' is not a port number between 1 and 255 (ports count "
+            "from 1, see `ibv_devinfo`); set it to e.g. 1 or unset it"));
+      }
+      config.verbs_port = port;
+    } else if (name == "TF_RDMA_VERBS_GID_INDEX") {
+      int index = -1;
+      if (!absl::SimpleAtoi(value, &index) || index < 0 || index > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_VERBS_GID_INDEX='", value, "' is not a GID table index between 0 and 65535 "
+            "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
+      }
+      config.verbs_gid_index = index;
     } else if (name != "TF_RDMA_SOFTROCE_CACHE") {
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);

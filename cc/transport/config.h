@@ -18,6 +18,11 @@ struct Config {
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(60);
   std::string secret;
+  // verbs backend overrides; empty / 0 / -1 mean "choose automatically" (the device and port that
+  // carry the peer's IP address, and the RoCE v2 GID of that address, as rdma_cm resolves them).
+  std::string verbs_device;
+  int verbs_port = 0;
+  int verbs_gid_index = -1;
 };
 
 struct ConfigVariable {

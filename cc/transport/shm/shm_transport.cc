@@ -76,15 +76,14 @@ class ShmConnection : public StreamConnection {
     return absl::OkStatus();
   }
 
-  absl::Status SendMessage(const wire::Grant& grant, const wire::Frame& data, const void* src,
-                           uint64_t length) override {
+  absl::StatusOr<bool> PlaceMessage(const wire::Grant& grant, const void* src, uint64_t length) override {
     char* destination;
     {
       std::lock_guard<std::mutex> lock(mappings_mu_);
       destination = mappings_.at(grant.region_id).base + grant.offset;
     }
     if (length > 0) std::memcpy(destination, src, length);
-    return SendFrame(data);
+    return false;
   }
 
   absl::Status ReceiveMessage(char*, uint64_t) override { return absl::OkStatus(); }

@@ -1,6 +1,5 @@
 #include "cc/transport/stream/socket_io.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,24 +14,43 @@ std::string ErrnoMessage(const char* what, int error) {
   return absl::StrCat(what, ": ", std::strerror(error));
 }
 
+namespace {
+
+// One sendmsg of iov[first..]; `pass_fd` (if >= 0) rides along as SCM_RIGHTS.
+ssize_t SendOnce(int fd, const std::vector<iovec>& iov, size_t first, int pass_fd, int flags) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov.data()) + first;
+  msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+  if (pass_fd >= 0) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
+  }
+  return sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> SendWithoutBlocking(int fd, const std::vector<iovec>& iov, int pass_fd) {
+  while (true) {
+    const ssize_t sent = SendOnce(fd, iov, 0, pass_fd, MSG_DONTWAIT);
+    if (sent >= 0) return static_cast<size_t>(sent);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return absl::UnavailableError(ErrnoMessage("send failed", errno));
+  }
+}
+
 absl::Status SendAll(int fd, std::vector<iovec> iov, int pass_fd) {
   size_t first = 0;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   while (first < iov.size()) {
-    msghdr msg{};
-    msg.msg_iov = iov.data() + first;
-    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    if (pass_fd >= 0) {
-      std::memset(control, 0, sizeof(control));
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
-    }
-    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    const ssize_t sent = SendOnce(fd, iov, first, pass_fd, 0);
     if (sent < 0) {
       if (errno == EINTR) continue;
       return absl::UnavailableError(ErrnoMessage("send failed", errno));
@@ -51,22 +69,18 @@ absl::Status SendAll(int fd, std::vector<iovec> iov, int pass_fd) {
   return absl::OkStatus();
 }
 
-absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silence_limit,
-                          std::deque<int>* received_fds) {
-  const int timeout_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(silence_limit)));
+absl::Status SetReceiveTimeout(int fd, absl::Duration limit) {
+  timeval tv = absl::ToTimeval(std::max(limit, absl::Milliseconds(1)));
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+    return absl::InternalError(ErrnoMessage("setsockopt(SO_RCVTIMEO)", errno));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   size_t done = 0;
   while (done < length) {
-    pollfd pfd{fd, POLLIN, 0};
-    const int ready = poll(&pfd, 1, timeout_ms);
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      return absl::UnavailableError(ErrnoMessage("poll failed", errno));
-    }
-    if (ready == 0) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the peer sent nothing for ", timeout_ms, " ms"));
-    }
     iovec iov{dst + done, length - done};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -75,7 +89,15 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silen
     msg.msg_controllen = sizeof(control);
     const ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (got < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        timeval tv{};
+        socklen_t size = sizeof(tv);
+        getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &size);
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the peer sent nothing for ", absl::ToInt64Milliseconds(absl::DurationFromTimeval(tv)),
+            " ms"));
+      }
       return absl::UnavailableError(ErrnoMessage("receive failed", errno));
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -97,15 +119,14 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silen
   return absl::OkStatus();
 }
 
-absl::StatusOr<wire::Frame> ReceiveFrame(int fd, absl::Duration silence_limit,
-                                         std::deque<int>* received_fds) {
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds) {
   char header_bytes[wire::kHeaderLength];
-  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), silence_limit, received_fds);
+  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), received_fds);
   if (!status.ok()) return status;
   absl::StatusOr<wire::Header> header = wire::DecodeHeader({header_bytes, sizeof(header_bytes)});
   if (!header.ok()) return header.status();
   std::string body(header->body_length, '\0');
-  status = ReceiveExact(fd, body.data(), body.size(), silence_limit, received_fds);
+  status = ReceiveExact(fd, body.data(), body.size(), received_fds);
   if (!status.ok()) return status;
   return wire::DecodeBody(header->type, body);
 }
@@ -118,7 +139,9 @@ absl::Status SocketFrameChannel::Send(const wire::Frame& frame) {
 absl::StatusOr<wire::Frame> SocketFrameChannel::Receive(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
-  return ReceiveFrame(fd_, left, nullptr);
+  absl::Status status = SetReceiveTimeout(fd_, left);
+  if (!status.ok()) return status;
+  return ReceiveFrame(fd_, nullptr);
 }
 
 }  // namespace tf_rdma

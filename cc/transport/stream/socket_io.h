@@ -20,15 +20,20 @@ namespace tf_rdma {
 // Sends every byte of `iov`; `pass_fd` (if >= 0) rides along as SCM_RIGHTS on the first byte.
 absl::Status SendAll(int fd, std::vector<iovec> iov, int pass_fd = -1);
 
+// One non-blocking attempt: how many bytes of `iov` the socket took (0 if it would block).
+absl::StatusOr<size_t> SendWithoutBlocking(int fd, const std::vector<iovec>& iov, int pass_fd = -1);
+
+// Bounds how long a receive on `fd` waits for the next byte (SO_RCVTIMEO): the kernel keeps the
+// clock, so a receive costs one syscall, as a plain blocking read does.
+absl::Status SetReceiveTimeout(int fd, absl::Duration limit);
+
 // Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
-// kDeadlineExceeded when no byte arrived for `silence_limit`. Descriptors passed by the peer are
-// appended to `received_fds` (owned by the caller) when it is not null, and closed otherwise.
-absl::Status ReceiveExact(int fd, char* dst, size_t length, absl::Duration silence_limit,
-                          std::deque<int>* received_fds);
+// kDeadlineExceeded when no byte arrived within the receive timeout. Descriptors passed by the
+// peer are appended to `received_fds` (owned by the caller) when it is not null, else closed.
+absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds);
 
 // Reads one frame header and body.
-absl::StatusOr<wire::Frame> ReceiveFrame(int fd, absl::Duration silence_limit,
-                                         std::deque<int>* received_fds);
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds);
 
 // The handshake's view of a connected socket.
 class SocketFrameChannel : public FrameChannel {

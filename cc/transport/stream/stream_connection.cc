@@ -11,6 +11,12 @@
 #include "cc/transport/stream/socket_io.h"
 
 namespace tf_rdma {
+namespace {
+
+// Messages up to this size are sent from the caller's thread when the socket takes them at once.
+constexpr uint64_t kInlineMessageLimit = 64 << 10;
+
+}  // namespace
 
 StreamConnection::StreamConnection(int fd, Backend backend, std::string peer_name,
                                    std::string peer_address, const TransportOptions& options)
@@ -26,6 +32,11 @@ StreamConnection::~StreamConnection() {
 }
 
 void StreamConnection::Start() {
+  absl::Status status = SetReceiveTimeout(fd_, options_.peer_timeout);
+  if (!status.ok()) {
+    CloseInternal(status, false);
+    return;
+  }
   std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
   std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
 }
@@ -62,15 +73,17 @@ uint64_t StreamConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> r
   wire::Grant grant{id, tag, region->id(), offset, capacity};
   local_grants_.emplace(id, LocalGrant{tag, std::move(region), offset, capacity, std::move(done)});
   EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kGrant, grant}}});
+  FlushLocked(lock);
   return id;
 }
 
 void StreamConnection::Revoke(uint64_t grant_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = local_grants_.find(grant_id);
   if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
   it->second.revoking = true;
   EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoke, wire::Revoke{grant_id}}}});
+  FlushLocked(lock);
 }
 
 void StreamConnection::Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) {
@@ -88,10 +101,14 @@ void StreamConnection::Write(const Tag& tag, const void* src, uint64_t length, W
     grants->second.pop_front();
     remote_grant_ids_.erase(grant.grant_id);
     if (grants->second.empty()) remote_grants_.erase(grants);
-    if (TryPairLocked(grant, write)) return;
+    if (TryPairLocked(grant, write)) {
+      FlushLocked(lock);
+      return;
+    }
     grants = remote_grants_.find(tag);
   }
   pending_writes_[tag].push_back(std::move(write));
+  FlushLocked(lock);
 }
 
 bool StreamConnection::TryPairLocked(const wire::Grant& grant, const PendingWrite& write) {
@@ -104,10 +121,7 @@ bool StreamConnection::TryPairLocked(const wire::Grant& grant, const PendingWrit
   return true;
 }
 
-void StreamConnection::EnqueueLocked(Outgoing item) {
-  outgoing_.push_back(std::move(item));
-  writer_wakeup_.notify_one();
-}
+void StreamConnection::EnqueueLocked(Outgoing item) { outgoing_.push_back(std::move(item)); }
 
 void StreamConnection::Close(const absl::Status& reason) {
   CloseInternal(reason.ok() ? absl::CancelledError("connection closed") : reason, true);
@@ -164,7 +178,7 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
 
 void StreamConnection::ReadLoop() {
   while (true) {
-    absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, options_.peer_timeout, &received_fds_);
+    absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
     absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : PeerError(frame.status());
     if (!status.ok()) {
       CloseInternal(status, status.code() == absl::StatusCode::kDataLoss);
@@ -228,7 +242,7 @@ absl::Status StreamConnection::OnShmRegion(const wire::ShmRegion&, int fd) {
 absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {
   absl::Status usable = CheckRemoteGrant(grant);
   if (!usable.ok()) return usable;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!status_.ok()) return absl::OkStatus();
   if (!remote_grant_ids_.insert(grant.grant_id).second) {
     return absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice"));
@@ -240,6 +254,7 @@ absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {
       writes->second.pop_front();
       if (writes->second.empty()) pending_writes_.erase(writes);
     }
+    FlushLocked(lock);
     return absl::OkStatus();
   }
   remote_grants_[grant.tag].push_back(grant);
@@ -247,7 +262,7 @@ absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {
 }
 
 void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // A grant already used is answered by its DATA or TOO_SMALL, which the peer handles.
   if (remote_grant_ids_.erase(grant_id) == 0) return;
   for (auto it = remote_grants_.begin(); it != remote_grants_.end(); ++it) {
@@ -257,6 +272,7 @@ void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
       queue.erase(g);
       if (queue.empty()) remote_grants_.erase(it);
       EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoked, wire::Revoked{grant_id}}}});
+      FlushLocked(lock);
       return;
     }
   }
@@ -308,61 +324,120 @@ absl::Status StreamConnection::OnGrantReturned(uint64_t grant_id, GrantResult re
   return absl::OkStatus();
 }
 
+bool StreamConnection::Cheap(const Outgoing& item) {
+  if (item.remainder) return false;
+  if (item.control) return item.control->pass_fd < 0;
+  return item.write.length <= kInlineMessageLimit;
+}
+
+void StreamConnection::FlushLocked(std::unique_lock<std::mutex>& lock) {
+  if (sending_ || outgoing_.empty()) return;
+  if (Cheap(outgoing_.front()) && status_.ok()) {
+    sending_ = true;
+    while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok()) {
+      Outgoing item = std::move(outgoing_.front());
+      outgoing_.pop_front();
+      lock.unlock();
+      Transmit(std::move(item), /*nonblocking=*/true);
+      lock.lock();
+    }
+    sending_ = false;
+  }
+  if (!outgoing_.empty() || !status_.ok()) writer_wakeup_.notify_one();
+}
+
+void StreamConnection::Transmit(Outgoing item, bool nonblocking) {
+  std::string head;
+  const void* payload = nullptr;
+  uint64_t payload_length = 0;
+  int pass_fd = -1;
+  absl::Status failure;
+  if (item.remainder) {
+    head = std::move(*item.remainder);
+  } else if (item.control) {
+    head = wire::Encode(item.control->frame);
+    pass_fd = item.control->pass_fd;
+  } else {
+    absl::StatusOr<bool> payload_follows = PlaceMessage(item.grant, item.write.src, item.write.length);
+    failure = payload_follows.status();
+    head = wire::Encode({wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}});
+    if (payload_follows.ok() && *payload_follows) {
+      payload = item.write.src;
+      payload_length = item.write.length;
+    }
+  }
+  if (failure.ok()) {
+    std::vector<iovec> iov{{head.data(), head.size()}};
+    if (payload_length > 0) iov.push_back({const_cast<void*>(payload), payload_length});
+    std::unique_lock<std::mutex> send_lock(send_mu_);
+    if (!nonblocking) {
+      failure = SendAll(fd_, std::move(iov), pass_fd);
+    } else {
+      absl::StatusOr<size_t> sent = SendWithoutBlocking(fd_, iov, pass_fd);
+      failure = sent.status();
+      const size_t total = head.size() + payload_length;
+      if (sent.ok() && *sent < total) {
+        send_lock.unlock();
+        std::string rest;
+        rest.reserve(total - *sent);
+        if (*sent < head.size()) rest.append(head, *sent, std::string::npos);
+        const size_t payload_sent = *sent > head.size() ? *sent - head.size() : 0;
+        rest.append(static_cast<const char*>(payload) + payload_sent, payload_length - payload_sent);
+        Outgoing later;
+        later.remainder = std::move(rest);
+        later.write.done = std::move(item.write.done);
+        std::lock_guard<std::mutex> lock(mu_);
+        outgoing_.push_front(std::move(later));
+        return;
+      }
+    }
+  }
+  if (!failure.ok()) {
+    // A local Close already set the reason; otherwise the socket's failure is the peer's.
+    const absl::Status closed = health();
+    failure = closed.ok() ? PeerError(failure) : closed;
+  }
+  if (item.write.done) item.write.done(failure);
+  if (!failure.ok()) CloseInternal(failure, false);
+}
+
 void StreamConnection::WriteLoop() {
   // Beats well inside the peer's silence limit.
   const absl::Duration beat = options_.peer_timeout / 4;
+  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    const bool work = writer_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(beat), [&] {
+      return (!outgoing_.empty() && !sending_) || !status_.ok();
+    });
+    if (!status_.ok()) {
+      std::vector<WriteDone> failed;
+      for (auto& queued : outgoing_) {
+        if (!queued.control && queued.write.done) failed.push_back(std::move(queued.write.done));
+      }
+      outgoing_.clear();
+      const absl::Status status = status_;
+      lock.unlock();
+      for (auto& done : failed) done(status);
+      return;
+    }
+    if (sending_) continue;
     Outgoing item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      const bool woken = writer_wakeup_.wait_for(
-          lock, absl::ToChronoMilliseconds(beat), [&] { return !outgoing_.empty() || !status_.ok(); });
-      if (!status_.ok()) {
-        std::vector<WriteDone> failed;
-        for (auto& queued : outgoing_) {
-          if (!queued.control) failed.push_back(std::move(queued.write.done));
-        }
-        outgoing_.clear();
-        const absl::Status status = status_;
-        lock.unlock();
-        for (auto& done : failed) done(status);
-        return;
-      }
-      if (!woken) {
-        item.control = ControlFrame{{wire::FrameType::kPing, wire::Ping{}}};
-      } else {
-        item = std::move(outgoing_.front());
-        outgoing_.pop_front();
-      }
-    }
-    absl::Status failure;
-    if (item.control) {
-      failure = SendFrame(item.control->frame, nullptr, 0, item.control->pass_fd);
+    if (work) {
+      item = std::move(outgoing_.front());
+      outgoing_.pop_front();
     } else {
-      wire::Frame data{wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}};
-      failure = SendMessage(item.grant, data, item.write.src, item.write.length);
+      item.control = ControlFrame{{wire::FrameType::kPing, wire::Ping{}}};
     }
-    if (!failure.ok()) {
-      // A local Close already set the reason; otherwise the socket's failure is the peer's.
-      const absl::Status closed = health();
-      failure = closed.ok() ? PeerError(failure) : closed;
-    }
-    if (!item.control) item.write.done(failure);
-    if (!failure.ok()) CloseInternal(failure, false);
+    sending_ = true;
+    lock.unlock();
+    Transmit(std::move(item), /*nonblocking=*/false);
+    lock.lock();
+    sending_ = false;
   }
 }
 
-absl::Status StreamConnection::SendFrame(const wire::Frame& frame, const void* payload,
-                                         uint64_t payload_length, int pass_fd) {
-  std::string bytes = wire::Encode(frame);
-  std::vector<iovec> iov{{bytes.data(), bytes.size()}};
-  if (payload_length > 0) iov.push_back({const_cast<void*>(payload), payload_length});
-  std::lock_guard<std::mutex> lock(send_mu_);
-  return SendAll(fd_, std::move(iov), pass_fd);
-}
-
 absl::Status StreamConnection::ReceiveRaw(char* dst, uint64_t length) {
-  return ReceiveExact(fd_, dst, length, options_.peer_timeout, &received_fds_);
+  return ReceiveExact(fd_, dst, length, &received_fds_);
 }
 
 }  // namespace tf_rdma

@@ -58,17 +58,16 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   }
   // Sender side, reader thread: whether the peer's grant can be used at all.
   virtual absl::Status CheckRemoteGrant(const wire::Grant& grant) { return absl::OkStatus(); }
-  // Sender side, writer thread: places the message in the grant and sends `data` (the DATA frame).
-  virtual absl::Status SendMessage(const wire::Grant& grant, const wire::Frame& data,
-                                   const void* src, uint64_t length) = 0;
+  // Sender side: makes the message reach the grant before its DATA frame is sent. Returns true
+  // when the payload instead travels on the stream right after the DATA frame (tcp).
+  virtual absl::StatusOr<bool> PlaceMessage(const wire::Grant& grant, const void* src,
+                                            uint64_t length) = 0;
   // Receiver side, reader thread: a DATA frame for a grant at `dst` arrived; lands the payload.
   virtual absl::Status ReceiveMessage(char* dst, uint64_t length) = 0;
   // Sender side, reader thread: a SHM_REGION frame arrived with descriptor `fd` (or -1).
   virtual absl::Status OnShmRegion(const wire::ShmRegion& region, int fd);
 
-  // For the payload hooks (writer thread only).
-  absl::Status SendFrame(const wire::Frame& frame, const void* payload = nullptr,
-                         uint64_t payload_length = 0, int pass_fd = -1);
+  // For ReceiveMessage: reads payload bytes off the stream.
   absl::Status ReceiveRaw(char* dst, uint64_t length);
   const std::string& peer_address() const { return peer_address_; }
 
@@ -91,6 +90,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
     // A message, when control is empty.
     wire::Grant grant;
     PendingWrite write;
+    // What a non-blocking send left unsent; write.done (if any) runs once it is out.
+    std::optional<std::string> remainder;
   };
 
   void ReadLoop();
@@ -103,6 +104,14 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   // Pairs a write with a grant if it fits; otherwise tells the peer what it needs. Lock held.
   bool TryPairLocked(const wire::Grant& grant, const PendingWrite& write);
   void EnqueueLocked(Outgoing item);
+  // Sends what is queued from the calling thread while it is cheap (control frames, small
+  // messages) and the socket takes it without blocking; the writer thread does the rest. This
+  // saves a thread hand-off per message, which dominates small-message latency.
+  void FlushLocked(std::unique_lock<std::mutex>& lock);
+  static bool Cheap(const Outgoing& item);
+  // Puts `item` on the wire. Non-blocking: whatever the socket does not take at once goes back to
+  // the front of the queue as a remainder for the writer thread.
+  void Transmit(Outgoing item, bool nonblocking);
   void CloseInternal(const absl::Status& reason, bool tell_peer);
   absl::Status PeerError(const absl::Status& cause) const;
 
@@ -121,8 +130,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> remote_grants_;
   std::unordered_set<uint64_t> remote_grant_ids_;
   std::deque<Outgoing> outgoing_;
+  bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
 
-  std::mutex send_mu_;  // one sender on the socket at a time: the writer, or Close's last word
+  std::mutex send_mu_;  // held around send syscalls, so Close's last word never splits a frame
   std::deque<int> received_fds_;  // reader thread only
 };
 

@@ -29,9 +29,8 @@ class TcpConnection : public StreamConnection {
   using StreamConnection::StreamConnection;
 
  protected:
-  absl::Status SendMessage(const wire::Grant&, const wire::Frame& data, const void* src,
-                           uint64_t length) override {
-    return SendFrame(data, src, length);
+  absl::StatusOr<bool> PlaceMessage(const wire::Grant&, const void*, uint64_t) override {
+    return true;  // the payload follows its DATA frame on the socket
   }
   absl::Status ReceiveMessage(char* dst, uint64_t length) override { return ReceiveRaw(dst, length); }
 };

@@ -1,0 +1,59 @@
+"""python -m tf_rdma {info,bench}"""
+import argparse
+import json
+import logging
+import sys
+
+
+def _sizes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for item in text.split(","):
+        item = item.strip().upper().rstrip("B").rstrip("I")
+        scale = units.get(item[-1:], 1)
+        out.append(int(item[:-1] if item[-1:] in units else item) * scale)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tf_rdma")
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
+    info.add_argument("--json", action="store_true")
+    bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
+    bench.add_argument("what", choices=["transport"])
+    for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
+        p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
+        p.add_argument("--sizes", type=_sizes, default=[4 << 20, 64 << 20], help="e.g. 4M,64M")
+        p.add_argument("--latency-sizes", type=_sizes, default=[8, 4096])
+        p.add_argument("--bytes-per-size", type=int, default=1 << 30)
+        p.add_argument("--round-trips", type=int, default=500)
+    bench.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+
+    from tf_rdma import errors
+    try:
+        if args.command == "info":
+            from tf_rdma import info as info_module
+            collected = info_module.collect()
+            print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
+        elif args.command == "bench-peer":
+            from tf_rdma import bench as bench_module
+            bench_module.serve(args.backend, args.sizes, args.latency_sizes, args.bytes_per_size,
+                               args.round_trips)
+        else:
+            from tf_rdma import bench as bench_module
+            from tf_rdma.transport import BACKENDS
+            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+            results = bench_module.run(backends, args.sizes, args.latency_sizes, args.bytes_per_size,
+                                       args.round_trips)
+            print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
+    except errors.TransportError as e:
+        print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""TF_RDMA_* configuration, parsed and validated by the C++ core (cc/transport/config.cc), the one
+place that knows the variables."""
+import dataclasses
+import hashlib
+import os
+
+from tf_rdma import _transport
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    backend: str
+    peer_timeout: float      # seconds
+    connect_timeout: float   # seconds
+    secret: bytes
+
+    def cluster_key(self, cluster_description: str) -> bytes:
+        """The key peers prove to each other: derived from what defines the cluster and the secret."""
+        return hashlib.sha256(cluster_description.encode() + b"\0" + self.secret).digest()
+
+
+def load_config(environ=None) -> Config:
+    """Reads TF_RDMA_* from `environ` (default: the process environment); raises ConfigError."""
+    environ = os.environ if environ is None else environ
+    values = {k: v for k, v in environ.items() if k.startswith("TF_RDMA_")}
+    return Config(**_transport.parse_config(values))
+
+
+def variables():
+    """(name, default, meaning) of every TF_RDMA_* variable."""
+    return _transport.config_variables()

@@ -1,0 +1,59 @@
+"""What this host offers tf_rdma: backends, RDMA devices, and the limits that break registration."""
+import os
+from pathlib import Path
+
+from tf_rdma import _transport
+from tf_rdma.config import load_config, variables
+from tf_rdma.transport import available_backends
+
+
+def rdma_devices():
+    """RDMA devices the kernel exposes, with their ports' states (empty without kernel RDMA)."""
+    root = Path("/sys/class/infiniband")
+    devices = []
+    for device in sorted(root.iterdir()) if root.is_dir() else []:
+        ports = {}
+        for port in sorted((device / "ports").iterdir()) if (device / "ports").is_dir() else []:
+            state = (port / "state").read_text().strip() if (port / "state").exists() else "?"
+            link = (port / "link_layer").read_text().strip() if (port / "link_layer").exists() else "?"
+            ports[port.name] = f"{state} ({link})"
+        devices.append({"name": device.name, "ports": ports})
+    return devices
+
+
+def _limit(value):
+    return "unlimited" if value < 0 else f"{value // 1024} KiB"
+
+
+def collect():
+    soft, hard = _transport.memlock_limit()
+    return {
+        "version": _transport.BUILD_VERSION,
+        "wire_protocol": _transport.PROTOCOL_VERSION,
+        "backends": available_backends(),
+        "rdma_devices": rdma_devices(),
+        "memlock_limit": {"soft": _limit(soft), "hard": _limit(hard)},
+        "config": {k: (v if k != "secret" else ("(set)" if v else "(empty)"))
+                   for k, v in vars(load_config()).items()},
+        "environment": {name: os.environ.get(name) for name, _, _ in variables() if name in os.environ},
+    }
+
+
+def render(info):
+    lines = [f"tf_rdma {info['version']} (wire protocol {info['wire_protocol']})", "", "backends:"]
+    for name, reason in info["backends"].items():
+        lines.append(f"  {name:6} {'available' if reason is None else 'unavailable: ' + reason}")
+    lines.append("")
+    lines.append("RDMA devices:" if info["rdma_devices"] else
+                 "RDMA devices: none (/sys/class/infiniband is empty or absent)")
+    for device in info["rdma_devices"]:
+        ports = ", ".join(f"port {p}: {s}" for p, s in device["ports"].items()) or "no ports"
+        lines.append(f"  {device['name']}: {ports}")
+    memlock = info["memlock_limit"]
+    lines += ["", f"locked memory limit (ulimit -l): {memlock['soft']} (hard {memlock['hard']})"]
+    if memlock["soft"] != "unlimited":
+        lines.append("  verbs registers its receive pools: raise it with `ulimit -l unlimited` "
+                     "(or memlock in /etc/security/limits.conf) on RDMA hosts")
+    lines += ["", "configuration:"]
+    lines += [f"  {k} = {v}" for k, v in info["config"].items()]
+    return "\n".join(lines)
