@@ -28,6 +28,17 @@ TRANSPORT_SOURCES = sorted(
 ) + ["cc/python/transport_module.cc"]
 
 
+def verbs_headers_present(compiler):
+    """Whether rdma-core's development headers are there: the verbs backend is built only then."""
+    probe = "#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\nint main() { return 0; }\n"
+    result = subprocess.run([compiler, "-x", "c++", "-fsyntax-only", "-"], input=probe, text=True,
+                            capture_output=True)
+    return result.returncode == 0
+
+
+VERBS_SOURCES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("cc/transport/verbs/*.cc"))
+
+
 class BuildError(SystemExit):
     pass
 
@@ -71,10 +82,18 @@ class IncrementalBuildExt(build_ext):
             f"-I{ROOT}", f"-I{pybind11_include()}", f"-I{sysconfig.get_paths()['include']}",
         ]
         compiler = os.environ.get("CXX", "g++")
+        sources, libraries = list(ext.sources), []
+        if verbs_headers_present(compiler):
+            sources += VERBS_SOURCES
+            cflags.append("-DTF_RDMA_HAVE_VERBS")
+            libraries = ["-libverbs", "-lrdmacm"]
+        else:
+            print("tf_rdma: rdma-core headers not found (libibverbs-dev, librdmacm-dev): building "
+                  "without the verbs backend", flush=True)
         key = sha256(json.dumps([compiler, cflags]).encode()).hexdigest()[:12]
         obj_dir = ROOT / "build" / "obj" / key
-        objects = [obj_dir / (src[:-3] + ".o") for src in ext.sources]
-        stale = [(src, obj) for src, obj in zip(ext.sources, objects) if _stale(ROOT / src, obj)]
+        objects = [obj_dir / (src[:-3] + ".o") for src in sources]
+        stale = [(src, obj) for src, obj in zip(sources, objects) if _stale(ROOT / src, obj)]
         if stale:
             print(f"tf_rdma: compiling {len(stale)} of {len(objects)} units", flush=True)
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -84,7 +103,7 @@ class IncrementalBuildExt(build_ext):
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
         link = [compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
-                f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed"]
+                f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed", *libraries]
         subprocess.run(link, check=True)
 
 

@@ -13,6 +13,9 @@ class Config:
     peer_timeout: float      # seconds
     connect_timeout: float   # seconds
     secret: bytes
+    verbs_device: str = ""   # TF_RDMA_VERBS_DEVICE; "" = the device rdma_cm resolves
+    verbs_port: int = 0      # TF_RDMA_VERBS_PORT; 0 = the port rdma_cm resolves
+    verbs_gid_index: int = -1  # TF_RDMA_VERBS_GID_INDEX; -1 = the RoCE v2 GID rdma_cm resolves
 
     def cluster_key(self, cluster_description: str) -> bytes:
         """The key peers prove to each other: derived from what defines the cluster and the secret."""

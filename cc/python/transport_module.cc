@@ -16,6 +16,9 @@
 #include "cc/transport/handshake.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
+#ifdef TF_RDMA_HAVE_VERBS
+#include "cc/transport/verbs/verbs_transport.h"
+#endif
 
 namespace py = pybind11;
 
@@ -162,6 +165,9 @@ py::dict ConfigToDict(const Config& config) {
   d["peer_timeout"] = absl::ToDoubleSeconds(config.peer_timeout);
   d["connect_timeout"] = absl::ToDoubleSeconds(config.connect_timeout);
   d["secret"] = py::bytes(config.secret);
+  d["verbs_device"] = config.verbs_device;
+  d["verbs_port"] = config.verbs_port;
+  d["verbs_gid_index"] = config.verbs_gid_index;
   return d;
 }
 
@@ -283,6 +289,14 @@ PYBIND11_MODULE(_transport, m) {
     py::list out;
     for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));
     return out;
+  });
+  m.def("verbs_stats", [] {
+    // Registration-cache counters of the verbs backend; empty when it is not built in.
+    std::map<std::string, uint64_t> stats;
+#ifdef TF_RDMA_HAVE_VERBS
+    stats = VerbsStatistics();
+#endif
+    return stats;
   });
   m.def("memlock_limit", [] {
     rlimit limit{};

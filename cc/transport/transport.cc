@@ -10,6 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "cc/transport/shm/shm_transport.h"
 #include "cc/transport/tcp/tcp_transport.h"
+#ifdef TF_RDMA_HAVE_VERBS
+#include "cc/transport/verbs/verbs_transport.h"
+#endif
 
 namespace tf_rdma {
 
@@ -62,7 +65,14 @@ absl::Status BackendAvailable(Backend backend) {
       return absl::OkStatus();
     }
     case Backend::kVerbs:
-      return absl::UnimplementedError("this tf_rdma build has no verbs backend");
+#ifdef TF_RDMA_HAVE_VERBS
+      return VerbsBackendAvailable();
+#else
+      return absl::UnimplementedError(
+          "this tf_rdma build has no verbs backend: rdma-core's headers (infiniband/verbs.h, "
+          "rdma/rdma_cma.h) were missing when it was built. Install libibverbs-dev and librdmacm-dev "
+          "(rdma-core), then reinstall tf_rdma");
+#endif
   }
   return absl::InvalidArgumentError("unknown backend");
 }
@@ -81,7 +91,12 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
   switch (backend) {
     case Backend::kTcp: return CreateTcpTransport(options);
     case Backend::kShm: return CreateShmTransport(options);
-    case Backend::kVerbs: break;
+    case Backend::kVerbs:
+#ifdef TF_RDMA_HAVE_VERBS
+      return CreateVerbsTransport(options);
+#else
+      break;
+#endif
   }
   return absl::UnimplementedError(absl::StrCat("no ", BackendName(backend), " backend"));
 }

@@ -89,6 +89,7 @@ class GuestResult:
     timed_out: bool
     kernel: str  # guest kernel version
     console: str  # tail of the guest's serial console (kernel log + harness messages)
+    job_dir: str  # host temp dir of this run (removed when the run ends)
 
     @property
     def ok(self) -> bool:
@@ -279,7 +280,6 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run
-mkdir -p /newroot/run/lower; mount --bind /lower /newroot/run/lower
 mkdir -p /newroot@JOB_MOUNT@
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 job /newroot@JOB_MOUNT@ \
     || fail "mount of the job share (9p) failed"
@@ -346,7 +346,8 @@ def ensure_artifacts(log: Callable[[str], None] | None = None) -> Artifacts:
     cdir = cache_dir()
     cdir.mkdir(parents=True, exist_ok=True)
     stamp = hashlib.sha256(
-        f"{kver}|{vmlinuz.stat().st_size}|{INITRAMFS_FORMAT}|{INIT_SCRIPT}".encode()
+        f"{kver}|{vmlinuz.stat().st_size}|{INITRAMFS_FORMAT}|{INITRAMFS_MODULES}|{INIT_SCRIPT}"
+        .encode()
     ).hexdigest()[:12]
     vmlinux = cdir / f"vmlinux-{kver}"
     initramfs = cdir / f"initramfs-{kver}-{stamp}.cpio"
@@ -514,7 +515,8 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
             "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", memory,
             "-bios", QBOOT_ROM,
             "-kernel", str(art.vmlinux), "-initrd", str(art.initramfs),
-            "-append", "console=ttyS0 loglevel=4 panic=-1 mitigations=off tsc=reliable ",
+            "-append", "console=ttyS0 loglevel=4 panic=-1 mitigations=off tsc=reliable cryptomgr.notests "
+                       + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
             "-serial", f"file:{console}",
             "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
             "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
@@ -528,6 +530,7 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
         out_f = open(jobdir / "output", "rb")
         chunks: list[bytes] = []
         t_started: float | None = None
+        t_rc: float | None = None
         timed_out = False
 
         def pump() -> None:
@@ -540,7 +543,8 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
 
         def fail(msg: str) -> GuestError:
             tail = _tail(console)
-            qerr = _tail(jobdir / "qemu.log", 2000).strip()
+            qerr = "\n".join(l for l in _tail(jobdir / "qemu.log", 2000).splitlines()
+                             if "terminating on signal" not in l).strip()
             text = f"{msg}\n--- tail of the guest console ---\n{tail.rstrip()}"
             if qerr:
                 text += f"\n--- qemu ---\n{qerr}"
@@ -554,11 +558,20 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
                 if t_started is None and "started" in state.split():
                     t_started = now
                 if "error" in state.split():
+                    try:
+                        proc.wait(5)  # the guest powers itself off after a setup error
+                    except subprocess.TimeoutExpired:
+                        pass
                     _kill(proc)
                     raise fail("softroce guest setup failed: "
                                + state.split("error", 1)[1].strip().splitlines()[0])
                 if proc.poll() is not None:
                     break
+                if (jobdir / "rc").exists():  # done; qemu should be powering off
+                    t_rc = t_rc or now
+                    if now - t_rc > 10:
+                        _kill(proc)
+                        break
                 if t_started is None and now - t0 > boot_timeout:
                     _kill(proc)
                     raise fail(f"softroce guest did not boot within {boot_timeout:.0f} s")
@@ -586,7 +599,7 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
         return GuestResult(
             returncode=rc, output=output, boot_seconds=round(t_started - t0, 2),
             run_seconds=round(t_end - t_started, 2), total_seconds=round(t_end - t0, 2),
-            timed_out=timed_out, kernel=art.kver, console=_tail(console))
+            timed_out=timed_out, kernel=art.kver, console=_tail(console), job_dir=str(jobdir))
     finally:
         if proc is not None:
             _kill(proc)
@@ -681,7 +694,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     # Turn SIGTERM into SystemExit so that qemu and the job dir are cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("guest.py: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -179,12 +179,25 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
 void StreamConnection::ReadLoop() {
   while (true) {
     absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
-    absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : PeerError(frame.status());
+    if (frame.ok() && frame->type == wire::FrameType::kReject) {
+      CloseInternal(PeerClosed(std::get<wire::Reject>(frame->body)), false);
+      return;
+    }
+    absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : frame.status();
     if (!status.ok()) {
-      CloseInternal(status, status.code() == absl::StatusCode::kDataLoss);
+      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
       return;
     }
   }
+}
+
+absl::Status StreamConnection::PeerClosed(const wire::Reject& reject) const {
+  // The peer's reason keeps its code, except that its protocol complaints about us are not ours.
+  auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
+                                                   : absl::StatusCode::kUnavailable;
+  if (code == absl::StatusCode::kDataLoss) code = absl::StatusCode::kUnavailable;
+  return absl::Status(code, absl::StrCat("peer ", peer_name_, " at ", peer_address_,
+                                         " closed the connection: ", reject.message));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {
@@ -217,15 +230,6 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
         received_fds_.pop_front();
       }
       return OnShmRegion(std::get<wire::ShmRegion>(frame.body), fd);
-    }
-    case wire::FrameType::kReject: {
-      const auto& reject = std::get<wire::Reject>(frame.body);
-      const auto code = reject.code > 0 && reject.code <= 16
-                            ? static_cast<absl::StatusCode>(reject.code)
-                            : absl::StatusCode::kUnavailable;
-      return absl::Status(code == absl::StatusCode::kDataLoss ? absl::StatusCode::kUnavailable : code,
-                          absl::StrCat("peer ", peer_name_, " at ", peer_address_,
-                                       " closed the connection: ", reject.message));
     }
     default:
       return absl::DataLossError(absl::StrCat("unexpected ", wire::FrameTypeName(frame.type),
@@ -295,12 +299,13 @@ absl::Status StreamConnection::OnData(const wire::Data& data) {
     grant = std::move(it->second);
     local_grants_.erase(it);
   }
-  absl::Status landed = ReceiveMessage(grant.region->data() + grant.offset, data.length);
-  if (!landed.ok()) {
+  const absl::Status landed = ReceiveMessage(grant.region->data() + grant.offset, data.length);
+  if (landed.ok()) {
+    grant.done({landed, data.length});
+  } else {
     const absl::Status closed = health();
-    landed = closed.ok() ? PeerError(landed) : closed;
+    grant.done({closed.ok() ? PeerError(landed) : closed, 0});
   }
-  grant.done({landed, landed.ok() ? data.length : 0});
   return landed;
 }
 

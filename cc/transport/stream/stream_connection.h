@@ -113,7 +113,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   // the front of the queue as a remainder for the writer thread.
   void Transmit(Outgoing item, bool nonblocking);
   void CloseInternal(const absl::Status& reason, bool tell_peer);
+  // Turns a failure on the stream into the error users see, naming the peer and the likely fix.
   absl::Status PeerError(const absl::Status& cause) const;
+  absl::Status PeerClosed(const wire::Reject& reject) const;
 
   const int fd_;
   const Backend backend_;

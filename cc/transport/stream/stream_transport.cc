@@ -136,7 +136,8 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
       return StartConnection(*fd, *peer, endpoint.ToString());
     }
     // Peers start in any order: a peer that is not listening yet is retried until the deadline.
-    if (fd.status().code() != absl::StatusCode::kUnavailable || absl::Now() + backoff > deadline) {
+    if (fd.status().code() != absl::StatusCode::kUnavailable) return fd.status();
+    if (absl::Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat(
           "could not reach the tf_rdma ", BackendName(backend()), " listener of peer ",
           endpoint.ToString(), " within ", absl::FormatDuration(options_.connect_timeout),

@@ -146,6 +146,9 @@ void UnmapMonitor::Collect(uint64_t* cursor, std::vector<AddressRange>* out, boo
   // costs little and keeps the ring current.
   ReadEvents();
   while (state_->reading.load() > 0) std::this_thread::yield();
+  // Allocate before locking: a free() inside push_back could unmap watched memory and wait for the
+  // monitor thread, which needs ring_mu.
+  out->reserve(out->size() + kRingSize);
   std::lock_guard<std::mutex> lock(state_->ring_mu);
   *overflowed = state_->head - *cursor > kRingSize;
   if (!*overflowed) {

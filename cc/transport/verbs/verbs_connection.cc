@@ -1,0 +1,859 @@
+#include "cc/transport/verbs/verbs_connection.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/log/log.h"
+#include "absl/strings/str_cat.h"
+
+namespace tf_rdma::verbs {
+namespace {
+
+constexpr int kReceiveDepth = 128;     // receive buffers kept posted: control messages in flight
+constexpr int kSendSlots = 64;         // control messages being sent at once
+constexpr int kSendDepth = 256;        // send queue work requests
+constexpr size_t kSlotSize = 4160;     // >= kMaxMessageLength
+constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
+// One WRITE_WITH_IMM carries messages up to this size; beyond, WRITEs of this size and a DATA message.
+constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;
+// Bytes posted and not yet completed per connection, so heartbeats queued behind data wait little.
+constexpr uint64_t kWriteWindow = uint64_t{32} << 20;
+// How long Close waits for the REJECT telling the peer why to be sent before stopping the QP.
+constexpr absl::Duration kRejectGrace = absl::Milliseconds(200);
+// How long a closed connection waits for its posted work requests to be flushed.
+constexpr absl::Duration kFlushLimit = absl::Seconds(2);
+
+static_assert(kSlotSize >= kMaxMessageLength);
+
+char* MapPages(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+}  // namespace
+
+DeviceContext::DeviceContext(ibv_context* context, ibv_pd* pd)
+    : context(context),
+      pd(pd),
+      name(DeviceName(context)),
+      send_cache(std::make_unique<RegistrationCache>(pd, DeviceName(context), /*max_entries=*/1024,
+                                                     /*max_bytes=*/size_t{4} << 30)) {}
+
+DeviceContext::~DeviceContext() {
+  send_cache.reset();
+  ibv_dealloc_pd(pd);
+}
+
+VerbsRegion::VerbsRegion(uint32_t id, char* data, size_t size,
+                         std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations,
+                         std::vector<std::shared_ptr<DeviceContext>> devices)
+    : MemoryRegion(id, data, size), registrations_(std::move(registrations)), devices_(std::move(devices)) {}
+
+VerbsRegion::~VerbsRegion() {
+  // Deregister while the pages are still mapped.
+  registrations_.clear();
+  munmap(data(), std::max<size_t>(size(), 1));
+}
+
+const Registration* VerbsRegion::RegistrationFor(ibv_context* context) const {
+  for (const auto& [ctx, registration] : registrations_) {
+    if (ctx == context) return registration.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<VerbsConnection>> VerbsConnection::Create(
+    rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
+    const TransportOptions& options, const VerbsSettings& settings, std::string peer_address) {
+  std::shared_ptr<VerbsConnection> connection(
+      new VerbsConnection(id, events, std::move(device), options, settings, std::move(peer_address)));
+  absl::Status setup = connection->Setup();
+  if (!setup.ok()) return setup;
+  return connection;
+}
+
+VerbsConnection::VerbsConnection(rdma_cm_id* id, rdma_event_channel* events,
+                                 std::shared_ptr<DeviceContext> device, const TransportOptions& options,
+                                 const VerbsSettings& settings, std::string peer_address)
+    : id_(id),
+      events_(events),
+      device_(std::move(device)),
+      options_(options),
+      settings_(settings),
+      peer_address_(std::move(peer_address)),
+      peer_name_(peer_address_) {}
+
+VerbsConnection::~VerbsConnection() {
+  if (qp_ != nullptr) ibv_destroy_qp(qp_);
+  if (cq_ != nullptr) ibv_destroy_cq(cq_);
+  if (completion_channel_ != nullptr) ibv_destroy_comp_channel(completion_channel_);
+  rdma_destroy_id(id_);
+  rdma_destroy_event_channel(events_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  recv_registration_.reset();
+  send_registration_.reset();
+  if (recv_buffers_ != nullptr) munmap(recv_buffers_, kReceiveDepth * kSlotSize);
+  if (send_buffers_ != nullptr) munmap(send_buffers_, kSendSlots * kSlotSize);
+}
+
+absl::Status VerbsConnection::Setup() {
+  ibv_context* context = device_->context;
+  const std::string where = absl::StrCat(" on RDMA device ", device_->name, " for peer ", peer_address_);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  completion_channel_ = ibv_create_comp_channel(context);
+  if (wake_fd_ < 0 || completion_channel_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot create a completion channel", where, ": ",
+                                                     std::strerror(errno)));
+  }
+  SetNonBlocking(completion_channel_->fd);
+  SetNonBlocking(events_->fd);
+  cq_ = ibv_create_cq(context, kReceiveDepth + kSendDepth + 16, nullptr, completion_channel_, 0);
+  if (cq_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot create a completion queue", where, ": ",
+                                                     std::strerror(errno)));
+  }
+  ibv_req_notify_cq(cq_, 0);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_;
+  init.recv_cq = cq_;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = kSendDepth;
+  init.cap.max_recv_wr = kReceiveDepth;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  qp_ = ibv_create_qp(device_->pd, &init);
+  if (qp_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot create a queue pair", where, ": ",
+                                                     std::strerror(errno)));
+  }
+  recv_buffers_ = MapPages(kReceiveDepth * kSlotSize);
+  send_buffers_ = MapPages(kSendSlots * kSlotSize);
+  if (recv_buffers_ == nullptr || send_buffers_ == nullptr) {
+    return absl::ResourceExhaustedError("cannot allocate message buffers");
+  }
+  // Message buffers are for this host's NIC only: no remote access.
+  auto recv = Registration::Create(device_->pd, recv_buffers_, kReceiveDepth * kSlotSize,
+                                   IBV_ACCESS_LOCAL_WRITE, "receive message buffers");
+  if (!recv.ok()) return recv.status();
+  recv_registration_ = *recv;
+  auto send = Registration::Create(device_->pd, send_buffers_, kSendSlots * kSlotSize, 0,
+                                   "send message buffers");
+  if (!send.ok()) return send.status();
+  send_registration_ = *send;
+  for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
+  ibv_port_attr port{};
+  max_single_write_ = kMaxSingleWrite;
+  if (ibv_query_port(context, id_->port_num, &port) == 0 && port.max_msg_sz > 0) {
+    max_single_write_ = std::min<uint64_t>(max_single_write_, port.max_msg_sz);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerbsConnection::Transition(ibv_qp_state state) {
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = state;
+  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) {
+    return absl::InternalError(absl::StrCat("rdma_init_qp_attr: ", std::strerror(errno)));
+  }
+  if (state == IBV_QPS_INIT) {
+    // Peers only ever write into us; reads and atomics stay off.
+    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  }
+  if (state == IBV_QPS_RTR && settings_.gid_index >= 0) {
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(settings_.gid_index);
+  }
+  if (ibv_modify_qp(qp_, &attr, mask) != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot move the queue pair to ", state == IBV_QPS_INIT ? "INIT" : state == IBV_QPS_RTR ? "RTR" : "RTS",
+        " (device ", device_->name, " port ", static_cast<int>(id_->port_num), ", GID index ",
+        settings_.gid_index >= 0 ? absl::StrCat(settings_.gid_index, " from TF_RDMA_VERBS_GID_INDEX")
+                                 : std::string("chosen by rdma_cm"),
+        "): ", std::strerror(errno)));
+  }
+  if (state == IBV_QPS_INIT) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int slot = 0; slot < kReceiveDepth; ++slot) {
+      absl::Status posted = PostReceive(slot);
+      if (!posted.ok()) return posted;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerbsConnection::PostReceive(int slot) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(recv_buffers_ + slot * kSlotSize), kSlotSize,
+              recv_registration_->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = kReceiveBit | static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(qp_, &wr, &bad);
+  if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_recv: ", std::strerror(rc)));
+  posted_receives_++;
+  return absl::OkStatus();
+}
+
+void VerbsConnection::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_receive_ = last_send_ = absl::Now();
+  }
+  std::thread([self = shared_from_this()] { self->ProgressLoop(); }).detach();
+}
+
+void VerbsConnection::Established(const PeerIdentity& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_name_ = peer.name;
+    established_ = true;
+    last_receive_ = last_send_ = absl::Now();
+  }
+  Wake();
+}
+
+void VerbsConnection::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+absl::Status VerbsConnection::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+// ---- the handshake channel ----
+
+absl::Status VerbsConnection::Channel::Send(const wire::Frame& frame) {
+  VerbsConnection* c = connection_;
+  std::lock_guard<std::mutex> lock(c->mu_);
+  if (!c->status_.ok()) return c->status_;
+  c->EnqueueFrameLocked(frame);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<wire::Frame> VerbsConnection::Channel::Receive(absl::Time deadline) {
+  VerbsConnection* c = connection_;
+  std::unique_lock<std::mutex> lock(c->mu_);
+  while (c->handshake_inbox_.empty() && c->status_.ok()) {
+    if (c->handshake_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline - absl::Now())) ==
+            std::cv_status::timeout &&
+        absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the peer sent no handshake message in time");
+    }
+  }
+  if (c->handshake_inbox_.empty()) return c->status_;
+  const std::string bytes = std::move(c->handshake_inbox_.front());
+  c->handshake_inbox_.pop_front();
+  absl::StatusOr<Message> message = DecodeMessage(bytes);
+  if (!message.ok()) return message.status();
+  if (!std::holds_alternative<wire::Frame>(*message)) {
+    return absl::DataLossError("REGION message during the handshake");
+  }
+  return std::get<wire::Frame>(*std::move(message));
+}
+
+// ---- receiver side ----
+
+uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
+                                uint64_t capacity, GrantDone done) {
+  if (region == nullptr || offset > region->size() || capacity > region->size() - offset) {
+    done({absl::InvalidArgumentError(absl::StrCat("grant of [", offset, ", +", capacity,
+                                                  ") does not fit in region of ",
+                                                  region ? region->size() : 0, " bytes")),
+          0});
+    return 0;
+  }
+  const auto* verbs_region = dynamic_cast<const VerbsRegion*>(region.get());
+  const Registration* registration =
+      verbs_region ? verbs_region->RegistrationFor(device_->context) : nullptr;
+  if (registration == nullptr) {
+    done({absl::InvalidArgumentError(absl::StrCat(
+              "a verbs connection can grant only regions allocated by the verbs transport (and "
+              "registered with device ", device_->name, ")")),
+          0});
+    return 0;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!status_.ok()) {
+    absl::Status status = status_;
+    lock.unlock();
+    done({status, 0});
+    return 0;
+  }
+  // Ids travel as 32-bit immediates: skip any still outstanding after a wrap.
+  uint32_t id;
+  do {
+    id = next_grant_id_++;
+  } while (id == 0 || local_grants_.count(id) != 0);
+  if (announced_regions_.insert(region->id()).second) {
+    EnqueueControlLocked(EncodeRegion({region->id(), registration->rkey(),
+                                       reinterpret_cast<uint64_t>(region->data()), region->size()}));
+  }
+  wire::Grant grant{id, tag, region->id(), offset, capacity};
+  local_grants_.emplace(id, LocalGrant{tag, std::move(region), offset, capacity, std::move(done)});
+  EnqueueFrameLocked({wire::FrameType::kGrant, grant});
+  return id;
+}
+
+void VerbsConnection::Revoke(uint64_t grant_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = local_grants_.find(grant_id);
+  if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
+  it->second.revoking = true;
+  EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
+}
+
+// ---- sender side ----
+
+void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) {
+  std::shared_ptr<Registration> registration;
+  if (length > 0) {
+    // Registering may take a while (pinning); done before the lock, and a failure fails only this
+    // write: no grant was used yet.
+    absl::StatusOr<std::shared_ptr<Registration>> acquired = device_->send_cache->Acquire(src, length);
+    if (!acquired.ok()) {
+      done(acquired.status());
+      return;
+    }
+    registration = *std::move(acquired);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!status_.ok()) {
+    absl::Status status = status_;
+    lock.unlock();
+    done(status);
+    return;
+  }
+  PendingWrite write{src, length, std::move(registration), std::move(done)};
+  auto grants = remote_grants_.find(tag);
+  while (grants != remote_grants_.end() && !grants->second.empty()) {
+    wire::Grant grant = grants->second.front();
+    grants->second.pop_front();
+    remote_grant_ids_.erase(grant.grant_id);
+    if (grants->second.empty()) remote_grants_.erase(grants);
+    if (TryPairLocked(grant, write)) {
+      PumpLocked();
+      return;
+    }
+    grants = remote_grants_.find(tag);
+  }
+  pending_writes_[tag].push_back(std::move(write));
+}
+
+bool VerbsConnection::TryPairLocked(const wire::Grant& grant, PendingWrite& write) {
+  if (grant.capacity < write.length) {
+    EnqueueFrameLocked({wire::FrameType::kTooSmall, wire::TooSmall{grant.grant_id, write.length}});
+    return false;
+  }
+  data_queue_.push_back(Outgoing{grant, std::move(write)});
+  return true;
+}
+
+void VerbsConnection::Close(const absl::Status& reason) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(reason.ok() ? absl::CancelledError("connection closed") : reason, true, &callbacks);
+  }
+  for (auto& callback : callbacks) callback();
+  Wake();
+}
+
+// ---- posting ----
+
+void VerbsConnection::EnqueueControlLocked(std::string message) {
+  control_queue_.push_back(std::move(message));
+  PumpLocked();
+}
+
+absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool is_reject) {
+  const int slot = free_send_slots_.back();
+  char* buffer = send_buffers_ + slot * kSlotSize;
+  std::memcpy(buffer, message.data(), message.size());
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer), static_cast<uint32_t>(message.size()),
+              send_registration_->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_id_++;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_, &wr, &bad);
+  if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_send: ", std::strerror(rc)));
+  free_send_slots_.pop_back();
+  posted_sends_++;
+  last_send_ = absl::Now();
+  InFlight flight;
+  flight.send_slot = slot;
+  flight.is_reject = is_reject;
+  in_flight_.emplace(wr.wr_id, std::move(flight));
+  return absl::OkStatus();
+}
+
+bool VerbsConnection::PostDataLocked(Outgoing& item) {
+  const wire::Grant& grant = item.grant;
+  const RemoteRegion& remote = remote_regions_.at(grant.region_id);
+  const uint64_t length = item.write.length;
+  const bool single = length <= max_single_write_;
+  while (item.posted < length || (length == 0 && single)) {
+    if (posted_sends_ >= kSendDepth || (window_bytes_ > 0 && window_bytes_ >= kWriteWindow)) return false;
+    const uint64_t chunk = std::min(max_single_write_, length - item.posted);
+    ibv_sge sge{reinterpret_cast<uint64_t>(item.write.src) + item.posted, static_cast<uint32_t>(chunk),
+                item.write.registration ? item.write.registration->lkey() : 0};
+    ibv_send_wr wr{};
+    wr.wr_id = next_wr_id_++;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = chunk > 0 ? &sge : nullptr;
+    wr.num_sge = chunk > 0 ? 1 : 0;
+    wr.wr.rdma.remote_addr = remote.address + grant.offset + item.posted;
+    wr.wr.rdma.rkey = remote.rkey;
+    // A message that fits one work request is one WRITE_WITH_IMM: the immediate names the grant,
+    // and the receiver's completion carries the length.
+    wr.opcode = single ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    if (single) wr.imm_data = htonl(static_cast<uint32_t>(grant.grant_id));
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qp_, &wr, &bad) != 0) return false;  // retried on the next completion
+    InFlight flight;
+    flight.bytes = chunk;
+    flight.registration = item.write.registration;
+    if (single) flight.done = std::move(item.write.done);
+    posted_sends_++;
+    window_bytes_ += chunk;
+    last_send_ = absl::Now();
+    in_flight_.emplace(wr.wr_id, std::move(flight));
+    item.posted += chunk;
+    if (single) return true;
+  }
+  // A multi-part message: the DATA message reports it once every WRITE before it has landed.
+  if (free_send_slots_.empty() || posted_sends_ >= kSendDepth) return false;
+  const std::string data = wire::Encode({wire::FrameType::kData, wire::Data{grant.grant_id, length}});
+  if (!PostControlLocked(data, false).ok()) return false;
+  // The DATA message's completion is the write's completion.
+  InFlight& flight = in_flight_.at(next_wr_id_ - 1);
+  flight.done = std::move(item.write.done);
+  flight.registration = item.write.registration;
+  return true;
+}
+
+void VerbsConnection::PumpLocked() {
+  if (stopped_ || !status_.ok()) return;
+  while (!control_queue_.empty() && !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
+    absl::Status posted = PostControlLocked(control_queue_.front(), false);
+    if (!posted.ok()) break;
+    control_queue_.pop_front();
+  }
+  while (!data_queue_.empty() && PostDataLocked(data_queue_.front())) data_queue_.pop_front();
+}
+
+// ---- failure ----
+
+absl::Status VerbsConnection::PeerError(const absl::Status& cause) const {
+  const std::string who = absl::StrCat("peer ", peer_name_, " at ", peer_address_);
+  switch (cause.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::UnavailableError(absl::StrCat(
+          who, " is unresponsive: ", cause.message(),
+          " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down."));
+    case absl::StatusCode::kDataLoss:
+      return absl::DataLossError(absl::StrCat(who, " broke the tf_rdma protocol: ", cause.message(),
+                                              "; connection closed."));
+    default:
+      return absl::UnavailableError(absl::StrCat("lost verbs connection to ", who, ": ", cause.message()));
+  }
+}
+
+absl::Status VerbsConnection::CompletionError(const ibv_wc& wc) const {
+  std::string what;
+  switch (wc.status) {
+    case IBV_WC_RETRY_EXC_ERR:
+      what = "the peer stopped acknowledging (transport retry counter exceeded): it died, or the "
+             "RDMA path to it is down";
+      break;
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+      what = "the peer stopped accepting messages (receiver-not-ready retries exceeded)";
+      break;
+    case IBV_WC_REM_ACCESS_ERR:
+      what = "the peer refused an RDMA write into its region (remote access error)";
+      break;
+    case IBV_WC_REM_INV_REQ_ERR:
+      what = "the peer's queue pair rejected a request (remote invalid request)";
+      break;
+    default:
+      what = ibv_wc_status_str(wc.status);
+  }
+  return PeerError(absl::UnavailableError(absl::StrCat(
+      what, " [", ibv_wc_status_str(wc.status), ", vendor error 0x", absl::Hex(wc.vendor_err),
+      ", device ", device_->name, "]")));
+}
+
+void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
+                                 std::vector<std::function<void()>>* callbacks) {
+  if (!status_.ok()) return;
+  status_ = reason;
+  handshake_cv_.notify_all();
+  for (auto& [tag, queue] : pending_writes_) {
+    for (auto& write : queue) callbacks->push_back([done = std::move(write.done), reason] { done(reason); });
+  }
+  pending_writes_.clear();
+  for (auto& item : data_queue_) {
+    if (item.posted == 0) {
+      callbacks->push_back([done = std::move(item.write.done), reason] { done(reason); });
+    } else {
+      // Part of it is posted: the NIC may still read the buffer until those are flushed.
+      deferred_write_dones_.push_back(std::move(item.write.done));
+    }
+  }
+  data_queue_.clear();
+  control_queue_.clear();
+  remote_grants_.clear();
+  remote_grant_ids_.clear();
+  if (!reason.ok() && reason.code() != absl::StatusCode::kCancelled) {
+    LOG(WARNING) << "tf_rdma: verbs connection to " << peer_name_ << " at " << peer_address_
+                 << " closed: " << reason;
+  }
+  if (tell_peer && !free_send_slots_.empty() && posted_sends_ < kSendDepth &&
+      PostControlLocked(wire::Encode({wire::FrameType::kReject,
+                                      wire::Reject{static_cast<uint32_t>(reason.code()),
+                                                   std::string(reason.message().substr(0, 3000))}}),
+                        true)
+          .ok()) {
+    // The grants stay outstanding until the REJECT is out (or kRejectGrace passed): see the loop.
+    stop_deadline_ = absl::Now() + kRejectGrace;
+    return;
+  }
+  StopQueuePairLocked(callbacks);
+}
+
+void VerbsConnection::StopQueuePairLocked(std::vector<std::function<void()>>* callbacks) {
+  if (stopped_) return;
+  stopped_ = true;
+  stop_deadline_ = absl::Now();
+  // In the error state the QP accepts no more writes: only now are the granted ranges free again.
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+  rdma_disconnect(id_);
+  for (auto& [id, grant] : local_grants_) {
+    callbacks->push_back([done = std::move(grant.done), status = status_] { done({status, 0}); });
+  }
+  local_grants_.clear();
+}
+
+// ---- progress ----
+
+void VerbsConnection::ProgressLoop() {
+  const absl::Duration beat = options_.peer_timeout / 4;
+  while (true) {
+    std::vector<std::function<void()>> callbacks;
+    PollCompletions(&callbacks);
+    HandleCmEvents();
+    absl::Duration sleep = beat;
+    bool finished = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const absl::Time now = absl::Now();
+      DrainInboxLocked(&callbacks);
+      if (status_.ok() && established_) {
+        if (now - last_receive_ > options_.peer_timeout) {
+          FailLocked(PeerError(absl::DeadlineExceededError(absl::StrCat(
+                         "nothing received for ", absl::FormatDuration(now - last_receive_)))),
+                     false, &callbacks);
+        } else if (now - last_send_ >= beat) {
+          EnqueueFrameLocked({wire::FrameType::kPing, wire::Ping{}});
+        }
+        sleep = std::min(beat - (now - last_send_), options_.peer_timeout - (now - last_receive_));
+      }
+      if (!status_.ok() && !stopped_) {
+        if (now >= stop_deadline_) StopQueuePairLocked(&callbacks);
+        sleep = std::min(sleep, stop_deadline_ - now);
+      }
+      if (stopped_) {
+        const bool drained = posted_sends_ == 0 && posted_receives_ == 0;
+        if (drained || now - stop_deadline_ > kFlushLimit) {
+          for (auto& done : deferred_write_dones_) {
+            callbacks.push_back([done = std::move(done), status = status_] { done(status); });
+          }
+          deferred_write_dones_.clear();
+          for (auto& [id, flight] : in_flight_) {
+            if (flight.done) callbacks.push_back([done = std::move(flight.done), status = status_] { done(status); });
+          }
+          in_flight_.clear();
+          finished = true;
+        }
+        sleep = std::min(sleep, absl::Milliseconds(50));
+      }
+    }
+    for (auto& callback : callbacks) callback();
+    if (finished) return;  // drops the thread's reference; the destructor frees the QP
+    pollfd fds[3] = {{completion_channel_->fd, POLLIN, 0}, {events_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(sleep) + 1, 1, 60000));
+    poll(fds, 3, timeout_ms);
+    if (fds[0].revents & POLLIN) {
+      ibv_cq* cq = nullptr;
+      void* context = nullptr;
+      if (ibv_get_cq_event(completion_channel_, &cq, &context) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        ibv_req_notify_cq(cq_, 0);
+      }
+    }
+    if (fds[2].revents & POLLIN) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &count, sizeof(count));
+    }
+  }
+}
+
+void VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
+  // Brief polling before sleeping: a burst of messages is handled without a wakeup each.
+  ibv_wc wcs[32];
+  bool any = false;
+  for (int spin = 0; spin < 64; ++spin) {
+    const int n = ibv_poll_cq(cq_, 32, wcs);
+    if (n <= 0) {
+      if (any) break;
+      continue;
+    }
+    any = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i], callbacks);
+    PumpLocked();
+    spin = 0;
+    if (callbacks->size() > 64) break;
+  }
+}
+
+void VerbsConnection::HandleCmEvents() {
+  rdma_cm_event* event = nullptr;
+  while (rdma_get_cm_event(events_, &event) == 0) {
+    const rdma_cm_event_type type = event->event;
+    rdma_ack_cm_event(event);
+    if (type != RDMA_CM_EVENT_DISCONNECTED && type != RDMA_CM_EVENT_DEVICE_REMOVAL) continue;
+    // The peer's REJECT, if it sent one, is already in the completion queue: take its reason first.
+    std::vector<std::function<void()>> callbacks;
+    PollCompletions(&callbacks);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailLocked(PeerError(absl::UnavailableError(
+                     type == RDMA_CM_EVENT_DISCONNECTED
+                         ? "it disconnected (rdma_cm DISCONNECTED): it closed the connection or exited"
+                         : absl::StrCat("RDMA device ", device_->name, " was removed"))),
+                 false, &callbacks);
+      StopQueuePairLocked(&callbacks);
+    }
+    for (auto& callback : callbacks) callback();
+  }
+}
+
+void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks) {
+  if (wc.wr_id & kReceiveBit) {
+    posted_receives_--;
+    if (wc.status != IBV_WC_SUCCESS) {
+      if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), false, callbacks);
+      return;
+    }
+    last_receive_ = absl::Now();
+    const int slot = static_cast<int>(wc.wr_id & ~kReceiveBit);
+    absl::Status handled;
+    if (wc.opcode == IBV_WC_RECV) {
+      const std::string bytes(recv_buffers_ + slot * kSlotSize, std::min<size_t>(wc.byte_len, kSlotSize));
+      if (!stopped_) {
+        absl::Status reposted = PostReceive(slot);
+        if (!reposted.ok()) handled = reposted;
+      }
+      if (handled.ok()) {
+        DrainInboxLocked(callbacks);
+        handled = HandleMessageLocked(bytes, callbacks);
+      }
+    } else if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+      if (!stopped_) handled = PostReceive(slot);
+      if (handled.ok()) {
+        if (!established_) {
+          handled = PeerError(absl::DataLossError("RDMA write before the handshake completed"));
+        } else {
+          DrainInboxLocked(callbacks);
+          handled = OnDataLocked(ntohl(wc.imm_data), wc.byte_len, callbacks);
+        }
+      }
+    }
+    if (!handled.ok() && status_.ok()) {
+      FailLocked(handled, handled.code() == absl::StatusCode::kDataLoss, callbacks);
+    }
+    return;
+  }
+  auto it = in_flight_.find(wc.wr_id);
+  if (it == in_flight_.end()) return;
+  InFlight flight = std::move(it->second);
+  in_flight_.erase(it);
+  posted_sends_--;
+  window_bytes_ -= flight.bytes;
+  if (flight.send_slot >= 0) free_send_slots_.push_back(flight.send_slot);
+  absl::Status result;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), false, callbacks);
+    result = status_.ok() ? absl::UnavailableError("work request flushed") : status_;
+  }
+  if (flight.done) {
+    callbacks->push_back([done = std::move(flight.done), result] { done(result); });
+  }
+  if (flight.is_reject) StopQueuePairLocked(callbacks);
+}
+
+void VerbsConnection::DrainInboxLocked(std::vector<std::function<void()>>* callbacks) {
+  while (established_ && !handshake_inbox_.empty() && status_.ok()) {
+    const std::string bytes = std::move(handshake_inbox_.front());
+    handshake_inbox_.pop_front();
+    absl::Status handled = HandleMessageLocked(bytes, callbacks);
+    if (!handled.ok()) FailLocked(handled, handled.code() == absl::StatusCode::kDataLoss, callbacks);
+  }
+}
+
+absl::Status VerbsConnection::HandleMessageLocked(std::string_view bytes,
+                                                  std::vector<std::function<void()>>* callbacks) {
+  if (!status_.ok()) return absl::OkStatus();
+  if (!established_) {
+    handshake_inbox_.emplace_back(bytes);
+    handshake_cv_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Message> message = DecodeMessage(bytes);
+  if (!message.ok()) return PeerError(message.status());
+  if (const auto* region = std::get_if<RegionMessage>(&*message)) {
+    if (region->address + region->size < region->address) {
+      return PeerError(absl::DataLossError(absl::StrCat("REGION ", region->region_id, " wraps around")));
+    }
+    if (!remote_regions_.emplace(region->region_id, RemoteRegion{region->address, region->size, region->rkey})
+             .second) {
+      return PeerError(absl::DataLossError(absl::StrCat("region ", region->region_id, " announced twice")));
+    }
+    return absl::OkStatus();
+  }
+  return DispatchLocked(std::get<wire::Frame>(*std::move(message)), callbacks);
+}
+
+absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks) {
+  switch (frame.type) {
+    case wire::FrameType::kPing:
+      return absl::OkStatus();
+    case wire::FrameType::kGrant:
+      return OnRemoteGrantLocked(std::get<wire::Grant>(frame.body));
+    case wire::FrameType::kData: {
+      const auto& data = std::get<wire::Data>(frame.body);
+      return OnDataLocked(data.grant_id, data.length, callbacks);
+    }
+    case wire::FrameType::kTooSmall: {
+      const auto& too_small = std::get<wire::TooSmall>(frame.body);
+      return OnGrantReturnedLocked(
+          too_small.grant_id,
+          {absl::ResourceExhaustedError(absl::StrCat("the message needs ", too_small.needed,
+                                                     " bytes, more than granted")),
+           too_small.needed},
+          true, callbacks);
+    }
+    case wire::FrameType::kRevoke:
+      OnPeerRevokeLocked(std::get<wire::Revoke>(frame.body).grant_id);
+      return absl::OkStatus();
+    case wire::FrameType::kRevoked:
+      return OnGrantReturnedLocked(std::get<wire::Revoked>(frame.body).grant_id,
+                                   {absl::CancelledError("grant revoked"), 0}, false, callbacks);
+    case wire::FrameType::kReject: {
+      const auto& reject = std::get<wire::Reject>(frame.body);
+      const auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
+                                                             : absl::StatusCode::kUnavailable;
+      return absl::Status(code == absl::StatusCode::kDataLoss ? absl::StatusCode::kUnavailable : code,
+                          absl::StrCat("peer ", peer_name_, " at ", peer_address_,
+                                       " closed the connection: ", reject.message));
+    }
+    default:
+      return PeerError(absl::DataLossError(absl::StrCat(
+          "unexpected ", wire::FrameTypeName(frame.type), " message after the handshake")));
+  }
+}
+
+absl::Status VerbsConnection::OnRemoteGrantLocked(const wire::Grant& grant) {
+  auto region = remote_regions_.find(grant.region_id);
+  if (region == remote_regions_.end()) {
+    return PeerError(absl::DataLossError(
+        absl::StrCat("GRANT in region ", grant.region_id, ", which the peer never announced")));
+  }
+  if (grant.offset > region->second.size || grant.capacity > region->second.size - grant.offset) {
+    return PeerError(absl::DataLossError(absl::StrCat("GRANT of [", grant.offset, ", +", grant.capacity,
+                                                      ") outside region ", grant.region_id, " of ",
+                                                      region->second.size, " bytes")));
+  }
+  if (!remote_grant_ids_.insert(grant.grant_id).second) {
+    return PeerError(absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice")));
+  }
+  auto writes = pending_writes_.find(grant.tag);
+  if (writes != pending_writes_.end()) {
+    remote_grant_ids_.erase(grant.grant_id);
+    if (TryPairLocked(grant, writes->second.front())) {
+      writes->second.pop_front();
+      if (writes->second.empty()) pending_writes_.erase(writes);
+      PumpLocked();
+    }
+    return absl::OkStatus();
+  }
+  remote_grants_[grant.tag].push_back(grant);
+  return absl::OkStatus();
+}
+
+void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
+  // A grant already used is answered by its data or TOO_SMALL.
+  if (remote_grant_ids_.erase(grant_id) == 0) return;
+  for (auto it = remote_grants_.begin(); it != remote_grants_.end(); ++it) {
+    auto& queue = it->second;
+    for (auto g = queue.begin(); g != queue.end(); ++g) {
+      if (g->grant_id != grant_id) continue;
+      queue.erase(g);
+      if (queue.empty()) remote_grants_.erase(it);
+      EnqueueFrameLocked({wire::FrameType::kRevoked, wire::Revoked{grant_id}});
+      return;
+    }
+  }
+}
+
+absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
+                                           std::vector<std::function<void()>>* callbacks) {
+  auto it = local_grants_.find(grant_id);
+  if (it == local_grants_.end()) {
+    return PeerError(absl::DataLossError(absl::StrCat("data for grant ", grant_id, ", which is not outstanding")));
+  }
+  if (length > it->second.capacity) {
+    return PeerError(absl::DataLossError(
+        absl::StrCat("data of ", length, " bytes for a grant of ", it->second.capacity)));
+  }
+  callbacks->push_back([done = std::move(it->second.done), length] { done({absl::OkStatus(), length}); });
+  local_grants_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status VerbsConnection::OnGrantReturnedLocked(uint64_t grant_id, GrantResult result,
+                                                    bool must_exceed_capacity,
+                                                    std::vector<std::function<void()>>* callbacks) {
+  auto it = local_grants_.find(grant_id);
+  if (it == local_grants_.end()) {
+    return PeerError(absl::DataLossError(absl::StrCat("grant ", grant_id, " returned but not outstanding")));
+  }
+  if (must_exceed_capacity && result.length <= it->second.capacity) {
+    return PeerError(absl::DataLossError(absl::StrCat("TOO_SMALL for a message of ", result.length,
+                                                      " bytes that fits the grant of ", it->second.capacity)));
+  }
+  callbacks->push_back([done = std::move(it->second.done), result] { done(result); });
+  local_grants_.erase(it);
+  return absl::OkStatus();
+}
+
+}  // namespace tf_rdma::verbs

@@ -1,0 +1,217 @@
+// A Connection over one reliable-connected queue pair.
+//
+// Data moves with RDMA WRITE straight from the sender's buffer into the receiver's granted range:
+// a message of up to kMaxSingleWrite bytes is one WRITE_WITH_IMM whose immediate is the grant id
+// (the receiver's completion carries the length); a bigger one is a series of WRITEs followed by a
+// DATA message. Everything else (handshake, GRANT, REGION, TOO_SMALL, REVOKE, PING, REJECT) is a
+// small SEND into receive buffers the peer keeps posted; RC ordering puts a DATA message after the
+// WRITEs it reports. One progress thread per connection sleeps on the completion channel and the
+// rdma_cm event channel, and sends heartbeats, so a dead or silent peer fails every pending
+// operation within TransportOptions::peer_timeout.
+#ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
+#define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cc/transport/handshake.h"
+#include "cc/transport/transport.h"
+#include "cc/transport/verbs/registration_cache.h"
+#include "cc/transport/verbs/verbs_device.h"
+#include "cc/transport/verbs/verbs_messages.h"
+
+namespace tf_rdma::verbs {
+
+// One RDMA device as the transport uses it: a protection domain and the send-buffer cache.
+struct DeviceContext {
+  DeviceContext(ibv_context* context, ibv_pd* pd);
+  ~DeviceContext();
+  ibv_context* const context;  // owned by rdma_cm (rdma_get_devices)
+  ibv_pd* const pd;
+  const std::string name;
+  // Emptied before the protection domain goes: its registrations belong to it.
+  std::unique_ptr<RegistrationCache> send_cache;
+};
+
+// A region peers may write into: registered with remote-write access on every device in use.
+class VerbsRegion : public MemoryRegion {
+ public:
+  VerbsRegion(uint32_t id, char* data, size_t size,
+              std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations,
+              std::vector<std::shared_ptr<DeviceContext>> devices);
+  ~VerbsRegion() override;
+  // Null when the region is not registered with `context`.
+  const Registration* RegistrationFor(ibv_context* context) const;
+
+ private:
+  std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations_;
+  const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
+};
+
+struct TagHasher {
+  size_t operator()(const Tag& tag) const { return tag.hi * 0x9e3779b97f4a7c15ULL ^ tag.lo; }
+};
+
+class VerbsConnection : public Connection, public std::enable_shared_from_this<VerbsConnection> {
+ public:
+  // Takes ownership of `id` (whose event channel is its own) and builds the queue pair on it, in
+  // RESET state; the caller moves it to RTS with Transition() while rdma_cm connects.
+  static absl::StatusOr<std::shared_ptr<VerbsConnection>> Create(
+      rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
+      const TransportOptions& options, const VerbsSettings& settings, std::string peer_address);
+  ~VerbsConnection() override;
+
+  uint32_t qp_num() const { return qp_->qp_num; }
+  // Moves the QP to `state` with the attributes rdma_cm computed, and the GID/port overrides.
+  absl::Status Transition(ibv_qp_state state);
+  // Starts the progress thread; control messages received until Established() go to the
+  // handshake channel.
+  void Start();
+  FrameChannel& handshake_channel() { return channel_; }
+  void Established(const PeerIdentity& peer);
+
+  uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
+                 uint64_t capacity, GrantDone done) override;
+  void Revoke(uint64_t grant_id) override;
+  void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
+  void Close(const absl::Status& reason) override;
+  absl::Status health() const override;
+  const std::string& peer_name() const override { return peer_name_; }
+  Backend backend() const override { return Backend::kVerbs; }
+
+ private:
+  class Channel : public FrameChannel {
+   public:
+    explicit Channel(VerbsConnection* connection) : connection_(connection) {}
+    absl::Status Send(const wire::Frame& frame) override;
+    absl::StatusOr<wire::Frame> Receive(absl::Time deadline) override;
+    std::string PeerAddress() const override { return connection_->peer_address_; }
+
+   private:
+    VerbsConnection* const connection_;
+  };
+  struct LocalGrant {
+    Tag tag;
+    std::shared_ptr<MemoryRegion> region;
+    uint64_t offset;
+    uint64_t capacity;
+    GrantDone done;
+    bool revoking = false;
+  };
+  struct RemoteRegion {
+    uint64_t address;
+    uint64_t size;
+    uint32_t rkey;
+  };
+  struct PendingWrite {
+    const void* src;
+    uint64_t length;
+    std::shared_ptr<Registration> registration;
+    WriteDone done;
+  };
+  struct Outgoing {
+    wire::Grant grant;
+    PendingWrite write;
+    uint64_t posted = 0;  // bytes of the message already posted
+  };
+  // What a posted work request's completion means.
+  struct InFlight {
+    int send_slot = -1;     // a control message's buffer to free
+    uint64_t bytes = 0;     // data bytes it carried (the in-flight window)
+    bool is_reject = false;
+    WriteDone done;         // the message's last work request: the write is complete
+    std::shared_ptr<Registration> registration;
+  };
+
+  VerbsConnection(rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
+                  const TransportOptions& options, const VerbsSettings& settings,
+                  std::string peer_address);
+  absl::Status Setup();
+  absl::Status PostReceive(int slot);
+
+  void ProgressLoop();
+  void PollCompletions(std::vector<std::function<void()>>* callbacks);
+  void HandleCmEvents();
+  void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
+  absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
+  absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnRemoteGrantLocked(const wire::Grant& grant);
+  absl::Status OnDataLocked(uint64_t grant_id, uint64_t length, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
+                                     std::vector<std::function<void()>>* callbacks);
+  void OnPeerRevokeLocked(uint64_t grant_id);
+  bool TryPairLocked(const wire::Grant& grant, PendingWrite& write);
+  void EnqueueControlLocked(std::string message);
+  void EnqueueFrameLocked(const wire::Frame& frame) { EnqueueControlLocked(wire::Encode(frame)); }
+  // Posts as much of the outgoing queue as the send queue, send buffers and window allow.
+  void PumpLocked();
+  bool PostDataLocked(Outgoing& item);
+  absl::Status PostControlLocked(const std::string& message, bool is_reject);
+  void DrainInboxLocked(std::vector<std::function<void()>>* callbacks);
+  // Sets the error; `tell_peer` sends it to the peer first. Callbacks run by the caller, unlocked.
+  void FailLocked(const absl::Status& reason, bool tell_peer, std::vector<std::function<void()>>* callbacks);
+  // Stops the QP (no write can land any more) and fails the grants; lock held.
+  void StopQueuePairLocked(std::vector<std::function<void()>>* callbacks);
+  absl::Status PeerError(const absl::Status& cause) const;
+  absl::Status CompletionError(const ibv_wc& wc) const;
+  void Wake();
+
+  rdma_cm_id* const id_;
+  rdma_event_channel* const events_;
+  const std::shared_ptr<DeviceContext> device_;
+  const TransportOptions options_;
+  const VerbsSettings settings_;
+  const std::string peer_address_;
+  std::string peer_name_;
+  Channel channel_{this};
+
+  ibv_comp_channel* completion_channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  int wake_fd_ = -1;
+  uint64_t max_single_write_ = 0;
+  char* recv_buffers_ = nullptr;  // mmap'ed: registered memory gets pages of its own
+  char* send_buffers_ = nullptr;
+  std::shared_ptr<Registration> recv_registration_;
+  std::shared_ptr<Registration> send_registration_;
+
+  mutable std::mutex mu_;
+  std::condition_variable handshake_cv_;
+  absl::Status status_;
+  bool established_ = false;
+  bool stopped_ = false;              // QP moved to error, grants failed
+  absl::Time stop_deadline_;          // when a REJECT in flight stops waiting
+  std::deque<std::string> handshake_inbox_;
+  std::vector<int> free_send_slots_;
+  int posted_sends_ = 0;
+  int posted_receives_ = 0;
+  uint64_t window_bytes_ = 0;
+  uint64_t next_wr_id_ = 1;
+  std::unordered_map<uint64_t, InFlight> in_flight_;
+  // Control messages go first, so a long message does not hold back heartbeats and grants.
+  std::deque<std::string> control_queue_;
+  std::deque<Outgoing> data_queue_;
+  std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
+  uint32_t next_grant_id_ = 1;
+  std::unordered_map<uint64_t, LocalGrant> local_grants_;
+  std::unordered_set<uint32_t> announced_regions_;
+  std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
+  std::unordered_map<Tag, std::deque<PendingWrite>, TagHasher> pending_writes_;
+  std::unordered_map<Tag, std::deque<wire::Grant>, TagHasher> remote_grants_;
+  std::unordered_set<uint64_t> remote_grant_ids_;
+  absl::Time last_receive_;
+  absl::Time last_send_;
+};
+
+}  // namespace tf_rdma::verbs
+
+#endif  // TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_

@@ -1,0 +1,496 @@
+#include "cc/transport/verbs/verbs_transport.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <thread>
+#include <vector>
+
+#include "absl/log/log.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cc/transport/verbs/verbs_connection.h"
+
+namespace tf_rdma {
+namespace {
+
+using verbs::DeviceContext;
+using verbs::VerbsConnection;
+using verbs::VerbsSettings;
+
+// rdma_cm ids and event channels not yet owned by a connection.
+struct CmId {
+  rdma_event_channel* channel = nullptr;
+  rdma_cm_id* id = nullptr;
+  ~CmId() {
+    if (id != nullptr) rdma_destroy_id(id);
+    if (channel != nullptr) rdma_destroy_event_channel(channel);
+  }
+  void Release() { id = nullptr, channel = nullptr; }
+};
+
+absl::Status CmError(const char* what, const std::string& context) {
+  return absl::UnavailableError(absl::StrCat(what, " ", context, ": ", std::strerror(errno)));
+}
+
+absl::StatusOr<rdma_event_channel*> NewEventChannel() {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  if (channel == nullptr) {
+    return absl::UnavailableError(absl::StrCat("rdma_create_event_channel: ", std::strerror(errno),
+                                               " (is the rdma_ucm kernel module loaded?)"));
+  }
+  fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+  return channel;
+}
+
+struct CmEvent {
+  rdma_cm_event_type type;
+  int status;
+};
+
+absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time deadline) {
+  while (true) {
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel, &event) == 0) {
+      CmEvent result{event->event, event->status};
+      rdma_ack_cm_event(event);
+      return result;
+    }
+    if (errno != EAGAIN && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("rdma_get_cm_event: ", std::strerror(errno)));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no rdma_cm event in time");
+    pollfd p{channel->fd, POLLIN, 0};
+    poll(&p, 1, static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000)));
+  }
+}
+
+absl::StatusOr<sockaddr_storage> ResolveIp(const Endpoint& endpoint, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* resolved = nullptr;
+  const std::string port = std::to_string(endpoint.port);
+  const int rc = getaddrinfo(endpoint.host.empty() ? nullptr : endpoint.host.c_str(), port.c_str(),
+                             &hints, &resolved);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", endpoint.ToString(), "': ", gai_strerror(rc)));
+  }
+  sockaddr_storage address{};
+  std::memcpy(&address, resolved->ai_addr, resolved->ai_addrlen);
+  freeaddrinfo(resolved);
+  return address;
+}
+
+rdma_conn_param ConnectionParameters(uint32_t qp_num) {
+  rdma_conn_param param{};
+  param.responder_resources = 1;
+  param.initiator_depth = 1;
+  param.retry_count = 7;      // ~7 x the ACK timeout before a silent peer fails the QP
+  param.rnr_retry_count = 7;  // receive buffers are reposted at once; "7" waits for them
+  param.qp_num = qp_num;
+  return param;
+}
+
+class VerbsTransport;
+
+// Accepts on its own thread; each client is accepted and handshaken on a thread of its own. Joins
+// them all when destroyed.
+class VerbsListener : public Listener {
+ public:
+  VerbsListener(VerbsTransport* transport, rdma_event_channel* channel, rdma_cm_id* id, Endpoint endpoint,
+                AcceptCallback on_accept)
+      : transport_(transport), channel_(channel), id_(id), endpoint_(std::move(endpoint)),
+        on_accept_(std::move(on_accept)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~VerbsListener() override {
+    stopping_ = true;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof(one));
+    thread_.join();
+    for (auto& worker : workers_) worker.thread.join();
+    rdma_destroy_id(id_);
+    rdma_destroy_event_channel(channel_);
+    close(stop_fd_);
+  }
+  Endpoint endpoint() const override { return endpoint_; }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+  void Loop();
+  void Accept(rdma_cm_id* child);
+
+  VerbsTransport* const transport_;
+  rdma_event_channel* const channel_;
+  rdma_cm_id* const id_;
+  const Endpoint endpoint_;
+  const AcceptCallback on_accept_;
+  const int stop_fd_;
+  std::atomic<bool> stopping_{false};
+  std::list<Worker> workers_;
+  std::thread thread_;
+};
+
+class VerbsTransport : public Transport {
+ public:
+  VerbsTransport(const TransportOptions& options, VerbsSettings settings,
+                 std::vector<std::shared_ptr<DeviceContext>> devices)
+      : options_(options), settings_(std::move(settings)), devices_(std::move(devices)) {}
+
+  ~VerbsTransport() override {
+    std::vector<std::weak_ptr<VerbsConnection>> connections;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      connections.swap(connections_);
+    }
+    for (auto& weak : connections) {
+      if (auto connection = weak.lock()) {
+        connection->Close(absl::CancelledError("the local tf_rdma transport shut down"));
+      }
+    }
+  }
+
+  Backend backend() const override { return Backend::kVerbs; }
+
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> AllocateRegion(size_t bytes) override {
+    const size_t length = std::max<size_t>(bytes, 1);
+    void* data = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate a region of ", bytes, " bytes: ", std::strerror(errno)));
+    }
+    // Only these regions are ever registered for remote access; every device in use gets one.
+    std::vector<std::pair<ibv_context*, std::shared_ptr<verbs::Registration>>> registrations;
+    for (const auto& device : devices_) {
+      auto registration = verbs::Registration::Create(
+          device->pd, data, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+          absl::StrCat("a receive region (TransportOptions pool) of ", bytes, " bytes"));
+      if (!registration.ok()) {
+        registrations.clear();
+        munmap(data, length);
+        return registration.status();
+      }
+      registrations.emplace_back(device->context, *std::move(registration));
+    }
+    return std::make_shared<verbs::VerbsRegion>(next_region_id_++, static_cast<char*>(data), bytes,
+                                                std::move(registrations), devices_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint, AcceptCallback on_accept) override {
+    absl::StatusOr<sockaddr_storage> address = ResolveIp(endpoint, true);
+    if (!address.ok()) return address.status();
+    absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
+    if (!channel.ok()) return channel.status();
+    CmId cm{*channel};
+    if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return CmError("rdma_create_id", "");
+    if (rdma_bind_addr(cm.id, reinterpret_cast<sockaddr*>(&*address)) != 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen for verbs connections on ", endpoint.ToString(), ": rdma_bind_addr: ",
+          std::strerror(errno), errno == EADDRNOTAVAIL || errno == ENODEV
+                                    ? " (the address is not on an RDMA-capable interface)" : ""));
+    }
+    if (rdma_listen(cm.id, 128) != 0) return CmError("rdma_listen on", endpoint.ToString());
+    Endpoint bound{endpoint.host.empty() ? "0.0.0.0" : endpoint.host, ntohs(rdma_get_src_port(cm.id))};
+    auto listener = std::make_unique<VerbsListener>(this, cm.channel, cm.id, bound, std::move(on_accept));
+    cm.Release();
+    return listener;
+  }
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override {
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    absl::Duration backoff = absl::Milliseconds(10);
+    while (true) {
+      bool retry = false;
+      absl::StatusOr<std::shared_ptr<VerbsConnection>> connection = ConnectOnce(endpoint, deadline, &retry);
+      if (connection.ok()) return std::shared_ptr<Connection>(*std::move(connection));
+      // Peers start in any order: one not listening yet is retried until the deadline.
+      if (!retry) return connection.status();
+      if (absl::Now() + backoff > deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "could not reach the tf_rdma verbs listener of peer ", endpoint.ToString(), " within ",
+            absl::FormatDuration(options_.connect_timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
+            connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    }
+  }
+
+  // The device rdma_cm resolved for `id`, checked against the overrides.
+  absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceFor(rdma_cm_id* id, const std::string& address) {
+    std::shared_ptr<DeviceContext> device;
+    for (const auto& candidate : devices_) {
+      if (candidate->context == id->verbs) device = candidate;
+    }
+    if (device == nullptr) {
+      std::vector<std::string> names;
+      for (const auto& candidate : devices_) names.push_back(candidate->name);
+      return absl::FailedPreconditionError(absl::StrCat(
+          address, " is reached through RDMA device ", verbs::DeviceName(id->verbs),
+          ", but TF_RDMA_VERBS_DEVICE restricts tf_rdma to ", absl::StrJoin(names, ", "),
+          ". Use the IP address of that device's interface, or unset TF_RDMA_VERBS_DEVICE"));
+    }
+    if (settings_.port != 0 && id->port_num != settings_.port) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          address, " is reached through port ", static_cast<int>(id->port_num), " of ", device->name,
+          ", but TF_RDMA_VERBS_PORT=", settings_.port, ". Use the IP address of port ", settings_.port,
+          "'s interface, or unset TF_RDMA_VERBS_PORT"));
+    }
+    absl::Status port = verbs::CheckPortAndGid(id->verbs, id->port_num, settings_.gid_index);
+    if (!port.ok()) return port;
+    return device;
+  }
+
+  void Track(const std::shared_ptr<VerbsConnection>& connection) {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
+                                      [](const auto& weak) { return weak.expired(); }),
+                       connections_.end());
+    connections_.push_back(connection);
+  }
+
+  const TransportOptions& options() const { return options_; }
+  const VerbsSettings& settings() const { return settings_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<VerbsConnection>> ConnectOnce(const Endpoint& endpoint, absl::Time deadline,
+                                                               bool* retry) {
+    const std::string address = endpoint.ToString();
+    absl::StatusOr<sockaddr_storage> destination = ResolveIp(endpoint, false);
+    if (!destination.ok()) return destination.status();
+    absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
+    if (!channel.ok()) return channel.status();
+    CmId cm{*channel};
+    if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return CmError("rdma_create_id", "");
+    if (rdma_resolve_addr(cm.id, nullptr, reinterpret_cast<sockaddr*>(&*destination), 2000) != 0) {
+      return CmError("rdma_resolve_addr for", address);
+    }
+    absl::StatusOr<CmEvent> event = WaitCmEvent(cm.channel, deadline);
+    if (!event.ok()) return event.status();
+    if (event->type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+      *retry = true;
+      return absl::UnavailableError(absl::StrCat(
+          "rdma_cm cannot resolve ", endpoint.host, " to a local RDMA device (", rdma_event_str(event->type),
+          ", status ", event->status, "); is it the IP address of the peer's RDMA interface (for RoCE, "
+          "an address on the RDMA port's netdev), and does this host have an RDMA device on that network?"));
+    }
+    const uint8_t ack_timeout = 14;  // 4.096 us * 2^14 = 67 ms per retry
+    rdma_set_option(cm.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, const_cast<uint8_t*>(&ack_timeout),
+                    sizeof(ack_timeout));
+    if (rdma_resolve_route(cm.id, 2000) != 0) return CmError("rdma_resolve_route for", address);
+    event = WaitCmEvent(cm.channel, deadline);
+    if (!event.ok()) return event.status();
+    if (event->type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      *retry = true;
+      return absl::UnavailableError(absl::StrCat("rdma_cm cannot resolve a route to ", address, " (",
+                                                 rdma_event_str(event->type), ")"));
+    }
+    absl::StatusOr<std::shared_ptr<DeviceContext>> device = DeviceFor(cm.id, address);
+    if (!device.ok()) return device.status();
+    absl::StatusOr<std::shared_ptr<VerbsConnection>> created =
+        VerbsConnection::Create(cm.id, cm.channel, *device, options_, settings_, address);
+    rdma_cm_id* id = cm.id;
+    rdma_event_channel* events = cm.channel;
+    if (!created.ok()) return created.status();
+    cm.Release();  // the connection owns them now
+    std::shared_ptr<VerbsConnection> connection = *created;
+    absl::Status status = connection->Transition(IBV_QPS_INIT);
+    if (!status.ok()) return status;
+    rdma_conn_param param = ConnectionParameters(connection->qp_num());
+    if (rdma_connect(id, &param) != 0) return CmError("rdma_connect to", address);
+    event = WaitCmEvent(events, deadline);
+    if (!event.ok()) return event.status();
+    if (event->type != RDMA_CM_EVENT_CONNECT_RESPONSE) {
+      *retry = event->type == RDMA_CM_EVENT_REJECTED || event->type == RDMA_CM_EVENT_UNREACHABLE ||
+               event->type == RDMA_CM_EVENT_CONNECT_ERROR;
+      return absl::UnavailableError(absl::StrCat("rdma_connect to ", address, ": ",
+                                                 rdma_event_str(event->type), " (status ", event->status, ")"));
+    }
+    for (ibv_qp_state state : {IBV_QPS_RTR, IBV_QPS_RTS}) {
+      status = connection->Transition(state);
+      if (!status.ok()) {
+        rdma_reject(id, nullptr, 0);
+        return status;
+      }
+    }
+    if (rdma_establish(id) != 0) return CmError("rdma_establish with", address);
+    connection->Start();
+    absl::StatusOr<PeerIdentity> peer =
+        ClientHandshake(connection->handshake_channel(), Backend::kVerbs, options_);
+    if (!peer.ok()) {
+      connection->Close(peer.status());
+      return peer.status();
+    }
+    connection->Established(*peer);
+    Track(connection);
+    return connection;
+  }
+
+  const TransportOptions options_;
+  const VerbsSettings settings_;
+  const std::vector<std::shared_ptr<DeviceContext>> devices_;
+  std::atomic<uint32_t> next_region_id_{1};
+  std::mutex mu_;
+  std::vector<std::weak_ptr<VerbsConnection>> connections_;
+};
+
+void VerbsListener::Loop() {
+  while (!stopping_) {
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    poll(fds, 2, -1);
+    rdma_cm_event* event = nullptr;
+    while (!stopping_ && rdma_get_cm_event(channel_, &event) == 0) {
+      const rdma_cm_event_type type = event->event;
+      rdma_cm_id* child = event->id;
+      rdma_ack_cm_event(event);
+      if (type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
+      for (auto it = workers_.begin(); it != workers_.end();) {
+        if (it->finished) {
+          it->thread.join();
+          it = workers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Worker& worker = workers_.emplace_back();
+      worker.thread = std::thread([this, child, &worker] {
+        Accept(child);
+        worker.finished = true;
+      });
+    }
+  }
+}
+
+void VerbsListener::Accept(rdma_cm_id* child) {
+  const std::string address = absl::StrCat("client of ", endpoint_.ToString());
+  const TransportOptions& options = transport_->options();
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  auto refuse = [&](const absl::Status& why) {
+    LOG(WARNING) << "tf_rdma: refused a verbs connection on " << endpoint_.ToString() << ": " << why;
+  };
+  absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
+  if (!channel.ok()) {
+    rdma_reject(child, nullptr, 0);
+    rdma_destroy_id(child);
+    return refuse(channel.status());
+  }
+  CmId cm{*channel, child};
+  // Its own channel: this connection's events (ESTABLISHED, DISCONNECTED) reach its own thread.
+  if (rdma_migrate_id(child, cm.channel) != 0) {
+    rdma_reject(child, nullptr, 0);
+    return refuse(CmError("rdma_migrate_id", ""));
+  }
+  absl::StatusOr<std::shared_ptr<DeviceContext>> device = transport_->DeviceFor(child, address);
+  if (!device.ok()) {
+    rdma_reject(child, nullptr, 0);
+    return refuse(device.status());
+  }
+  absl::StatusOr<std::shared_ptr<VerbsConnection>> created =
+      VerbsConnection::Create(child, cm.channel, *device, options, transport_->settings(), address);
+  if (!created.ok()) {
+    rdma_reject(child, nullptr, 0);
+    return refuse(created.status());
+  }
+  rdma_event_channel* events = cm.channel;
+  cm.Release();
+  std::shared_ptr<VerbsConnection> connection = *created;
+  absl::Status status;
+  for (ibv_qp_state state : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+    if (status.ok()) status = connection->Transition(state);
+  }
+  if (!status.ok()) {
+    rdma_reject(child, nullptr, 0);
+    return refuse(status);
+  }
+  rdma_conn_param param = ConnectionParameters(connection->qp_num());
+  if (rdma_accept(child, &param) != 0) return refuse(CmError("rdma_accept", ""));
+  absl::StatusOr<CmEvent> event = WaitCmEvent(events, deadline);
+  if (!event.ok()) return refuse(event.status());
+  if (event->type != RDMA_CM_EVENT_ESTABLISHED) {
+    return refuse(absl::UnavailableError(absl::StrCat("expected ESTABLISHED, got ", rdma_event_str(event->type))));
+  }
+  connection->Start();
+  absl::StatusOr<PeerIdentity> peer =
+      ServerHandshake(connection->handshake_channel(), Backend::kVerbs, options);
+  if (!peer.ok()) {
+    connection->Close(peer.status());
+    return refuse(peer.status());
+  }
+  connection->Established(*peer);
+  transport_->Track(connection);
+  on_accept_(connection);
+}
+
+}  // namespace
+
+absl::Status VerbsBackendAvailable() {
+  absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
+  if (!settings.ok()) return settings.status();
+  return verbs::CheckVerbsUsable(*settings);
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options) {
+  absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
+  if (!settings.ok()) return settings.status();
+  // Before anything is registered, as rdma-core requires.
+  verbs::EnsureForkSafety();
+  int count = 0;
+  ibv_context** contexts = rdma_get_devices(&count);
+  if (contexts == nullptr || count == 0) {
+    if (contexts != nullptr) rdma_free_devices(contexts);
+    return absl::UnavailableError(
+        "rdma_cm sees no RDMA device (rdma_get_devices returned none); is the rdma_ucm module loaded?");
+  }
+  std::vector<std::shared_ptr<DeviceContext>> devices;
+  std::vector<std::string> seen;
+  absl::Status problem;
+  for (int i = 0; i < count; ++i) {
+    const std::string name = verbs::DeviceName(contexts[i]);
+    seen.push_back(name);
+    if (!settings->device.empty() && name != settings->device) continue;
+    if (!settings->device.empty() && settings->port != 0) {
+      // With both named, a bad port or GID index is reported now rather than at the first connect.
+      problem = verbs::CheckPortAndGid(contexts[i], settings->port, settings->gid_index);
+      if (!problem.ok()) break;
+    }
+    ibv_pd* pd = ibv_alloc_pd(contexts[i]);
+    if (pd == nullptr) {
+      problem = absl::UnavailableError(absl::StrCat("ibv_alloc_pd on ", name, ": ", std::strerror(errno)));
+      break;
+    }
+    devices.push_back(std::make_shared<DeviceContext>(contexts[i], pd));
+  }
+  rdma_free_devices(contexts);
+  if (!problem.ok()) return problem;
+  if (devices.empty()) {
+    return absl::NotFoundError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings->device,
+                                            " does not exist; rdma_cm sees ", absl::StrJoin(seen, ", "),
+                                            ". Use one of those names or unset it"));
+  }
+  return std::make_unique<VerbsTransport>(options, *std::move(settings), std::move(devices));
+}
+
+std::map<std::string, uint64_t> VerbsStatistics() {
+  const verbs::RegistrationCacheStats stats = verbs::GetRegistrationCacheStats();
+  return {{"cache_hits", stats.hits},
+          {"cache_misses", stats.misses},
+          {"cache_evictions", stats.evictions},
+          {"cache_invalidations", stats.invalidations},
+          {"cache_uncached", stats.uncached},
+          {"pinned_bytes", verbs::PinnedBytes()}};
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,25 @@
+// The verbs backend: reliable-connected queue pairs set up through librdmacm (which picks the
+// device, port and RoCE v2 GID from the peer's IP address), overridable with TF_RDMA_VERBS_DEVICE,
+// TF_RDMA_VERBS_PORT and TF_RDMA_VERBS_GID_INDEX. Compiled only when rdma-core's headers exist
+// (TF_RDMA_HAVE_VERBS).
+#ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
+#define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cc/transport/transport.h"
+
+namespace tf_rdma {
+
+// Why verbs cannot work here (no device, no active port, a bad override), or OK.
+absl::Status VerbsBackendAvailable();
+absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options);
+// Registration cache counters (hits, misses, evictions, invalidations, uncached) and pinned bytes.
+std::map<std::string, uint64_t> VerbsStatistics();
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_VERBS_VERBS_TRANSPORT_H_

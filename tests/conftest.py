@@ -1,0 +1,27 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+# Shared test helpers (helpers.py, wire_client.py) import by name from every test folder.
+sys.path.insert(0, str(Path(__file__).parent / "transport"))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backends", default="tcp,shm",
+        help="comma-separated backends for the backend-independent suites (default tcp,shm; "
+             "the Soft-RoCE run passes verbs)")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        backends = [b for b in metafunc.config.getoption("backends").split(",") if b]
+        stream = [b for b in backends if b in ("tcp", "shm")]
+        # Suites that speak the socket wire format directly apply to stream backends only.
+        marker = metafunc.definition.get_closest_marker("stream_backends_only")
+        metafunc.parametrize("backend", stream if marker else backends)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "stream_backends_only: raw-socket tests (tcp, shm)")

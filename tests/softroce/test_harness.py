@@ -1,0 +1,204 @@
+"""Tests of the Soft-RoCE guest harness (tools/softroce/guest.py), run for real in qemu.
+
+Skipped when the host packages are missing, unless CI is set: then they fail, so that a CI
+machine without the harness's packages cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUEST_PY = REPO / "tools" / "softroce" / "guest.py"
+
+
+def _load_guest():
+    name = "tf_rdma_softroce_guest"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, GUEST_PY)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+guest = _load_guest()
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="module")
+def softroce():
+    missing = guest.missing_prerequisites()
+    if missing:
+        msg = "Soft-RoCE harness prerequisites missing:\n  " + "\n  ".join(missing)
+        if _in_ci():
+            pytest.fail(msg + "\n(CI is set: missing prerequisites are a failure, not a skip)")
+        pytest.skip(msg)
+    guest.ensure_artifacts()  # build vmlinux + initramfs outside of the timed runs
+    return guest
+
+
+def _qemu_pids_for(job_dir: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if job_dir.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def test_probes_without_booting():
+    assert isinstance(guest.native_rdma_available(), bool)
+    missing = guest.missing_prerequisites()
+    assert isinstance(missing, list)
+    assert all("install.sh" in m for m in missing)
+
+
+def test_rxe0_is_active_in_guest(softroce):
+    res = softroce.run(
+        ["sh", "-c", "ibv_devinfo -d rxe0; rdma link show; "
+                     "cat /sys/class/infiniband/rxe0/ports/1/gids/1; "
+                     "echo memlock=$(ulimit -l)"],
+        timeout=60)
+    assert res.returncode == 0, res.output
+    assert "PORT_ACTIVE" in res.output
+    assert re.search(r"link rxe0/1 state ACTIVE .*netdev dummy0", res.output), res.output
+    # GID index 1 is the RoCE v2 GID ::ffff:10.77.0.1
+    assert "0000:0000:0000:0000:0000:ffff:0a4d:0001" in res.output
+    assert "memlock=unlimited" in res.output
+    assert 0 < res.boot_seconds < 120
+    assert res.kernel and not os.path.exists(res.job_dir)
+
+
+def test_exit_code_output_env_cwd_memlock(softroce, monkeypatch):
+    monkeypatch.setenv("SOFTROCE_HOST_ONLY", "leak")  # the host env must not reach the guest
+    res = softroce.run(
+        ["sh", "-c", 'echo "out $GREETING"; echo "err line" >&2; pwd; '
+                     'echo "leak=${SOFTROCE_HOST_ONLY:-none}"; echo "memlock=$(ulimit -l)"; '
+                     'echo "path=$PATH"; exit 3'],
+        timeout=60, env={"GREETING": "hello world"}, cwd="/usr/share", memlock="2048")
+    assert res.returncode == 3, res.output
+    assert not res.timed_out
+    lines = res.output.splitlines()
+    assert "out hello world" in lines
+    assert "err line" in lines  # stderr is merged
+    assert "/usr/share" in lines
+    assert "leak=none" in lines
+    assert "memlock=2048" in lines
+    assert any(l.startswith("path=") and "/usr/bin" in l for l in lines)
+
+
+def test_cli_exit_code_env_cwd(softroce, tmp_path):
+    # tmp_path lives on the host; the guest sees the host's / read-only.
+    (tmp_path / "marker.txt").write_text("from the host\n")
+    proc = subprocess.run(
+        [sys.executable, str(GUEST_PY), "run", "--timeout", "60", "--env", "FOO=bar=baz",
+         "--cwd", str(tmp_path), "--", "sh", "-c",
+         'cat marker.txt; echo "FOO=$FOO"; echo "cwd=$(pwd)"; exit 3'],
+        capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "from the host" in proc.stdout
+    assert "FOO=bar=baz" in proc.stdout
+    assert f"cwd={tmp_path}" in proc.stdout
+    assert "exit 3" in proc.stderr  # the timing line
+
+
+def test_timeout_kills_guest(softroce):
+    t0 = time.monotonic()
+    res = softroce.run(["sleep", "1000"], timeout=4)
+    wall = time.monotonic() - t0
+    assert res.timed_out
+    assert res.returncode == guest.TIMEOUT_EXIT_CODE == 124
+    assert 4 <= res.run_seconds < 10, res
+    assert wall < res.boot_seconds + 15, (wall, res)
+    assert _qemu_pids_for(res.job_dir) == []
+    assert not os.path.exists(res.job_dir)
+
+
+def test_cli_timeout_message(monkeypatch, capsys):
+    def fake_run(cmd, timeout, **kw):
+        return guest.GuestResult(returncode=124, output="", boot_seconds=1.0,
+                                 run_seconds=timeout, total_seconds=timeout + 1,
+                                 timed_out=True, kernel="k", console="", job_dir="/nonexistent")
+    monkeypatch.setattr(guest, "run", fake_run)
+    rc = guest.main(["run", "--timeout", "3", "--", "sleep", "1000"])
+    assert rc == 124
+    assert "TIMEOUT" in capsys.readouterr().err
+
+
+def test_two_guests_concurrently(softroce):
+    results = {}
+
+    def one(tag):
+        results[tag] = softroce.run(["sh", "-c", f"sleep 1; echo token-{tag}"], timeout=60)
+
+    threads = [threading.Thread(target=one, args=(t,)) for t in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(results) == {"a", "b"}
+    for tag, res in results.items():
+        assert res.returncode == 0, res.output
+        assert res.output.strip() == f"token-{tag}"
+    assert results["a"].job_dir != results["b"].job_dir
+
+
+PERFTEST = r"""
+set -u
+run_pair() {  # $@: extra ib_write_bw flags
+    ib_write_bw -d rxe0 -x 1 -s 65536 -n 200 -F "$@" > /tmp/server.log 2>&1 &
+    srv=$!
+    ok=1
+    for i in $(seq 60); do  # the server needs a moment to listen
+        if ib_write_bw -d rxe0 -x 1 -s 65536 -n 200 -F "$@" 10.77.0.1; then ok=0; break; fi
+        sleep 0.25
+    done
+    wait $srv; src=$?
+    echo "server rc=$src"
+    [ $ok -eq 0 ] && [ $src -eq 0 ]
+}
+echo "== ib_write_bw (TCP exchange)"; run_pair || exit 1
+echo "== ib_write_bw -R (rdma_cm)"; run_pair -R || exit 2
+"""
+
+
+def test_perftest_ib_write_bw(softroce):
+    out = io.BytesIO()
+    res = softroce.run(["bash", "-c", PERFTEST], timeout=90, stream=out)
+    assert res.returncode == 0, res.output
+    assert out.getvalue().decode() == res.output
+    # " 65536      200      19.66      18.38      0.000294"
+    rows = re.findall(r"^\s*65536\s+200\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s*$", res.output, re.M)
+    assert len(rows) == 2, res.output
+    assert all(float(avg) > 0 for _, avg in rows)
+    assert "rdma_cm QPs\t : ON" in res.output
+
+
+def test_setup_failure_reports_console_tail(softroce, monkeypatch):
+    monkeypatch.setattr(guest, "GUEST_IP", "300.1.1.1")  # `ip addr add` fails in the guest
+    with pytest.raises(guest.GuestError) as exc:
+        softroce.run(["true"], timeout=30)
+    text = str(exc.value)
+    assert "setup failed" in text
+    assert "tail of the guest console" in text
+    assert "softroce-stage2: FAILED: ip addr add" in text

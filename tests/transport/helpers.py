@@ -1,0 +1,59 @@
+"""Shared pieces of the transport tests: connected pairs, peer processes, payload patterns."""
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tf_rdma import _transport
+
+KEY = b"test-cluster-key"
+HOST = os.environ.get("TF_RDMA_TEST_HOST", "127.0.0.1")
+PEER_SCRIPT = Path(__file__).with_name("peer_process.py")
+
+
+def transport(backend, name="local", key=KEY, **kwargs):
+    return _transport.Transport(backend, name=name, cluster_key=key, **kwargs)
+
+
+@contextlib.contextmanager
+def connected_pair(backend, receiver_options=None, sender_options=None):
+    """(receiver_transport, receiver_side_connection, sender_side_connection), in one process."""
+    receiver = transport(backend, "receiver", **(receiver_options or {}))
+    sender = transport(backend, "sender", **(sender_options or {}))
+    listener = receiver.listen(f"{HOST}:0")
+    to_receiver = sender.connect(listener.endpoint)
+    from_sender = listener.accept(10)
+    try:
+        yield receiver, from_sender, to_receiver
+    finally:
+        to_receiver.close()
+        from_sender.close()
+
+
+def pattern(size, seed=0):
+    """Bytes that vary along a 65521-byte (prime) period and with the seed, so misplaced or stale
+    bytes show; built by repetition, so hundreds of MiB cost little."""
+    period = 65521
+    block = bytes((i * 131 + seed * 97 + i // 256) & 0xFF for i in range(min(size, period)))
+    return (block * (size // period + 1))[:size]
+
+
+def start_peer(backend, endpoint, *actions, key=KEY, peer_timeout=30.0):
+    """A sender in another process; `actions` as peer_process.py takes them."""
+    env = dict(os.environ)
+    return subprocess.Popen(
+        [sys.executable, str(PEER_SCRIPT), backend, endpoint, key.hex(), str(peer_timeout), *actions],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_line(process, expected, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        if line.strip() == expected:
+            return
+    raise AssertionError(f"peer never printed {expected!r}; stderr: {process.stderr.read() if process.poll() is not None else ''}")

@@ -1,0 +1,38 @@
+"""A tf_rdma peer in its own process, for tests that kill, stop or restart it.
+
+usage: peer_process.py BACKEND ENDPOINT KEY_HEX PEER_TIMEOUT ACTION...
+actions: write:TAG:SIZE:SEED (write a pattern and wait for it to land), grant:TAG:SIZE (grant and
+wait), print:TEXT, sleep:SECONDS. Prints "connected" once connected.
+"""
+import sys
+import time
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+
+from helpers import pattern  # noqa: E402
+from tf_rdma import _transport  # noqa: E402
+
+
+def main():
+    backend, endpoint, key_hex, peer_timeout, *actions = sys.argv[1:]
+    transport = _transport.Transport(backend, name="peer-process", cluster_key=bytes.fromhex(key_hex),
+                                     peer_timeout=float(peer_timeout))
+    connection = transport.connect(endpoint)
+    print("connected", flush=True)
+    region = transport.allocate_region(1 << 20)
+    for action in actions:
+        kind, *args = action.split(":")
+        if kind == "write":
+            tag, size, seed = map(int, args)
+            connection.write(tag, pattern(size, seed)).wait(60)
+        elif kind == "grant":
+            tag, size = map(int, args)
+            connection.grant(tag, region, 0, size).wait(60)
+        elif kind == "print":
+            print(args[0], flush=True)
+        elif kind == "sleep":
+            time.sleep(float(args[0]))
+
+
+if __name__ == "__main__":
+    main()

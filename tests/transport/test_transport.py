@@ -1,0 +1,268 @@
+"""The transport contract, once, for every backend (--backends; tcp and shm by default, verbs on
+Soft-RoCE). Each test names the behaviour it pins down."""
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from helpers import HOST, KEY, connected_pair, pattern, start_peer, transport, wait_for_line
+from tf_rdma import errors
+
+
+def land(receiver, from_sender, to_receiver, tag, payload, capacity=None, offset=0, region=None):
+    region = region or receiver.allocate_region(max(len(payload), 1) + offset)
+    grant = from_sender.grant(tag, region, offset, capacity if capacity is not None else len(payload))
+    to_receiver.write(tag, payload).wait(60)
+    assert grant.wait(60) == len(payload)
+    return region
+
+
+def test_handshake_exchanges_names(backend):
+    with connected_pair(backend) as (_, from_sender, to_receiver):
+        assert from_sender.peer_name == "sender"
+        assert to_receiver.peer_name == "receiver"
+        assert from_sender.backend == to_receiver.backend == backend
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20])
+def test_write_lands_exactly_the_bytes_written(backend, size):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        payload = pattern(size, seed=size)
+        region = receiver.allocate_region(size + 128)
+        memoryview(region)[:] = b"\xee" * len(region)
+        land(receiver, from_sender, to_receiver, 1, payload, capacity=size + 64, offset=64, region=region)
+        view = memoryview(region)
+        assert view[64:64 + size] == payload
+        # Nothing outside the message was touched.
+        assert view[:64] == b"\xee" * 64
+        assert view[64 + size:] == b"\xee" * (len(region) - 64 - size)
+
+
+def test_hundreds_of_mib(backend):
+    size = 300 << 20
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        payload = pattern(size, seed=3)
+        region = land(receiver, from_sender, to_receiver, 9, payload)
+        assert memoryview(region)[:size] == payload
+
+
+def test_write_waits_for_its_grant_in_either_order(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(4096)
+        early_write = to_receiver.write(5, b"w" * 100)
+        time.sleep(0.2)
+        assert not early_write.done(), "a write must not complete before the receiver granted"
+        grant = from_sender.grant(5, region, 0, 4096)
+        assert grant.wait(10) == 100
+        early_write.wait(10)
+
+        early_grant = from_sender.grant(6, region, 1000, 200)
+        time.sleep(0.1)
+        assert not early_grant.done()
+        to_receiver.write(6, b"g" * 200).wait(10)
+        assert early_grant.wait(10) == 200
+        assert memoryview(region)[1000:1200] == b"g" * 200
+
+
+def test_same_tag_pairs_in_fifo_order(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(300)
+        writes = [to_receiver.write(7, bytes([i]) * 100) for i in range(3)]
+        grants = [from_sender.grant(7, region, 100 * i, 100) for i in range(3)]
+        for w, g in zip(writes, grants):
+            w.wait(10)
+            assert g.wait(10) == 100
+        assert bytes(memoryview(region)) == b"\0" * 100 + b"\1" * 100 + b"\2" * 100
+
+
+def test_many_concurrent_writes_from_many_threads(backend):
+    count, size = 400, 10_000
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(count * size)
+        order = list(range(count))
+        random.Random(1).shuffle(order)
+        grants = {}
+
+        def grant_some(tags):
+            for tag in tags:
+                grants[tag] = from_sender.grant(tag, region, tag * size, size)
+
+        writes = {}
+
+        def write_some(tags):
+            for tag in tags:
+                writes[tag] = to_receiver.write(tag, pattern(size, seed=tag))
+
+        threads = [threading.Thread(target=grant_some, args=(order[i::4],)) for i in range(4)]
+        threads += [threading.Thread(target=write_some, args=(list(range(i, count, 4)),)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for tag in range(count):
+            writes[tag].wait(30)
+            assert grants[tag].wait(30) == size
+        view = memoryview(region)
+        for tag in range(count):
+            assert view[tag * size:(tag + 1) * size] == pattern(size, seed=tag)
+
+
+def test_slow_receiver_throttles_the_sender_and_nothing_is_overwritten(backend):
+    """Two slots, forty messages: each slot is checked before it is granted again."""
+    count, size = 40, 256 << 10
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(2 * size)
+        writes = [to_receiver.write(i, pattern(size, seed=i)) for i in range(count)]
+        pending = {i: from_sender.grant(i, region, (i % 2) * size, size) for i in range(2)}
+        for i in range(count):
+            assert pending.pop(i).wait(30) == size
+            time.sleep(0.005)  # a slow consumer
+            assert memoryview(region)[(i % 2) * size:(i % 2 + 1) * size] == pattern(size, seed=i)
+            # Write i+2 cannot have completed: its only possible destination was still in use.
+            if i + 2 < count:
+                assert not writes[i + 2].done()
+                pending[i + 2] = from_sender.grant(i + 2, region, (i % 2) * size, size)
+        for w in writes:
+            w.wait(10)
+
+
+def test_oversize_message_asks_for_a_bigger_grant(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        payload = pattern(100_000, seed=4)
+        small = receiver.allocate_region(1000)
+        write = to_receiver.write(11, payload)
+        with pytest.raises(errors.MessageTooLargeError) as raised:
+            from_sender.grant(11, small, 0, 1000).wait(10)
+        assert raised.value.needed == len(payload)
+        assert memoryview(small) == b"\0" * 1000, "an oversize message must not be written at all"
+        assert not write.done()
+        big = receiver.allocate_region(raised.value.needed)
+        assert from_sender.grant(11, big, 0, raised.value.needed).wait(10) == len(payload)
+        write.wait(10)
+        assert memoryview(big) == payload
+
+
+def test_revoked_grant_is_never_written(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(100)
+        grant = from_sender.grant(12, region, 0, 100)
+        from_sender.revoke(grant)
+        with pytest.raises(errors.CancelledError):
+            grant.wait(10)
+        write = to_receiver.write(12, b"x" * 100)
+        time.sleep(0.2)
+        assert memoryview(region) == b"\0" * 100 and not write.done()
+        fresh = receiver.allocate_region(100)
+        assert from_sender.grant(12, fresh, 0, 100).wait(10) == 100
+        write.wait(10)
+        assert memoryview(region) == b"\0" * 100
+
+
+def test_grant_outside_region_is_refused(backend):
+    with connected_pair(backend) as (receiver, from_sender, _):
+        region = receiver.allocate_region(100)
+        with pytest.raises(errors.ConfigError, match="does not fit"):
+            from_sender.grant(1, region, 90, 20).wait(1)
+
+
+def test_close_fails_everything_pending_on_both_sides(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(100)
+        grant = from_sender.grant(1, region, 0, 100)
+        write = to_receiver.write(2, b"y")
+        to_receiver.close("the sender is done")
+        with pytest.raises(errors.CancelledError, match="the sender is done"):
+            write.wait(5)
+        with pytest.raises(errors.TransportError, match="the sender is done"):
+            grant.wait(5)
+        with pytest.raises(errors.TransportError):
+            to_receiver.write(3, b"z").wait(5)
+
+
+def test_killed_peer_fails_pending_grants_promptly(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    peer = start_peer(backend, listener.endpoint, "sleep:60")
+    wait_for_line(peer, "connected")
+    connection = listener.accept(10)
+    grant = connection.grant(1, receiver.allocate_region(10), 0, 10)
+    started = time.monotonic()
+    peer.kill()
+    peer.wait()
+    with pytest.raises(errors.PeerUnavailableError, match="peer-process"):
+        grant.wait(10)
+    assert time.monotonic() - started < 5
+    with pytest.raises(errors.PeerUnavailableError):
+        connection.check()
+
+
+def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
+    receiver = transport(backend, "receiver", peer_timeout=1.0)
+    listener = receiver.listen(f"{HOST}:0")
+    peer = start_peer(backend, listener.endpoint, "sleep:60", peer_timeout=1.0)
+    wait_for_line(peer, "connected")
+    connection = listener.accept(10)
+    grant = connection.grant(1, receiver.allocate_region(10), 0, 10)
+    time.sleep(0.5)  # the peer's heartbeats keep it alive while it runs
+    assert not grant.done()
+    os.kill(peer.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(errors.PeerUnavailableError, match="unresponsive"):
+            grant.wait(10)
+        assert time.monotonic() - started < 3
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+def test_restarted_peer_connects_again(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    region = receiver.allocate_region(1000)
+    for attempt in range(2):
+        peer = start_peer(backend, listener.endpoint, f"write:4:1000:{attempt}", "print:written", "sleep:60")
+        wait_for_line(peer, "connected")
+        connection = listener.accept(10)
+        assert connection.grant(4, region, 0, 1000).wait(10) == 1000
+        wait_for_line(peer, "written")
+        assert memoryview(region) == pattern(1000, seed=attempt)
+        peer.kill()
+        peer.wait()
+        with pytest.raises(errors.PeerUnavailableError):
+            connection.grant(5, region, 0, 10).wait(10)
+
+
+def test_wrong_cluster_key_is_refused_and_the_listener_keeps_serving(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    stranger = transport(backend, "stranger", key=b"another cluster", connect_timeout=5)
+    with pytest.raises(errors.HandshakeError, match="cluster key mismatch"):
+        stranger.connect(listener.endpoint)
+    with pytest.raises(errors.OperationTimeoutError):
+        listener.accept(0.3)
+    member = transport(backend, "member")
+    member.connect(listener.endpoint)
+    assert listener.accept(10).peer_name == "member"
+
+
+def test_protocol_version_mismatch_names_both_versions(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    newer = transport(backend, "newer-build", protocol_version=99)
+    with pytest.raises(errors.HandshakeError) as raised:
+        newer.connect(listener.endpoint)
+    message = str(raised.value)
+    assert "version mismatch" in message and "99" in message
+    assert "Install the same tf_rdma version" in message
+
+
+def test_connecting_to_nobody_fails_after_the_connect_timeout(backend):
+    lonely = transport(backend, "lonely", connect_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(errors.PeerUnavailableError, match="TF_RDMA_CONNECT_TIMEOUT_MS"):
+        lonely.connect(f"{HOST}:1")
+    assert time.monotonic() - started < 5

@@ -1,0 +1,129 @@
+"""Hostile and broken peers on the stream backends' wire: every malformed, truncated or out-of-bounds
+frame closes that one connection with a ProtocolError naming the problem; no memory is touched,
+the process survives and the listener keeps serving."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import wire_client as w
+from helpers import HOST, KEY, transport
+from tf_rdma import _transport, errors
+
+pytestmark = pytest.mark.stream_backends_only
+
+
+@pytest.fixture
+def server(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    yield receiver, listener
+    # The listener still serves members after whatever the test did.
+    member = transport(backend, "member")
+    member.connect(listener.endpoint)
+    assert listener.accept(10).peer_name == "member"
+
+
+def attack(backend, server, frames, expected):
+    receiver, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    raw.handshake(KEY)
+    connection = listener.accept(10)
+    region = receiver.allocate_region(4096)
+    memoryview(region)[:] = b"\x5a" * 4096
+    pending = connection.grant(77, region, 0, 100)
+    if callable(frames):
+        frames(raw)
+    else:
+        raw.send(b"".join(frames))
+    with pytest.raises(errors.ProtocolError, match=expected):
+        pending.wait(10)
+    with pytest.raises(errors.ProtocolError):
+        connection.check()
+    reason = raw.receive_until_closed()
+    assert reason is not None and "broke the tf_rdma protocol" in reason
+    assert memoryview(region) == b"\x5a" * 4096, "a rejected frame must not touch memory"
+    raw.close()
+
+
+CASES = {
+    "unknown frame type": [w.frame(99)],
+    "reserved bytes are not zero": [w.frame(w.PING, reserved=b"\0\1\0")],
+    "exceeds the limit": [w.frame(w.PING, length=1 << 20)],
+    "truncated": [w.frame(w.GRANT, b"\1" * 10)],
+    "trailing bytes": [w.frame(w.PING, b"\0")],
+    "not outstanding": [w.data(12345, 10) + b"\0" * 10],
+    "DATA of 1000 bytes for a grant of 100": [w.data(1, 1000) + b"\1" * 1000],
+    "fits the grant": [w.too_small(1, 50)],
+    "unexpected HELLO": [w.frame(w.HELLO, w.greeting(1, "tcp", b"\0" * 32, "again"))],
+}
+
+
+@pytest.mark.parametrize("expected", CASES)
+def test_malformed_frame_closes_only_that_connection(backend, server, expected):
+    attack(backend, server, CASES[expected], expected)
+
+
+def test_duplicate_grant_id_is_refused(backend, server):
+    def grant_twice(raw):
+        if backend == "shm":
+            raw.share_region(1, 4096)  # so the grants are otherwise valid
+        raw.send(w.grant(5, 0, 1, 1, 0, 10) + w.grant(5, 0, 2, 1, 0, 10))
+    attack(backend, server, grant_twice, "granted twice")
+
+
+def test_garbage_instead_of_a_handshake_is_refused(backend, server):
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    raw.send(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 64)
+    raw.receive_until_closed()
+    raw.close()
+    with pytest.raises(errors.OperationTimeoutError):
+        listener.accept(0.2)
+
+
+def test_peer_that_connects_and_says_nothing_does_not_block_others(backend):
+    receiver = transport(backend, "receiver", connect_timeout=1.0)
+    listener = receiver.listen(f"{HOST}:0")
+    silent = w.RawPeer(backend, listener.endpoint)
+    member = transport(backend, "member")
+    member.connect(listener.endpoint)
+    assert listener.accept(5).peer_name == "member"
+    silent.receive_until_closed()  # refused once the handshake deadline passes
+    silent.close()
+
+
+# ---- Properties of the decoder itself ----
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=200))
+def test_decoder_never_crashes_on_arbitrary_bytes(data):
+    try:
+        _transport.decode_frame(data)
+    except errors.ProtocolError:
+        pass
+
+
+def valid_frames():
+    u64 = st.integers(0, 2**64 - 1)
+    return st.one_of(
+        st.builds(lambda *a: w.grant(*a), u64, u64, u64, st.integers(0, 2**32 - 1), u64, u64),
+        st.builds(lambda g, n: w.data(g, n), u64, u64),
+        st.builds(lambda g, n: w.too_small(g, n), u64, u64),
+        st.builds(lambda n, name: w.frame(w.HELLO, w.greeting(1, "tcp", n, name)),
+                  st.binary(min_size=32, max_size=32), st.text(max_size=40)),
+        st.just(w.frame(w.PING)),
+    )
+
+
+@settings(max_examples=1000, deadline=None)
+@given(valid_frames(), st.data())
+def test_valid_frames_decode_and_any_corruption_is_caught_or_harmless(encoded, data):
+    assert _transport.decode_frame(encoded)
+    position = data.draw(st.integers(0, len(encoded) - 1))
+    corrupted = bytearray(encoded)
+    corrupted[position] ^= data.draw(st.integers(1, 255))
+    cut = data.draw(st.integers(0, len(corrupted)))
+    for candidate in (bytes(corrupted), bytes(corrupted[:cut])):
+        try:
+            _transport.decode_frame(candidate)
+        except errors.ProtocolError:
+            pass

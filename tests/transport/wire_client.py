@@ -1,0 +1,107 @@
+"""The tf_rdma stream wire format written independently in Python, to speak to a listener the way a
+broken or hostile peer would. Mirrors cc/transport/wire.h."""
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION = range(1, 13)
+BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
+
+
+def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
+    return struct.pack("<B3sI", kind, reserved, len(body) if length is None else length) + body
+
+
+def string(text):
+    data = text.encode()
+    return struct.pack("<H", len(data)) + data
+
+
+def greeting(version, backend, nonce, name, build="test", mac=None):
+    return struct.pack("<IB", version, BACKEND_IDS[backend]) + nonce + (mac or b"") + string(name) + string(build)
+
+
+def grant(grant_id, tag_hi, tag_lo, region_id, offset, capacity):
+    return frame(GRANT, struct.pack("<QQQIQQ", grant_id, tag_hi, tag_lo, region_id, offset, capacity))
+
+
+def data(grant_id, length):
+    return frame(DATA, struct.pack("<QQ", grant_id, length))
+
+
+def too_small(grant_id, needed):
+    return frame(TOO_SMALL, struct.pack("<QQ", grant_id, needed))
+
+
+def proof_mac(key, role, backend, first, second):
+    message = f"tf_rdma-handshake/{role}/{backend}/".encode() + first + second
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+class RawPeer:
+    """A socket to a tf_rdma listener, handshaken by hand."""
+
+    def __init__(self, backend, endpoint):
+        host, port = endpoint.rsplit(":", 1)
+        if backend == "shm":
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(f"\0tf_rdma-shm-{port}")
+        else:
+            self.sock = socket.create_connection((host, int(port)))
+        self.sock.settimeout(10)
+        self.backend = backend
+
+    def handshake(self, key, name="raw-peer", version=1):
+        nonce = os.urandom(32)
+        self.send(frame(HELLO, greeting(version, self.backend, nonce, name)))
+        kind, body = self.receive()
+        assert kind == CHALLENGE, (kind, body)
+        server_nonce = body[5:37]
+        assert body[37:69] == proof_mac(key, "server", self.backend, nonce, server_nonce)
+        self.send(frame(PROOF, proof_mac(key, "client", self.backend, server_nonce, nonce)))
+        kind, _ = self.receive()
+        assert kind == ACCEPT
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def receive_exact(self, n):
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise EOFError(f"closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    def receive(self):
+        kind, _, length = struct.unpack("<B3sI", self.receive_exact(8))
+        return kind, self.receive_exact(length)
+
+    def receive_until_closed(self):
+        """Every frame until the listener closes the socket; the REJECT reason if one came."""
+        reason = None
+        try:
+            while True:
+                kind, body = self.receive()
+                if kind == REJECT:
+                    reason = body[6:].decode()
+        except (EOFError, ConnectionResetError):
+            return reason
+
+    def share_region(self, region_id, size, seal=True, declared_size=None):
+        """Sends SHM_REGION with a memfd of `size` bytes, as a shm receiver does."""
+        fd = os.memfd_create("raw-peer-region", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, size)
+        if seal:
+            import fcntl
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        body = struct.pack("<IQ", region_id, size if declared_size is None else declared_size)
+        socket.send_fds(self.sock, [frame(SHM_REGION, body)], [fd])
+        os.close(fd)
+        return fd
+
+    def close(self):
+        self.sock.close()
