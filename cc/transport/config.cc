@@ -45,6 +45,8 @@ const std::vector<ConfigVariable>& ConfigVariables() {
       {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
        "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
        "of the local IP address, as rdma_cm resolves it."},
+      {"TF_RDMA_TEST_HOST", "127.0.0.1",
+       "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
       {"TF_RDMA_SOFTROCE_CACHE", "build/softroce",
        "Test harness only: where the Soft-RoCE guest's kernel and initramfs are cached."},
   };
@@ -96,7 +98,7 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
       }
       config.verbs_gid_index = index;
-    } else if (name != "TF_RDMA_SOFTROCE_CACHE") {
+    } else if (name != "TF_RDMA_SOFTROCE_CACHE" && name != "TF_RDMA_TEST_HOST") {
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);
       return absl::InvalidArgumentError(absl::StrCat(

@@ -41,7 +41,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import IO, Callable, Sequence

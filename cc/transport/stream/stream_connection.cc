@@ -336,10 +336,10 @@ bool StreamConnection::Cheap(const Outgoing& item) {
 }
 
 void StreamConnection::FlushLocked(std::unique_lock<std::mutex>& lock) {
-  if (sending_ || outgoing_.empty()) return;
+  if (sending_ || send_broken_ || outgoing_.empty()) return;
   if (Cheap(outgoing_.front()) && status_.ok()) {
     sending_ = true;
-    while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok()) {
+    while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok() && !send_broken_) {
       Outgoing item = std::move(outgoing_.front());
       outgoing_.pop_front();
       lock.unlock();
@@ -397,13 +397,20 @@ void StreamConnection::Transmit(Outgoing item, bool nonblocking) {
       }
     }
   }
-  if (!failure.ok()) {
-    // A local Close already set the reason; otherwise the socket's failure is the peer's.
-    const absl::Status closed = health();
-    failure = closed.ok() ? PeerError(failure) : closed;
+  if (failure.ok()) {
+    if (item.write.done) item.write.done(failure);
+    return;
   }
-  if (item.write.done) item.write.done(failure);
-  if (!failure.ok()) CloseInternal(failure, false);
+  const absl::Status closed = health();
+  if (item.write.done) item.write.done(closed.ok() ? PeerError(failure) : closed);
+  if (closed.ok()) {
+    // The peer most likely closed first, and its reason (a REJECT frame) may still wait in the
+    // receive buffer: stop sending and let the reader end the connection with that reason. The
+    // FIN makes the peer close its side if it had not, so the reader ends promptly either way.
+    std::lock_guard<std::mutex> lock(mu_);
+    send_broken_ = true;
+    shutdown(fd_, SHUT_WR);
+  }
 }
 
 void StreamConnection::WriteLoop() {
@@ -412,7 +419,7 @@ void StreamConnection::WriteLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     const bool work = writer_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(beat), [&] {
-      return (!outgoing_.empty() && !sending_) || !status_.ok();
+      return (!outgoing_.empty() && !sending_ && !send_broken_) || !status_.ok();
     });
     if (!status_.ok()) {
       std::vector<WriteDone> failed;
@@ -425,7 +432,7 @@ void StreamConnection::WriteLoop() {
       for (auto& done : failed) done(status);
       return;
     }
-    if (sending_) continue;
+    if (sending_ || send_broken_) continue;
     Outgoing item;
     if (work) {
       item = std::move(outgoing_.front());

@@ -133,6 +133,7 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   std::unordered_set<uint64_t> remote_grant_ids_;
   std::deque<Outgoing> outgoing_;
   bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
+  bool send_broken_ = false;  // a send failed; the reader is about to end the connection
 
   std::mutex send_mu_;  // held around send syscalls, so Close's last word never splits a frame
   std::deque<int> received_fds_;  // reader thread only
