@@ -108,7 +108,8 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
 
   absl::StatusOr<wire::Frame> frame = Expect(channel, wire::FrameType::kChallenge, deadline);
   if (!frame.ok()) return frame.status();
-  const auto& challenge = std::get<wire::Greeting>(frame->body);
+  // A copy: `frame` is reused for the next frame below.
+  const wire::Greeting challenge = std::get<wire::Greeting>(frame->body);
   if (challenge.protocol_version != AnnouncedVersion(options)) {
     return Refuse(channel, VersionMismatch(challenge, channel.PeerAddress(), options));
   }

@@ -27,6 +27,16 @@ def test_handshake_exchanges_names(backend):
         assert from_sender.backend == to_receiver.backend == backend
 
 
+def test_long_task_names_survive_the_handshake(backend):
+    # Longer than std::string's inline buffer: the names live on the heap.
+    receiver_name, sender_name = "/job:ps/replica:0/task:0" * 3, "/job:worker/replica:0/task:17" * 3
+    receiver = transport(backend, receiver_name)
+    listener = receiver.listen(f"{HOST}:0")
+    to_receiver = transport(backend, sender_name).connect(listener.endpoint)
+    assert to_receiver.peer_name == receiver_name
+    assert listener.accept(10).peer_name == sender_name
+
+
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20])
 def test_write_lands_exactly_the_bytes_written(backend, size):
     with connected_pair(backend) as (receiver, from_sender, to_receiver):
