@@ -4,8 +4,10 @@ The C++ is compiled one translation unit at a time into build/obj/, keyed by the
 a unit is recompiled only when it or a header it includes changed, so a one-file change rebuilds one
 object even under pip's isolated builds.
 """
+import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -20,12 +22,18 @@ VERSION = "0.1.0"
 MIN_TENSORFLOW = (2, 16)
 ROOT = Path(__file__).resolve().parent
 
-TRANSPORT_SOURCES = sorted(
-    str(p.relative_to(ROOT))
-    for pattern in ("cc/transport/*.cc", "cc/transport/stream/*.cc", "cc/transport/tcp/*.cc",
-                    "cc/transport/shm/*.cc", "cc/bench/*.cc")
-    for p in ROOT.glob(pattern)
-) + ["cc/python/transport_module.cc"]
+
+
+def _sources(*patterns):
+    return sorted(str(p.relative_to(ROOT)) for pattern in patterns for p in ROOT.glob(pattern))
+
+
+TRANSPORT_CORE = _sources("cc/transport/*.cc", "cc/transport/stream/*.cc", "cc/transport/tcp/*.cc",
+                          "cc/transport/shm/*.cc")
+# The transport layer for Python (tests, CLI, bench); no TensorFlow headers, so it builds fast.
+TRANSPORT_MODULE = TRANSPORT_CORE + _sources("cc/bench/*.cc") + ["cc/python/transport_module.cc"]
+# The TensorFlow side: kernels, graph pass, runtime, with its own copy of the transport objects.
+TENSORFLOW_MODULE = TRANSPORT_CORE + _sources("cc/tf/*/*.cc") + ["cc/python/tensorflow_module.cc"]
 
 
 def verbs_headers_present(compiler):
@@ -43,6 +51,7 @@ class BuildError(SystemExit):
     pass
 
 
+@functools.lru_cache(maxsize=None)
 def installed_tensorflow():
     """Asks the target interpreter, outside pip's build isolation, which TensorFlow it has."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
@@ -80,7 +89,7 @@ class IncrementalBuildExt(build_ext):
             "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare",
             f"-DTF_RDMA_VERSION=\"{VERSION}\"",
             f"-I{ROOT}", f"-I{pybind11_include()}", f"-I{sysconfig.get_paths()['include']}",
-        ]
+        ] + shlex.split(os.environ.get("CXXFLAGS", ""))  # e.g. -fsanitize=address for a checked build
         compiler = os.environ.get("CXX", "g++")
         sources, libraries = list(ext.sources), []
         if verbs_headers_present(compiler):
@@ -133,7 +142,8 @@ setup(
     description="Moves TensorFlow's cross-task tensors with one-sided RDMA writes instead of gRPC",
     packages=find_packages(include=["tf_rdma", "tf_rdma.*"]),
     python_requires=">=3.9",
-    ext_modules=[Extension("tf_rdma._transport", TRANSPORT_SOURCES)],
+    ext_modules=[Extension("tf_rdma._transport", TRANSPORT_MODULE),
+                 Extension("tf_rdma._tensorflow", TENSORFLOW_MODULE)],
     cmdclass={"build_ext": IncrementalBuildExt},
     zip_safe=False,
 )

@@ -13,6 +13,7 @@ class Config:
     peer_timeout: float      # seconds
     connect_timeout: float   # seconds
     secret: bytes
+    port_offset: int = 1000  # TF_RDMA_PORT_OFFSET
     verbs_device: str = ""   # TF_RDMA_VERBS_DEVICE; "" = the device rdma_cm resolves
     verbs_port: int = 0      # TF_RDMA_VERBS_PORT; 0 = the port rdma_cm resolves
     verbs_gid_index: int = -1  # TF_RDMA_VERBS_GID_INDEX; -1 = the RoCE v2 GID rdma_cm resolves

@@ -29,6 +29,11 @@ class MessageTooLargeError(TransportError):
         self.needed = needed
 
 
+class ResourceLimitError(TransportError, MemoryError):
+    """A resource limit stopped the operation (e.g. `ulimit -l` too low to register RDMA memory);
+    the message names the limit, the amount needed and how to raise it."""
+
+
 class CancelledError(TransportError):
     """The operation was revoked or its connection closed locally."""
 
@@ -58,5 +63,6 @@ _BY_CODE = {
 def from_status(code, message, needed=0):
     cls = _BY_CODE.get(code, TransportError)
     if cls is MessageTooLargeError:
-        return cls(message, needed)
+        # RESOURCE_EXHAUSTED without a size is a resource limit, not a message too big for its grant.
+        return cls(message, needed) if needed else ResourceLimitError(message)
     return cls(message)

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/bench/transport_bench.h"
+#include "cc/python/status_exception.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/config.h"
 #include "cc/transport/handshake.h"
@@ -24,22 +25,6 @@ namespace py = pybind11;
 
 namespace tf_rdma {
 namespace {
-
-// Carries a failed status to the translator below, which raises tf_rdma.errors' class for it.
-struct StatusException {
-  absl::Status status;
-  uint64_t needed = 0;
-};
-
-void ThrowIfError(const absl::Status& status, uint64_t needed = 0) {
-  if (!status.ok()) throw StatusException{status, needed};
-}
-
-template <typename T>
-T ValueOrThrow(absl::StatusOr<T> value) {
-  ThrowIfError(value.status());
-  return *std::move(value);
-}
 
 Tag TagFromInt(const py::int_& value) {
   const py::int_ all_ones(~uint64_t{0});
@@ -165,6 +150,7 @@ py::dict ConfigToDict(const Config& config) {
   d["peer_timeout"] = absl::ToDoubleSeconds(config.peer_timeout);
   d["connect_timeout"] = absl::ToDoubleSeconds(config.connect_timeout);
   d["secret"] = py::bytes(config.secret);
+  d["port_offset"] = config.port_offset;
   d["verbs_device"] = config.verbs_device;
   d["verbs_port"] = config.verbs_port;
   d["verbs_gid_index"] = config.verbs_gid_index;
@@ -178,16 +164,7 @@ PYBIND11_MODULE(_transport, m) {
   using namespace tf_rdma;
   m.doc() = "tf_rdma's transport layer (receiver-granted one-sided writes) for Python.";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const StatusException& e) {
-      py::object errors = py::module_::import("tf_rdma.errors");
-      py::object error = errors.attr("from_status")(static_cast<int>(e.status.code()),
-                                                    std::string(e.status.message()), e.needed);
-      PyErr_SetObject(error.get_type().ptr(), error.ptr());
-    }
-  });
+  RegisterStatusTranslator();
 
   m.attr("PROTOCOL_VERSION") = wire::kProtocolVersion;
   m.attr("BUILD_VERSION") = BuildVersion();

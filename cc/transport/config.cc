@@ -35,6 +35,9 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "A peer silent this long (no data, no heartbeat) is declared dead and its pending transfers fail."},
       {"TF_RDMA_CONNECT_TIMEOUT_MS", "60000",
        "How long connecting to a peer is retried (peers may start in any order) before failing."},
+      {"TF_RDMA_PORT_OFFSET", "1000",
+       "Each task's tf_rdma listener port is its TensorFlow server port plus this (may be "
+       "negative). Every task of a cluster must use the same value."},
       {"TF_RDMA_SECRET", "(empty)",
        "Shared secret mixed into the cluster key: peers without it cannot connect or write."},
       {"TF_RDMA_VERBS_DEVICE", "(auto)",
@@ -71,6 +74,13 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       absl::StatusOr<absl::Duration> d = ParseMilliseconds(name, value, 1);
       if (!d.ok()) return d.status();
       config.connect_timeout = *d;
+    } else if (name == "TF_RDMA_PORT_OFFSET") {
+      if (!absl::SimpleAtoi(value, &config.port_offset) || config.port_offset == 0 ||
+          config.port_offset < -65535 || config.port_offset > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_PORT_OFFSET='", value, "' is not a non-zero whole number between -65535 and "
+            "65535; set it to e.g. 1000 or unset it"));
+      }
     } else if (name == "TF_RDMA_SECRET") {
       config.secret = value;
     } else if (name == "TF_RDMA_VERBS_DEVICE") {

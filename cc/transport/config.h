@@ -18,6 +18,8 @@ struct Config {
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(60);
   std::string secret;
+  // A task's tf_rdma port is its TensorFlow server port plus this.
+  int port_offset = 1000;
   // verbs backend overrides; empty / 0 / -1 mean "choose automatically" (the device and port that
   // carry the peer's IP address, and the RoCE v2 GID of that address, as rdma_cm resolves them).
   std::string verbs_device;

@@ -66,6 +66,9 @@ JOB_MOUNT = "/run/softroce-job"  # where the per-job share is mounted in the gue
 # Modules the initramfs needs before it can reach the host's /lib/modules (in that order).
 INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 
+# cryptomgr.notests skips the crypto self-tests (~0.8 s of a TCG boot).
+KERNEL_ARGS = "console=ttyS0 loglevel=4 panic=-1 mitigations=off tsc=reliable cryptomgr.notests"
+
 # Bump when the initramfs layout / init script changes, so cached images are rebuilt.
 INITRAMFS_FORMAT = 1
 
@@ -99,6 +102,12 @@ class GuestResult:
 # Host checks
 
 
+def _which(name: str) -> str | None:
+    """shutil.which, also looking in the sbin directories (a non-root PATH may lack them)."""
+    path = os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin"
+    return shutil.which(name, path=path)
+
+
 def native_rdma_available() -> bool:
     """True when the host itself has a usable RDMA device (no guest needed)."""
     ib = Path("/sys/class/infiniband")
@@ -107,7 +116,7 @@ def native_rdma_available() -> bool:
             return False
     except OSError:
         return False
-    exe = shutil.which("ibv_devices")
+    exe = _which("ibv_devices")
     if not exe:
         return False
     try:
@@ -171,19 +180,19 @@ def missing_prerequisites() -> list[str]:
         if not ok:
             missing.append(f"{what} not found (Debian package {package}); {INSTALL_HINT}")
 
-    need(shutil.which(QEMU) is not None, QEMU, "qemu-system-x86")
+    need(_which(QEMU) is not None, QEMU, "qemu-system-x86")
     need(os.path.isfile(QBOOT_ROM), QBOOT_ROM, "qemu-system-data")
     need(find_kernel() is not None,
          "a /boot/vmlinuz-* kernel with rdma_rxe.ko under /lib/modules", "linux-image-amd64")
-    need(shutil.which("modprobe") is not None, "modprobe", "kmod")
+    need(_which("modprobe") is not None, "modprobe", "kmod")
     need(_elf_is_static(BUSYBOX), f"statically linked {BUSYBOX}", "busybox-static")
-    need(shutil.which("rdma") is not None and shutil.which("ip") is not None,
+    need(_which("rdma") is not None and _which("ip") is not None,
          "rdma / ip", "iproute2")
     need(bool(glob.glob("/usr/lib/*/libibverbs/librxe-rdmav*.so")),
          "the rxe verbs provider (librxe)", "ibverbs-providers")
-    need(shutil.which("ibv_devinfo") is not None, "ibv_devinfo", "ibverbs-utils")
-    need(shutil.which("ib_write_bw") is not None, "ib_write_bw", "perftest")
-    need(shutil.which("rping") is not None, "rping", "rdmacm-utils")
+    need(_which("ibv_devinfo") is not None, "ibv_devinfo", "ibverbs-utils")
+    need(_which("ib_write_bw") is not None, "ib_write_bw", "perftest")
+    need(_which("rping") is not None, "rping", "rdmacm-utils")
     need(os.path.isfile("/usr/include/infiniband/verbs.h"), "infiniband/verbs.h",
          "libibverbs-dev")
     need(os.path.isfile("/usr/include/rdma/rdma_cma.h"), "rdma/rdma_cma.h", "librdmacm-dev")
@@ -291,7 +300,8 @@ exec switch_root /newroot /bin/bash @JOB_MOUNT@/stage2.sh
 def _module_files(kver: str) -> list[str]:
     paths: list[str] = []
     for mod in INITRAMFS_MODULES:
-        res = subprocess.run(["modprobe", "-S", kver, "--show-depends", mod],
+        modprobe = _which("modprobe") or "modprobe"
+        res = subprocess.run([modprobe, "-S", kver, "--show-depends", mod],
                              capture_output=True, text=True)
         if res.returncode != 0:
             raise GuestError(f"modprobe --show-depends {mod} failed: {res.stderr.strip()}")
@@ -308,7 +318,8 @@ def _read_module(path: str) -> bytes:
     if path.endswith(".ko.xz"):
         return lzma.decompress(Path(path).read_bytes())
     if path.endswith(".ko.zst"):  # no zstd in the stdlib
-        return subprocess.run(["zstd", "-dc", path], check=True, capture_output=True).stdout
+        zstd = _which("zstd") or "zstd"
+        return subprocess.run([zstd, "-dc", path], check=True, capture_output=True).stdout
     raise GuestError(f"unsupported module compression: {path}")
 
 
@@ -406,7 +417,8 @@ modprobe dummy numdummies=0 || die "modprobe dummy"
 ip link add {GUEST_NETDEV} type dummy || die "ip link add {GUEST_NETDEV}"
 ip addr add {GUEST_IP}/{GUEST_PREFIX} dev {GUEST_NETDEV} || die "ip addr add"
 ip link set {GUEST_NETDEV} up || die "ip link set {GUEST_NETDEV} up"
-rdma link add {GUEST_RDMA_DEVICE} type rxe netdev {GUEST_NETDEV} || die "rdma link add {GUEST_RDMA_DEVICE}"
+rdma link add {GUEST_RDMA_DEVICE} type rxe netdev {GUEST_NETDEV} \
+    || die "rdma link add {GUEST_RDMA_DEVICE}"
 P=/sys/class/infiniband/{GUEST_RDMA_DEVICE}/ports/1
 for i in $(seq 200); do
     st=$(cat $P/state 2>/dev/null)
@@ -509,13 +521,12 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
         (jobdir / "output").touch()
         console = jobdir / "console.log"
         qemu_cmd = [
-            QEMU, "-nodefaults", "-no-user-config", "-no-reboot",
+            _which(QEMU) or QEMU, "-nodefaults", "-no-user-config", "-no-reboot",
             "-display", "none", "-monitor", "none", "-nic", "none",
             "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", memory,
             "-bios", QBOOT_ROM,
             "-kernel", str(art.vmlinux), "-initrd", str(art.initramfs),
-            "-append", "console=ttyS0 loglevel=4 panic=-1 mitigations=off tsc=reliable cryptomgr.notests "
-                       + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
+            "-append", KERNEL_ARGS + " " + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
             "-serial", f"file:{console}",
             "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
             "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",

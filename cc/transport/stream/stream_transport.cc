@@ -111,8 +111,11 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
     SocketFrameChannel channel(client, address);
     absl::StatusOr<PeerIdentity> peer = ServerHandshake(channel, backend(), options_);
     if (!peer.ok()) {
-      LOG(WARNING) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
-                   << bound.ToString() << ": " << peer.status();
+      // A client that leaves without a word is a liveness probe (or a port scan), not news.
+      if (peer.status().code() != absl::StatusCode::kUnavailable) {
+        LOG(WARNING) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
+                     << bound.ToString() << ": " << peer.status();
+      }
       close(client);
       return;
     }

@@ -1,0 +1,84 @@
+#include "cc/tf/kernels/transfer.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "cc/transport/hmac.h"
+
+namespace tf_rdma {
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x4d524654;  // "TFRM"
+
+uint64_t Load64(const uint8_t* bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  return v;
+}
+
+void Append(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+}  // namespace
+
+std::string TransferKeyPrefix(const std::string& send_device, uint64_t incarnation,
+                              const std::string& recv_device, const std::string& tensor_name) {
+  return absl::StrCat(send_device, ";", incarnation, ";", recv_device, ";", tensor_name);
+}
+
+TransferTags TagsFor(const std::string& key_prefix, int64_t step_id, uint64_t frame_id, int64_t iter_id) {
+  // A cryptographic digest: tags of distinct transfers must not collide, whatever the names.
+  const Sha256Digest digest = Sha256(absl::StrCat(key_prefix, ";", frame_id, ":", iter_id, ";", step_id));
+  const uint64_t hi = Load64(digest.data());
+  const uint64_t lo = Load64(digest.data() + 8) & ~uint64_t{1};
+  return TransferTags{Tag{hi, lo}, Tag{hi, lo | 1}};
+}
+
+std::string EncodeHeader(const TensorHeader& header) {
+  std::string out;
+  Append(out, kHeaderMagic, 4);
+  Append(out, header.dead ? 1 : 0, 4);
+  Append(out, static_cast<uint32_t>(header.dtype), 4);
+  Append(out, static_cast<uint32_t>(header.shape.dims()), 4);
+  Append(out, header.data_bytes, 8);
+  for (int i = 0; i < header.shape.dims(); ++i) Append(out, static_cast<uint64_t>(header.shape.dim_size(i)), 8);
+  return out;
+}
+
+absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, tensorflow::DataType expected) {
+  const auto* in = reinterpret_cast<const uint8_t*>(bytes);
+  auto malformed = [](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("malformed tensor header from the peer: ", why));
+  };
+  if (length < 24) return malformed(absl::StrCat(length, " bytes"));
+  if (static_cast<uint32_t>(Load64(in)) != kHeaderMagic) return malformed("bad magic");
+  TensorHeader header;
+  header.dead = (Load64(in + 4) & 0xffffffff) != 0;
+  if (header.dead) return header;
+  header.dtype = static_cast<tensorflow::DataType>(Load64(in + 8) & 0xffffffff);
+  const uint64_t dims = Load64(in + 12) & 0xffffffff;
+  header.data_bytes = Load64(in + 16);
+  if (header.dtype != expected) {
+    return malformed(absl::StrCat("dtype ", tensorflow::DataTypeString(header.dtype), ", expected ",
+                                  tensorflow::DataTypeString(expected)));
+  }
+  if (dims > static_cast<uint64_t>(tensorflow::TensorShape::MaxDimensions()) || length != 24 + 8 * dims) {
+    return malformed(absl::StrCat(dims, " dimensions in ", length, " bytes"));
+  }
+  for (uint64_t i = 0; i < dims; ++i) {
+    const auto size = static_cast<int64_t>(Load64(in + 24 + 8 * i));
+    absl::Status added = header.shape.AddDimWithStatus(size);
+    if (!added.ok()) return malformed(std::string(added.message()));
+  }
+  const uint64_t element_size = tensorflow::DataTypeSize(expected);
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(header.shape.num_elements()), element_size, &total) ||
+      total != header.data_bytes) {
+    return malformed(absl::StrCat("shape ", header.shape.DebugString(), " does not hold ",
+                                  header.data_bytes, " bytes"));
+  }
+  return header;
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,80 @@
+// Receive buffers carved out of a transport's regions: what the kernels grant to peers and what
+// received tensors alias. A buffer goes back to the pool only when its last user (the tensor, or a
+// grant still outstanding) lets go, so no byte is reused while anything can still read or write it.
+#ifndef TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
+#define TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cc/transport/transport.h"
+
+namespace tf_rdma {
+
+class BufferPool;
+
+// A granted-or-filled range of a region; returns itself to its pool when destroyed.
+class PoolBuffer {
+ public:
+  ~PoolBuffer();
+  PoolBuffer(const PoolBuffer&) = delete;
+  PoolBuffer& operator=(const PoolBuffer&) = delete;
+
+  const std::shared_ptr<MemoryRegion>& region() const { return region_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t capacity() const { return capacity_; }
+  char* data() const { return region_->data() + offset_; }
+
+ private:
+  friend class BufferPool;
+  PoolBuffer(std::shared_ptr<BufferPool> pool, std::shared_ptr<MemoryRegion> region, size_t slab,
+             uint64_t offset, uint64_t capacity)
+      : pool_(std::move(pool)), region_(std::move(region)), slab_(slab), offset_(offset),
+        capacity_(capacity) {}
+
+  std::shared_ptr<BufferPool> pool_;
+  std::shared_ptr<MemoryRegion> region_;
+  size_t slab_;
+  uint64_t offset_;
+  uint64_t capacity_;
+};
+
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  // Buffers are aligned for Eigen (64 bytes); regions are allocated `slab_bytes` at a time, and
+  // a request larger than half a slab gets a region of its own.
+  static constexpr uint64_t kAlignment = 64;
+  BufferPool(Transport* transport, uint64_t slab_bytes) : transport_(transport), slab_bytes_(slab_bytes) {}
+
+  absl::StatusOr<std::unique_ptr<PoolBuffer>> Allocate(uint64_t bytes);
+
+  struct Usage {
+    uint64_t region_bytes = 0;
+    uint64_t buffers_in_use = 0;
+    uint64_t bytes_in_use = 0;
+  };
+  Usage usage() const;
+
+ private:
+  friend class PoolBuffer;
+  struct Slab {
+    std::shared_ptr<MemoryRegion> region;
+    std::map<uint64_t, uint64_t> free;  // offset -> length, coalesced
+    bool dedicated;
+  };
+  void Release(size_t slab, uint64_t offset, uint64_t capacity);
+
+  Transport* const transport_;
+  const uint64_t slab_bytes_;
+  mutable std::mutex mu_;
+  std::vector<Slab> slabs_;
+  Usage usage_;
+};
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_

@@ -1,0 +1,70 @@
+"""Local TensorFlow clusters for the tests: each task a separate process running a function of
+programs.py, killed when the test ends."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROGRAMS = Path(__file__).with_name("programs.py")
+
+
+def free_ports(count):
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Cluster:
+    """`jobs`: {"ps": 1, "worker": 1}. Each task runs `programs.<function>(cluster, job, index, **kw)`."""
+
+    def __init__(self, tmp_path, jobs, env=None):
+        ports = iter(free_ports(sum(jobs.values())))
+        self.spec = {job: [f"localhost:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
+        self.tmp_path = tmp_path
+        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
+        self.processes = {}
+
+    def start(self, job, index, function, env=None, **kwargs):
+        log = open(self.tmp_path / f"{job}{index}.log", "w")
+        args = json.dumps({"cluster": self.spec, "job": job, "index": index, "kwargs": kwargs})
+        process = subprocess.Popen([sys.executable, str(PROGRAMS), function, args],
+                                   stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
+        self.processes[(job, index)] = process
+        return process
+
+    def log(self, job, index):
+        return (self.tmp_path / f"{job}{index}.log").read_text()
+
+    def wait(self, job, index, timeout):
+        """Exit code of the task, or raises with its log if it does not finish in time."""
+        process = self.processes[(job, index)]
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{job}{index} still running after {timeout}s:\n{self.log(job, index)[-3000:]}")
+
+    def signal(self, job, index, sig):
+        os.kill(self.processes[(job, index)].pid, sig)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.kill(process.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                process.kill()
+            process.wait()

@@ -1,0 +1,199 @@
+"""Task programs for tests/tf: `python programs.py FUNCTION JSON_ARGS`."""
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+
+def _server(cluster, job, index, transport):
+    import tensorflow as tf
+    if transport == "rdma":
+        import tf_rdma
+        return tf_rdma.Server(cluster, job_name=job, task_index=index)
+    return tf.distribute.Server(cluster, job_name=job, task_index=index)
+
+
+def serve(cluster, job, index, transport="rdma"):
+    server = _server(cluster, job, index, transport)
+    print("serving", flush=True)
+    server.join()
+
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
+          "uint16", "uint32", "uint64", "bool", "complex64", "complex128"]
+
+
+def _values(dtype, shape, seed):
+    import tensorflow as tf
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype == "bfloat16":
+        return rng.standard_normal(shape).astype(tf.bfloat16.as_numpy_dtype)
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def compare_worker(cluster, job, index, transport, output, big_mib=64, control_flow_v2=False):
+    """Runs graphs that cross the ps/worker boundary every way we support and saves every result."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    if not control_flow_v2:
+        tf.compat.v1.disable_control_flow_v2()
+    server = _server(cluster, job, index, transport)
+    ps, worker = "/job:ps/task:0", "/job:worker/task:0"
+    results = {}
+    fetches = {}
+    with tf.device(ps):
+        variables = {d: tf.compat.v1.Variable(_values(d, (3, 5), i), name=f"v_{d}") for i, d in enumerate(DTYPES)}
+        scalar = tf.compat.v1.Variable(np.float32(3.5), name="scalar")
+        empty = tf.compat.v1.Variable(np.zeros((0, 7), np.float32), name="empty")
+        big = tf.compat.v1.Variable(_values("float32", (big_mib << 18,), 99), name="big")
+    with tf.device(worker):
+        # ps -> worker: every dtype, a scalar, an empty tensor and a big one, consumed on the worker.
+        for d, v in variables.items():
+            fetches[f"read_{d}"] = tf.identity(tf.identity(v))
+        fetches["scalar"] = scalar * 2
+        fetches["empty"] = tf.concat([empty, empty], 0)
+        fetches["big_sum"] = tf.reduce_sum(big)
+        fetches["big_slice"] = big[-1000:] + 0
+        # Dynamic shapes: fed on the worker, computed on the ps, finished on the worker.
+        dynamic = tf.compat.v1.placeholder(tf.float32, shape=None, name="dynamic")
+    with tf.device(ps):
+        on_ps = dynamic * 3.0
+    with tf.device(worker):
+        fetches["dynamic"] = on_ps + 1.0
+        pred = tf.compat.v1.placeholder(tf.bool, shape=(), name="pred")
+        x = tf.compat.v1.placeholder(tf.float32, shape=(4,), name="x")
+
+    def true_branch():
+        with tf.device(ps):
+            a = x * 10.0
+        with tf.device(worker):
+            return a + 1.0
+
+    def false_branch():
+        with tf.device(ps):
+            b = x - 10.0
+        with tf.device(worker):
+            return b * 2.0
+
+    with tf.device(worker):
+        fetches["cond"] = tf.compat.v1.cond(pred, true_branch, false_branch)
+
+    def body(i, acc):
+        with tf.device(ps):
+            grown = acc * 1.5
+        with tf.device(worker):
+            return i + 1, grown + tf.cast(i, tf.float32)
+
+    with tf.device(worker):
+        _, fetches["while"] = tf.compat.v1.while_loop(lambda i, acc: i < 6, body, [tf.constant(0), x])
+
+    with tf.compat.v1.Session(server.target) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        x_value = np.arange(4, dtype=np.float32)
+        for step, shape in enumerate([(2, 3), (5,), (7, 1, 2), (), (0, 4), (2, 3)]):
+            feed = {dynamic: np.full(shape, step, np.float32), pred: step % 2 == 0, x: x_value + step}
+            out = sess.run(fetches, feed)
+            for name, value in out.items():
+                results[f"{step}/{name}"] = np.asarray(value)
+        # Several threads run the same graph at once with their own feeds.
+        outcomes = {}
+
+        def run(thread):
+            for k in range(5):
+                outcomes[(thread, k)] = sess.run(fetches["dynamic"], {dynamic: np.full((thread + 1, k + 1), thread, np.float32)})
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for (thread, k), value in outcomes.items():
+            results[f"threads/{thread}/{k}"] = value
+    _save(output, results, transport)
+
+
+def _save(output, results, transport):
+    stats = {}
+    if transport == "rdma":
+        import tf_rdma
+        stats = tf_rdma.stats()
+    np.savez(output, **{k: (v.view(np.uint16) if v.dtype.name == "bfloat16" else v) for k, v in results.items()})
+    with open(output + ".stats.json", "w") as f:
+        json.dump(stats, f)
+    print("done", flush=True)
+
+
+def train_worker(cluster, job, index, transport, output, steps=8):
+    """A synchronous single-worker PS training run, losses and variables saved step by step."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    features = (data.data / 16.0).astype(np.float32)
+    labels = data.target.astype(np.int64)
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")):
+        tf.compat.v1.set_random_seed(1)
+        images = tf.compat.v1.placeholder(tf.float32, (None, 64))
+        targets = tf.compat.v1.placeholder(tf.int64, (None,))
+        init = tf.compat.v1.glorot_uniform_initializer(seed=7)
+        w1 = tf.compat.v1.get_variable("w1", (64, 512), initializer=init)
+        w2 = tf.compat.v1.get_variable("w2", (512, 10), initializer=init)
+        logits = tf.matmul(tf.nn.relu(tf.matmul(images, w1)), w2)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+    results = {}
+    with tf.compat.v1.Session(server.target) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(steps):
+            batch = slice(step * 64, (step + 1) * 64)
+            value, _ = sess.run([loss, train], {images: features[batch], targets: labels[batch]})
+            results[f"loss/{step}"] = np.asarray(value)
+        results["w1"], results["w2"] = sess.run([w1, w2])
+    _save(output, results, transport)
+
+
+def slow_ps_worker(cluster, job, index, transport, output):
+    """Steps whose ps part waits on a queue, so the test can stop or kill the ps meanwhile."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        queue = tf.queue.FIFOQueue(10, tf.float32, shapes=[(1000,)])
+        enqueue = queue.enqueue(tf.ones(1000))
+        waiting = queue.dequeue()
+    with tf.device("/job:worker/task:0"):
+        out = waiting * 2.0
+    outcome = {}
+    started = time.monotonic()
+    sess = tf.compat.v1.Session(server.target)
+    try:
+        sess.run(enqueue)
+        sess.run(out)  # connects the two tasks
+        print("warm", flush=True)
+        started = time.monotonic()
+        sess.run(out)  # waits on the empty queue until the test stops the ps
+        outcome = {"error": None}
+    except tf.errors.OpError as e:
+        outcome = {"error": type(e).__name__, "message": e.message}
+    outcome["seconds"] = time.monotonic() - started
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    print("done", flush=True)
+    # Closing the session would ask the stopped ps to deregister its graphs, over gRPC, forever.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    function, arguments = sys.argv[1], json.loads(sys.argv[2])
+    globals()[function](arguments["cluster"], arguments["job"], arguments["index"], **arguments["kwargs"])
