@@ -25,13 +25,13 @@ config = load_config()
 def __getattr__(name):
     # TensorFlow is imported only when its side of tf_rdma is asked for: the transport, its CLI and
     # its tests do without it.
-    if name in ("Server", "stats", "reset_stats", "enable_in_client"):
+    if name in ("Server", "ParameterServerStrategy", "stats", "reset_stats", "enable_in_client"):
         from tf_rdma import server
         return getattr(server, name)
     raise AttributeError(f"module 'tf_rdma' has no attribute {name!r}")
 
 __all__ = [
-    "BackendUnavailableError", "CancelledError", "Config", "Server", "stats", "reset_stats",
+    "BackendUnavailableError", "CancelledError", "Config", "Server", "ParameterServerStrategy", "stats", "reset_stats",
     "enable_in_client", "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
     "TransportError", "config", "errors", "load_config",

@@ -136,3 +136,13 @@ def stats():
 def reset_stats():
     from tf_rdma import _tensorflow
     _tensorflow.reset_stats()
+
+
+def ParameterServerStrategy(cluster_resolver, *args, **kwargs):
+    """tf.distribute.experimental.ParameterServerStrategy whose ps<->worker tensors go over tf_rdma.
+
+    The ps and worker tasks must run tf_rdma.Server; this process (the coordinator) only drives
+    them. Takes the same arguments as TensorFlow's strategy.
+    """
+    enable_in_client(cluster_resolver.cluster_spec())
+    return tf.distribute.experimental.ParameterServerStrategy(cluster_resolver, *args, **kwargs)

@@ -16,9 +16,16 @@ def _server(cluster, job, index, transport):
     return tf.distribute.Server(cluster, job_name=job, task_index=index)
 
 
-def serve(cluster, job, index, transport="rdma"):
+def serve(cluster, job, index, transport="rdma", stats_file=None):
     server = _server(cluster, job, index, transport)
     print("serving", flush=True)
+    if stats_file:
+        import tf_rdma
+        while True:  # until the test kills the task
+            with open(stats_file + ".tmp", "w") as f:
+                json.dump(tf_rdma.stats(), f)
+            os.replace(stats_file + ".tmp", stats_file)
+            time.sleep(0.5)
     server.join()
 
 
@@ -192,6 +199,52 @@ def slow_ps_worker(cluster, job, index, transport, output):
     print("done", flush=True)
     # Closing the session would ask the stopped ps to deregister its graphs, over gRPC, forever.
     os._exit(0)
+
+
+def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
+    """TF2: a custom training loop under ParameterServerStrategy driven by ClusterCoordinator."""
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+    if transport == "rdma":
+        import tf_rdma
+        strategy = tf_rdma.ParameterServerStrategy(resolver)
+    else:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    features = (data.data / 16.0).astype(np.float32)
+    labels = data.target.astype(np.int64)
+
+    def dataset_fn():
+        return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
+
+    with strategy.scope():
+        w1 = tf.Variable(tf.random.stateless_normal((64, 256), seed=(1, 2)) * 0.1)
+        w2 = tf.Variable(tf.random.stateless_normal((256, 10), seed=(3, 4)) * 0.1)
+
+    @tf.function
+    def step(iterator):
+        def replica(batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            g1, g2 = tape.gradient(loss, [w1, w2])
+            w1.assign_sub(0.5 * g1)
+            w2.assign_sub(0.5 * g2)
+            return loss
+        return strategy.run(replica, args=(next(iterator),))
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    values = [float(r.fetch()) for r in losses]
+    with open(output, "w") as f:
+        json.dump({"losses": values}, f)
+    print("done", flush=True)
+    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
 
 
 if __name__ == "__main__":

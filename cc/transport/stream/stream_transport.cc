@@ -1,5 +1,7 @@
 #include "cc/transport/stream/stream_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -74,6 +76,31 @@ class StreamListener : public Listener {
   std::thread accept_thread_;
 };
 
+// How an accepted peer is named in errors: its address, or its process for a Unix socket.
+std::string DescribePeer(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    if (address.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+      inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+      return absl::StrCat(host, ":", ntohs(v4->sin_port));
+    }
+    if (address.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+      inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+      return absl::StrCat("[", host, "]:", ntohs(v6->sin6_port));
+    }
+  }
+  ucred credentials{};
+  socklen_t size = sizeof(credentials);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &size) == 0) {
+    return absl::StrCat("local process ", credentials.pid);
+  }
+  return "an unknown address";
+}
+
 }  // namespace
 
 StreamTransport::~StreamTransport() {
@@ -107,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
   absl::StatusOr<int> fd = OpenListeningSocket(endpoint, &bound);
   if (!fd.ok()) return fd.status();
   auto handshake = [this, bound, on_accept = std::move(on_accept)](int client) {
-    const std::string address = absl::StrCat("client of ", bound.ToString());
+    const std::string address = DescribePeer(client);
     SocketFrameChannel channel(client, address);
     absl::StatusOr<PeerIdentity> peer = ServerHandshake(channel, backend(), options_);
     if (!peer.ok()) {

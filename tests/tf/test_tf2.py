@@ -1,0 +1,27 @@
+"""TF2 ParameterServerStrategy: training through tf_rdma's strategy wrapper, with the ps<->worker
+variable and gradient traffic carried by tf_rdma (read from the worker's stats)."""
+import json
+import time
+
+from cluster import Cluster
+
+
+def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
+    output = str(tmp_path / "losses.json")
+    worker_stats = str(tmp_path / "worker-stats.json")
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("worker", 0, "serve", transport="rdma", stats_file=worker_stats)
+        cluster.start("chief", 0, "ps_strategy_coordinator", transport="rdma", output=output)
+        assert cluster.wait("chief", 0, timeout=300) == 0, cluster.log("chief", 0)[-4000:] + cluster.log("worker", 0)[-3000:]
+        time.sleep(1)  # one more stats dump
+        with open(worker_stats) as f:
+            stats = json.load(f)
+    with open(output) as f:
+        losses = json.load(f)["losses"]
+    assert losses[-1] < losses[0] * 0.8, losses
+    assert stats["edges_rewritten"] > 0, stats
+    ps = stats["peers"]["/job:ps/replica:0/task:0"]
+    # Variables come from the ps, gradient updates go to it: 64x256 floats and more every step.
+    assert ps["bytes_received"] >= 30 * 64 * 256 * 4, ps
+    assert ps["bytes_sent"] >= 30 * 64 * 256 * 4, ps
