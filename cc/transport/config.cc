@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -50,6 +52,10 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "of the local IP address, as rdma_cm resolves it."},
       {"TF_RDMA_TEST_HOST", "127.0.0.1",
        "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
+      {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
+       "Test harness only: 1 keeps each Soft-RoCE guest run's job directory (console log, script)."},
+      {"TF_RDMA_SOFTROCE_APPEND", "(empty)",
+       "Test harness only: extra kernel arguments for the Soft-RoCE guest."},
       {"TF_RDMA_SOFTROCE_CACHE", "build/softroce",
        "Test harness only: where the Soft-RoCE guest's kernel and initramfs are cached."},
   };
@@ -108,7 +114,10 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
       }
       config.verbs_gid_index = index;
-    } else if (name != "TF_RDMA_SOFTROCE_CACHE" && name != "TF_RDMA_TEST_HOST") {
+    } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
+                            [&](const ConfigVariable& v) { return name == v.name; })) {
+      // The tools' and tests' variables in the table are read where they are used; any other
+      // TF_RDMA_* name is a typo.
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);
       return absl::InvalidArgumentError(absl::StrCat(
