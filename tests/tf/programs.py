@@ -170,8 +170,9 @@ def train_worker(cluster, job, index, transport, output, steps=8):
     _save(output, results, transport)
 
 
-def slow_ps_worker(cluster, job, index, transport, output):
-    """Steps whose ps part waits on a queue, so the test can stop or kill the ps meanwhile."""
+def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
+    """Steps whose ps part waits on a queue, so the test can stop or kill the ps meanwhile, or let
+    the step time out (then the queue is fed and the same step must work)."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     server = _server(cluster, job, index, transport)
@@ -189,11 +190,16 @@ def slow_ps_worker(cluster, job, index, transport, output):
         sess.run(out)  # connects the two tasks
         print("warm", flush=True)
         started = time.monotonic()
-        sess.run(out)  # waits on the empty queue until the test stops the ps
+        options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_ms)
+        sess.run(out, options=options)  # waits on the empty queue until the test stops the ps
         outcome = {"error": None}
     except tf.errors.OpError as e:
         outcome = {"error": type(e).__name__, "message": e.message}
     outcome["seconds"] = time.monotonic() - started
+    if step_timeout_ms:
+        # The timed-out step released its waiting kernels: the next one runs normally.
+        sess.run(enqueue)
+        outcome["after"] = float(sess.run(out).sum())
     with open(output, "w") as f:
         json.dump(outcome, f)
     print("done", flush=True)
