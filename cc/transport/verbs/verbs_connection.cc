@@ -24,8 +24,11 @@ constexpr size_t kSlotSize = 4160;     // >= kMaxMessageLength
 constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
 // One WRITE_WITH_IMM carries messages up to this size; beyond, WRITEs of this size and a DATA message.
 constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;
-// Bytes posted and not yet completed per connection, so heartbeats queued behind data wait little.
-constexpr uint64_t kWriteWindow = uint64_t{32} << 20;
+// Bigger messages go in WRITEs of this size, at most kWriteWindow bytes posted and not completed per
+// connection, so a heartbeat posted behind data waits for at most that much to drain (a slow link
+// must not look like a dead peer).
+constexpr uint64_t kMultiPartChunk = uint64_t{4} << 20;
+constexpr uint64_t kWriteWindow = uint64_t{8} << 20;
 // How long Close waits for the REJECT telling the peer why to be sent before stopping the QP.
 constexpr absl::Duration kRejectGrace = absl::Milliseconds(200);
 // How long a closed connection waits for its posted work requests to be flushed.
@@ -55,7 +58,7 @@ DeviceContext::~DeviceContext() {
 }
 
 VerbsRegion::VerbsRegion(uint32_t id, char* data, size_t size,
-                         std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations,
+                         std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations,
                          std::vector<std::shared_ptr<DeviceContext>> devices)
     : MemoryRegion(id, data, size), registrations_(std::move(registrations)), devices_(std::move(devices)) {}
 
@@ -65,9 +68,9 @@ VerbsRegion::~VerbsRegion() {
   munmap(data(), std::max<size_t>(size(), 1));
 }
 
-const Registration* VerbsRegion::RegistrationFor(ibv_context* context) const {
-  for (const auto& [ctx, registration] : registrations_) {
-    if (ctx == context) return registration.get();
+const Registration* VerbsRegion::RegistrationFor(ibv_pd* pd) const {
+  for (const auto& [domain, registration] : registrations_) {
+    if (domain == pd) return registration.get();
   }
   return nullptr;
 }
@@ -277,11 +280,11 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
   }
   const auto* verbs_region = dynamic_cast<const VerbsRegion*>(region.get());
   const Registration* registration =
-      verbs_region ? verbs_region->RegistrationFor(device_->context) : nullptr;
+      verbs_region ? verbs_region->RegistrationFor(device_->pd) : nullptr;
   if (registration == nullptr) {
     done({absl::InvalidArgumentError(absl::StrCat(
-              "a verbs connection can grant only regions allocated by the verbs transport (and "
-              "registered with device ", device_->name, ")")),
+              "a verbs connection can grant only regions allocated by the verbs transport that "
+              "owns it (registered with device ", device_->name, ")")),
           0});
     return 0;
   }
@@ -410,7 +413,7 @@ bool VerbsConnection::PostDataLocked(Outgoing& item) {
   const bool single = length <= max_single_write_;
   while (item.posted < length || (length == 0 && single)) {
     if (posted_sends_ >= kSendDepth || (window_bytes_ > 0 && window_bytes_ >= kWriteWindow)) return false;
-    const uint64_t chunk = std::min(max_single_write_, length - item.posted);
+    const uint64_t chunk = std::min(single ? max_single_write_ : kMultiPartChunk, length - item.posted);
     ibv_sge sge{reinterpret_cast<uint64_t>(item.write.src) + item.posted, static_cast<uint32_t>(chunk),
                 item.write.registration ? item.write.registration->lkey() : 0};
     ibv_send_wr wr{};
@@ -491,12 +494,22 @@ absl::Status VerbsConnection::CompletionError(const ibv_wc& wc) const {
     case IBV_WC_REM_INV_REQ_ERR:
       what = "the peer's queue pair rejected a request (remote invalid request)";
       break;
+    case IBV_WC_LOC_QP_OP_ERR:
+      what = "the local queue pair could not send (local QP operation error)";
+      break;
     default:
       what = ibv_wc_status_str(wc.status);
   }
+  // A port that went down explains most of these: say so.
+  ibv_port_attr port{};
+  std::string link;
+  if (ibv_query_port(device_->context, id_->port_num, &port) == 0 && port.state != IBV_PORT_ACTIVE) {
+    link = absl::StrCat("; port ", static_cast<int>(id_->port_num), " of ", device_->name,
+                        " is not ACTIVE now: check its link (`ibv_devinfo`, `rdma link`)");
+  }
   return PeerError(absl::UnavailableError(absl::StrCat(
       what, " [", ibv_wc_status_str(wc.status), ", vendor error 0x", absl::Hex(wc.vendor_err),
-      ", device ", device_->name, "]")));
+      ", device ", device_->name, "]", link)));
 }
 
 void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,

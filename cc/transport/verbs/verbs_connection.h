@@ -46,14 +46,14 @@ struct DeviceContext {
 class VerbsRegion : public MemoryRegion {
  public:
   VerbsRegion(uint32_t id, char* data, size_t size,
-              std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations,
+              std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations,
               std::vector<std::shared_ptr<DeviceContext>> devices);
   ~VerbsRegion() override;
-  // Null when the region is not registered with `context`.
-  const Registration* RegistrationFor(ibv_context* context) const;
+  // Null when the region is not registered in `pd` (another transport's, or another device's).
+  const Registration* RegistrationFor(ibv_pd* pd) const;
 
  private:
-  std::vector<std::pair<ibv_context*, std::shared_ptr<Registration>>> registrations_;
+  std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
 

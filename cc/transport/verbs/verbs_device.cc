@@ -141,14 +141,14 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
   ibv_device** devices = ibv_get_device_list(&count);
   if (devices == nullptr) {
     const int error = errno;
-    return absl::UnavailableError(absl::StrCat(
+    return absl::UnimplementedError(absl::StrCat(
         "no RDMA device: ibv_get_device_list failed (", std::strerror(error), ")",
         error == ENOSYS ? "; this kernel has no RDMA support (CONFIG_INFINIBAND)" : ""));
   }
   std::vector<DeviceReport> reports = Inventory(devices, count);
   ibv_free_device_list(devices);
   if (reports.empty()) {
-    return absl::UnavailableError(
+    return absl::UnimplementedError(
         "no RDMA device found (ibv_get_device_list returned none); load the NIC's RDMA driver and "
         "provider (`ibv_devices` and `rdma link` should list it)");
   }
@@ -163,17 +163,17 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
       if (state == IBV_PORT_ACTIVE) return absl::OkStatus();
     }
     if (!port_found) {
-      return absl::NotFoundError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           "TF_RDMA_VERBS_PORT=", settings.port, " does not exist on device ", report.name,
           "; devices found: ", Describe(reports), ". Use one of those ports or unset it"));
     }
   }
   if (!named_found) {
-    return absl::NotFoundError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "TF_RDMA_VERBS_DEVICE=", settings.device, " does not exist; devices found: ",
         Describe(reports), ". Use one of those names or unset it"));
   }
-  return absl::UnavailableError(absl::StrCat(
+  return absl::UnimplementedError(absl::StrCat(
       "no active port on ", settings.device.empty() ? "any RDMA device" : settings.device,
       ": ", Describe(reports), ". Check the cable/link (`ibv_devinfo`, `rdma link`), or choose "
       "another device with TF_RDMA_VERBS_DEVICE / TF_RDMA_VERBS_PORT"));
@@ -182,11 +182,11 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
 absl::Status CheckPortAndGid(ibv_context* context, int port, int gid_index) {
   ibv_port_attr port_attr{};
   if (ibv_query_port(context, port, &port_attr) != 0) {
-    return absl::NotFoundError(absl::StrCat("port ", port, " of RDMA device ", DeviceName(context),
+    return absl::InvalidArgumentError(absl::StrCat("port ", port, " of RDMA device ", DeviceName(context),
                                             " does not exist (", std::strerror(errno), ")"));
   }
   if (port_attr.state != IBV_PORT_ACTIVE) {
-    return absl::UnavailableError(absl::StrCat(
+    return absl::UnimplementedError(absl::StrCat(
         "port ", port, " of RDMA device ", DeviceName(context), " is ",
         PortStateName(port_attr.state), ", not ACTIVE; check the link (`ibv_devinfo`)"));
   }
@@ -206,7 +206,7 @@ absl::Status CheckPortAndGid(ibv_context* context, int port, int gid_index) {
       "the IP address)");
   ibv_gid_entry entry{};
   if (gid_index >= port_attr.gid_tbl_len || ibv_query_gid_ex(context, port, gid_index, &entry, 0) != 0) {
-    return absl::NotFoundError(absl::StrCat("TF_RDMA_VERBS_GID_INDEX=", gid_index,
+    return absl::InvalidArgumentError(absl::StrCat("TF_RDMA_VERBS_GID_INDEX=", gid_index,
                                             " is not a valid GID entry; ", suggestion));
   }
   if (IsLinkLocal(entry.gid)) {

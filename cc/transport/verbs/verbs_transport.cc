@@ -55,7 +55,9 @@ struct CmEvent {
   int status;
 };
 
-absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time deadline) {
+// `step` names what is awaited, for the error ("ADDR_RESOLVED from 10.0.0.2:5000").
+absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time deadline,
+                                    const std::string& step) {
   while (true) {
     rdma_cm_event* event = nullptr;
     if (rdma_get_cm_event(channel, &event) == 0) {
@@ -67,7 +69,10 @@ absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time dead
       return absl::UnavailableError(absl::StrCat("rdma_get_cm_event: ", std::strerror(errno)));
     }
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no rdma_cm event in time");
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rdma_cm: no ", step, " within the connect timeout (TF_RDMA_CONNECT_TIMEOUT_MS)"));
+    }
     pollfd p{channel->fd, POLLIN, 0};
     poll(&p, 1, static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000)));
   }
@@ -173,17 +178,17 @@ class VerbsTransport : public Transport {
           absl::StrCat("cannot allocate a region of ", bytes, " bytes: ", std::strerror(errno)));
     }
     // Only these regions are ever registered for remote access; every device in use gets one.
-    std::vector<std::pair<ibv_context*, std::shared_ptr<verbs::Registration>>> registrations;
+    std::vector<std::pair<ibv_pd*, std::shared_ptr<verbs::Registration>>> registrations;
     for (const auto& device : devices_) {
       auto registration = verbs::Registration::Create(
           device->pd, data, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-          absl::StrCat("a receive region (TransportOptions pool) of ", bytes, " bytes"));
+          absl::StrCat("a receive region of ", bytes, " bytes (AllocateRegion)"));
       if (!registration.ok()) {
         registrations.clear();
         munmap(data, length);
         return registration.status();
       }
-      registrations.emplace_back(device->context, *std::move(registration));
+      registrations.emplace_back(device->pd, *std::move(registration));
     }
     return std::make_shared<verbs::VerbsRegion>(next_region_id_++, static_cast<char*>(data), bytes,
                                                 std::move(registrations), devices_);
@@ -278,7 +283,7 @@ class VerbsTransport : public Transport {
     if (rdma_resolve_addr(cm.id, nullptr, reinterpret_cast<sockaddr*>(&*destination), 2000) != 0) {
       return CmError("rdma_resolve_addr for", address);
     }
-    absl::StatusOr<CmEvent> event = WaitCmEvent(cm.channel, deadline);
+    absl::StatusOr<CmEvent> event = WaitCmEvent(cm.channel, deadline, "address resolution for " + address);
     if (!event.ok()) return event.status();
     if (event->type != RDMA_CM_EVENT_ADDR_RESOLVED) {
       *retry = true;
@@ -291,7 +296,7 @@ class VerbsTransport : public Transport {
     rdma_set_option(cm.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, const_cast<uint8_t*>(&ack_timeout),
                     sizeof(ack_timeout));
     if (rdma_resolve_route(cm.id, 2000) != 0) return CmError("rdma_resolve_route for", address);
-    event = WaitCmEvent(cm.channel, deadline);
+    event = WaitCmEvent(cm.channel, deadline, "route resolution for " + address);
     if (!event.ok()) return event.status();
     if (event->type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
       *retry = true;
@@ -311,7 +316,7 @@ class VerbsTransport : public Transport {
     if (!status.ok()) return status;
     rdma_conn_param param = ConnectionParameters(connection->qp_num());
     if (rdma_connect(id, &param) != 0) return CmError("rdma_connect to", address);
-    event = WaitCmEvent(events, deadline);
+    event = WaitCmEvent(events, deadline, "connection response from " + address);
     if (!event.ok()) return event.status();
     if (event->type != RDMA_CM_EVENT_CONNECT_RESPONSE) {
       *retry = event->type == RDMA_CM_EVENT_REJECTED || event->type == RDMA_CM_EVENT_UNREACHABLE ||
@@ -417,7 +422,7 @@ void VerbsListener::Accept(rdma_cm_id* child) {
   }
   rdma_conn_param param = ConnectionParameters(connection->qp_num());
   if (rdma_accept(child, &param) != 0) return refuse(CmError("rdma_accept", ""));
-  absl::StatusOr<CmEvent> event = WaitCmEvent(events, deadline);
+  absl::StatusOr<CmEvent> event = WaitCmEvent(events, deadline, "ESTABLISHED from the client");
   if (!event.ok()) return refuse(event.status());
   if (event->type != RDMA_CM_EVENT_ESTABLISHED) {
     return refuse(absl::UnavailableError(absl::StrCat("expected ESTABLISHED, got ", rdma_event_str(event->type))));
@@ -451,7 +456,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   ibv_context** contexts = rdma_get_devices(&count);
   if (contexts == nullptr || count == 0) {
     if (contexts != nullptr) rdma_free_devices(contexts);
-    return absl::UnavailableError(
+    return absl::UnimplementedError(
         "rdma_cm sees no RDMA device (rdma_get_devices returned none); is the rdma_ucm module loaded?");
   }
   std::vector<std::shared_ptr<DeviceContext>> devices;
@@ -476,7 +481,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   rdma_free_devices(contexts);
   if (!problem.ok()) return problem;
   if (devices.empty()) {
-    return absl::NotFoundError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings->device,
+    return absl::InvalidArgumentError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings->device,
                                             " does not exist; rdma_cm sees ", absl::StrJoin(seen, ", "),
                                             ". Use one of those names or unset it"));
   }
