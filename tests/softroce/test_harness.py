@@ -6,7 +6,6 @@ machine without the harness's packages cannot pass silently.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import re
@@ -18,38 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-GUEST_PY = REPO / "tools" / "softroce" / "guest.py"
-
-
-def _load_guest():
-    name = "tf_rdma_softroce_guest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GUEST_PY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-guest = _load_guest()
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-@pytest.fixture(scope="module")
-def softroce():
-    missing = guest.missing_prerequisites()
-    if missing:
-        msg = "Soft-RoCE harness prerequisites missing:\n  " + "\n  ".join(missing)
-        if _in_ci():
-            pytest.fail(msg + "\n(CI is set: missing prerequisites are a failure, not a skip)")
-        pytest.skip(msg)
-    guest.ensure_artifacts()  # build vmlinux + initramfs outside of the timed runs
-    return guest
+from guest_loader import GUEST_PY, guest
 
 
 def _qemu_pids_for(job_dir: str) -> list[int]:
