@@ -7,7 +7,7 @@ env:
 	tools/dev_env.sh
 
 demo: env
-	.venv/bin/python -m tf_rdma bench transport
+	.venv/bin/python examples/demo_cluster.py
 
 softroce-prereqs:
 	@if [ "$$(id -u)" = 0 ]; then tools/softroce/install.sh; \
