@@ -38,6 +38,10 @@ struct Tag {
   bool operator==(const Tag& other) const { return hi == other.hi && lo == other.lo; }
 };
 
+struct TagHash {
+  size_t operator()(const Tag& tag) const { return tag.hi * 0x9e3779b97f4a7c15ULL ^ tag.lo; }
+};
+
 struct Endpoint {
   std::string host;
   uint16_t port = 0;

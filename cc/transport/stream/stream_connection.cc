@@ -8,6 +8,7 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/peer_errors.h"
 #include "cc/transport/stream/socket_io.h"
 
 namespace tf_rdma {
@@ -162,25 +163,15 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
 }
 
 absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
-  const std::string who = absl::StrCat("peer ", peer_name_, " at ", peer_address_);
-  switch (cause.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-      return absl::UnavailableError(absl::StrCat(
-          who, " is unresponsive: ", cause.message(),
-          " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down."));
-    case absl::StatusCode::kDataLoss:
-      return absl::DataLossError(absl::StrCat(who, " broke the tf_rdma protocol: ", cause.message(),
-                                              "; connection closed."));
-    default:
-      return absl::UnavailableError(absl::StrCat("lost connection to ", who, ": ", cause.message()));
-  }
+  return PeerFailure(peer_name_, peer_address_, cause);
 }
 
 void StreamConnection::ReadLoop() {
   while (true) {
     absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
     if (frame.ok() && frame->type == wire::FrameType::kReject) {
-      CloseInternal(PeerClosed(std::get<wire::Reject>(frame->body)), false);
+      const auto& reject = std::get<wire::Reject>(frame->body);
+      CloseInternal(PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message), false);
       return;
     }
     absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : frame.status();
@@ -189,15 +180,6 @@ void StreamConnection::ReadLoop() {
       return;
     }
   }
-}
-
-absl::Status StreamConnection::PeerClosed(const wire::Reject& reject) const {
-  // The peer's reason keeps its code, except that its protocol complaints about us are not ours.
-  auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
-                                                   : absl::StatusCode::kUnavailable;
-  if (code == absl::StatusCode::kDataLoss) code = absl::StatusCode::kUnavailable;
-  return absl::Status(code, absl::StrCat("peer ", peer_name_, " at ", peer_address_,
-                                         " closed the connection: ", reject.message));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {

@@ -19,10 +19,6 @@
 
 namespace tf_rdma {
 
-struct TagHash {
-  size_t operator()(const Tag& tag) const { return tag.hi * 0x9e3779b97f4a7c15ULL ^ tag.lo; }
-};
-
 class StreamConnection : public Connection, public std::enable_shared_from_this<StreamConnection> {
  public:
   // Takes ownership of `fd`, a connected socket whose handshake is done.
@@ -115,7 +111,6 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   void CloseInternal(const absl::Status& reason, bool tell_peer);
   // Turns a failure on the stream into the error users see, naming the peer and the likely fix.
   absl::Status PeerError(const absl::Status& cause) const;
-  absl::Status PeerClosed(const wire::Reject& reject) const;
 
   const int fd_;
   const Backend backend_;

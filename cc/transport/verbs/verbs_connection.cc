@@ -1,5 +1,7 @@
 #include "cc/transport/verbs/verbs_connection.h"
 
+#include "cc/transport/peer_errors.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -464,18 +466,7 @@ void VerbsConnection::PumpLocked() {
 // ---- failure ----
 
 absl::Status VerbsConnection::PeerError(const absl::Status& cause) const {
-  const std::string who = absl::StrCat("peer ", peer_name_, " at ", peer_address_);
-  switch (cause.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-      return absl::UnavailableError(absl::StrCat(
-          who, " is unresponsive: ", cause.message(),
-          " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down."));
-    case absl::StatusCode::kDataLoss:
-      return absl::DataLossError(absl::StrCat(who, " broke the tf_rdma protocol: ", cause.message(),
-                                              "; connection closed."));
-    default:
-      return absl::UnavailableError(absl::StrCat("lost verbs connection to ", who, ": ", cause.message()));
-  }
+  return PeerFailure(peer_name_, peer_address_, cause);
 }
 
 absl::Status VerbsConnection::CompletionError(const ibv_wc& wc) const {
@@ -783,11 +774,7 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
                                    {absl::CancelledError("grant revoked"), 0}, false, callbacks);
     case wire::FrameType::kReject: {
       const auto& reject = std::get<wire::Reject>(frame.body);
-      const auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
-                                                             : absl::StatusCode::kUnavailable;
-      return absl::Status(code == absl::StatusCode::kDataLoss ? absl::StatusCode::kUnavailable : code,
-                          absl::StrCat("peer ", peer_name_, " at ", peer_address_,
-                                       " closed the connection: ", reject.message));
+      return PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message);
     }
     default:
       return PeerError(absl::DataLossError(absl::StrCat(

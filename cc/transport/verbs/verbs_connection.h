@@ -57,10 +57,6 @@ class VerbsRegion : public MemoryRegion {
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
 
-struct TagHasher {
-  size_t operator()(const Tag& tag) const { return tag.hi * 0x9e3779b97f4a7c15ULL ^ tag.lo; }
-};
-
 class VerbsConnection : public Connection, public std::enable_shared_from_this<VerbsConnection> {
  public:
   // Takes ownership of `id` (whose event channel is its own) and builds the queue pair on it, in
@@ -205,8 +201,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::unordered_map<uint64_t, LocalGrant> local_grants_;
   std::unordered_set<uint32_t> announced_regions_;
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
-  std::unordered_map<Tag, std::deque<PendingWrite>, TagHasher> pending_writes_;
-  std::unordered_map<Tag, std::deque<wire::Grant>, TagHasher> remote_grants_;
+  std::unordered_map<Tag, std::deque<PendingWrite>, TagHash> pending_writes_;
+  std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> remote_grants_;
   std::unordered_set<uint64_t> remote_grant_ids_;
   absl::Time last_receive_;
   absl::Time last_send_;
