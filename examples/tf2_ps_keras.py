@@ -1,11 +1,13 @@
-"""TF2 ParameterServerStrategy + ClusterCoordinator, ps and worker tasks in separate processes.
+"""TF2 ParameterServerStrategy with Keras `model.fit`, ps and worker tasks in separate processes.
 
 The cluster has ps and worker tasks that only serve (a `tf.distribute.Server` each, or a
 `tf_rdma.Server` with `--transport rdma`), and one coordinator (job "chief") that owns the model:
-a Keras model whose variables are created on the ps tasks; `ClusterCoordinator.schedule` sends
-training steps to whichever worker is free; each worker reads the weights from the ps, computes
-gradients and has Adam applied on the ps, so weights cross ps->worker and gradients worker->ps
-every step. Data: scikit-learn's digits, a per-worker tf.data pipeline.
+a Keras model compiled with Adam in `strategy.scope()`, so its variables live on the ps tasks.
+`model.fit` has the strategy's ClusterCoordinator schedule each training step on whichever worker
+is free; the worker reads the weights from the ps, computes gradients and has Adam applied on the
+ps, so weights cross ps->worker and gradients worker->ps every step. Data: scikit-learn's digits,
+a per-worker tf.data pipeline (a DatasetCreator). With `--transport rdma` the coordinator uses
+`tf_rdma.ParameterServerStrategy` (TensorFlow's strategy with tf_rdma loaded in the coordinator too).
 
     # everything on this host, one process per task (ps, 2 workers, coordinator):
     python examples/tf2_ps_keras.py --launch-local [--transport rdma] [--steps 200]
@@ -22,11 +24,14 @@ worker part and a ps part), so every ps and worker task must run the same transp
 coordinator is a client: what it moves itself (creating variables, reading them for evaluation)
 stays on gRPC.
 
-Keras: the model is a keras.Sequential and the optimizer keras.optimizers.Adam, both created in
-strategy.scope(). Keras 3 (what TensorFlow 2.16+ ships) has no ParameterServerStrategy support in
-`model.fit`/`predict` (they fail with "To use this dataset, you need to pass this dataset to
-ClusterCoordinator.create_per_worker_dataset"), so the training step is a tf.function scheduled
-with ClusterCoordinator: the loop Keras 2's fit ran for you.
+Keras 2: Keras 3 (what TensorFlow 2.16+ ships as `keras`) has no ParameterServerStrategy support
+in `model.fit` (it fails with "To use this dataset, you need to pass this dataset to
+ClusterCoordinator.create_per_worker_dataset"); Keras 2 has. The coordinator imports it as
+`tf_keras`: `pip install --no-deps tf-keras==2.21.0`, the version matching TensorFlow (without
+--no-deps pip also installs the full `tensorflow` package over `tensorflow-cpu`); ps and worker
+tasks need no Keras at all. Under the strategy, fit takes a DatasetCreator and `steps_per_epoch`; each
+fit epoch here is the stretch of steps up to the next evaluation (`--eval-every`), after
+`--warmup-steps` untimed ones, and the evaluation runs on the coordinator.
 """
 import argparse
 import os
@@ -97,6 +102,19 @@ def run_server(args, cluster, job, task):
 # ---------------------------------------------------------------------------------------------
 # The coordinator.
 
+def import_keras2():
+    """Keras 2 (the tf-keras package): Keras 3, what TensorFlow 2.16+ ships as `keras`, has no
+    ParameterServerStrategy support in model.fit."""
+    try:
+        import tf_keras
+    except ImportError as e:
+        import tensorflow as tf
+        raise SystemExit(
+            f"chief: model.fit under ParameterServerStrategy needs Keras 2: "
+            f"pip install --no-deps tf-keras=={tf.__version__} ({e})") from e
+    return tf_keras
+
+
 def build_model(keras, hidden, seed):
     layers = [keras.Input((cu.NUM_FEATURES,))]
     for i, width in enumerate(hidden):
@@ -108,99 +126,95 @@ def build_model(keras, hidden, seed):
 
 
 def run_coordinator(args, cluster, task):
-    import keras
+    keras = import_keras2()
     import numpy as np
     import tensorflow as tf
 
-    if args.transport == "rdma":
-        import tf_rdma
-        # The coordinator serves no tensors, but it traces the functions; with tf_rdma loaded
-        # here too, whatever it partitions itself is rewritten the same way as on the workers.
-        enable = getattr(tf_rdma, "enable_in_client", None)
-        if enable is not None:
-            enable(cluster)
     x_train, y_train, x_test, y_test = cu.load_digits_split(seed=args.seed)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=task, rpc_layer="grpc")
     t0 = time.monotonic()
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    if args.transport == "rdma":
+        import tf_rdma
+        # TensorFlow's strategy, with tf_rdma loaded in this process too, so that whatever the
+        # coordinator partitions itself is rewritten the same way as on the workers.
+        strategy = tf_rdma.ParameterServerStrategy(resolver)
+    else:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     with strategy.scope():     # variables (the model's and Adam's) are created on the ps tasks
         model = build_model(keras, args.hidden, args.seed)
         optimizer = keras.optimizers.Adam(args.learning_rate)
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         optimizer.build(model.trainable_variables)
     n_params = model.count_params()
-    devices = sorted({v.value.device for v in model.weights + optimizer.variables})
-    print(f"chief: connected to {len(cluster['worker'])} workers and {len(cluster['ps'])} ps in "
+    devices = sorted({v.device for v in model.weights + optimizer.variables})
+    print(f"chief: {len(cluster['worker'])} workers and {len(cluster['ps'])} ps in "
           f"{time.monotonic() - t0:.1f} s; {n_params / 1e6:.2f} M parameters; variables on "
           f"{devices}", flush=True)
     cu.emit(args.events, kind="ready", job="chief", task=task, pid=os.getpid())
 
-    def dataset_fn(_context=None):
+    def dataset_fn(_input_context):
+        # Called in every worker: each builds its own input pipeline.
         ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
         return ds.shuffle(len(x_train), seed=args.seed).repeat().batch(
             args.batch_size, drop_remainder=True).prefetch(2)
 
-    per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    # model.fit under ParameterServerStrategy: ClusterCoordinator schedules each step on whichever
+    # worker is free; the worker reads the weights from the ps, computes the gradients and has
+    # Adam apply them on the ps. Fit needs a DatasetCreator (or a dataset function) and
+    # steps_per_epoch; each "epoch" here is the stretch of steps up to the next evaluation.
+    data = keras.utils.experimental.DatasetCreator(dataset_fn)
+    epoch = 0
 
-    @tf.function
-    def train_step(iterator):
-        def step_fn(x, y):
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = tf.reduce_mean(
-                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-            grads = tape.gradient(loss, model.trainable_variables)
-            # The strategy colocates each update with its variable: Adam runs on the ps and only
-            # the gradients cross worker -> ps.
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-        x, y = next(iterator)
-        return strategy.run(step_fn, args=(x, y))
+    def run_steps(n):
+        """n steps as one epoch of model.fit; the mean training loss over them."""
+        nonlocal epoch
+        history = model.fit(data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=n,
+                            verbose=0)
+        epoch += 1
+        return float(history.history["loss"][-1])
 
     def evaluate():
-        # Runs on the coordinator, reading the weights from the ps (model.predict/evaluate do not
-        # work under ParameterServerStrategy in Keras 3).
+        # Runs on the coordinator, reading the weights from the ps.
         logits = model(x_test, training=False)
         loss = tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y_test, logits=logits))
         return float(loss), float(np.mean(np.argmax(logits, axis=1) == y_test))
 
-    def run_steps(n):
-        remote = [coordinator.schedule(train_step, args=(per_worker_iterator,))
-                  for _ in range(n)]
-        coordinator.join()
-        return [float(r.fetch()) for r in remote]
-
     warm = min(args.warmup_steps, args.steps)
-    losses = run_steps(warm) if warm else []
+    chunks = []           # (steps, mean training loss) per model.fit epoch
+    if warm:
+        chunks.append((warm, run_steps(warm)))
     train_s, done = 0.0, warm
     while done < args.steps:
         n = min(args.eval_every - done % args.eval_every, args.steps - done)
         t = time.perf_counter()
-        losses += run_steps(n)
+        chunks.append((n, run_steps(n)))
         train_s += time.perf_counter() - t
         done += n
         if done % args.eval_every == 0 or done == args.steps:
             test_loss, acc = evaluate()
-            recent = float(np.mean(losses[-args.eval_every:]))
+            recent = chunks[-1][1]
             print(f"chief: step {done}/{args.steps} train loss {recent:.4f} "
                   f"test loss {test_loss:.4f} test accuracy {acc:.4f}", flush=True)
             cu.emit(args.events, kind="eval", step=done, train_loss=recent,
                     test_loss=test_loss, test_accuracy=acc)
     test_loss, acc = evaluate()
     measured = args.steps - warm
-    window = max(1, min(10, len(losses) // 2))
     result = {
         "kind": "result", "job": "chief", "transport": args.transport, "steps": args.steps,
         "batch_size": args.batch_size, "measured_steps": measured, "measured_seconds": train_s,
         "steps_per_sec": measured / train_s if train_s else 0.0,
         "examples_per_sec": measured * args.batch_size / train_s if train_s else 0.0,
-        "first_loss": losses[0], "last_loss": losses[-1],
-        "loss_first_window": float(np.mean(losses[:window])),
-        "loss_last_window": float(np.mean(losses[-window:])),
+        # Mean training losses of the first model.fit epoch (the warm-up steps, if any) and of
+        # the last one.
+        "first_loss": chunks[0][1], "last_loss": chunks[-1][1],
+        "loss_first_window": chunks[0][1], "loss_last_window": chunks[-1][1],
+        "epoch_losses": [loss for _, loss in chunks], "epoch_steps": [n for n, _ in chunks],
         "final_test_loss": test_loss, "final_test_accuracy": acc, "parameters": n_params,
         "optimizer_iterations": int(optimizer.iterations.numpy()),
+        "keras": keras.__version__,
     }
     print(f"chief: done: {result['examples_per_sec']:.0f} examples/s, "
           f"{result['steps_per_sec']:.2f} steps/s, final test accuracy {acc:.4f}", flush=True)

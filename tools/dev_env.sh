@@ -8,11 +8,12 @@ if [ ! -x .venv/bin/python ]; then
   echo "tf_rdma: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.requirements-dev.sha256
+stamp=.venv/.requirements.sha256
 if ! sha256sum --status -c "$stamp" 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
-  sha256sum requirements-dev.txt > "$stamp"
+  .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
+  sha256sum requirements-dev.txt requirements-nodeps.txt > "$stamp"
 fi
 # --no-build-isolation: build against the TensorFlow in .venv, without pip re-resolving build deps.
 .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
