@@ -29,6 +29,8 @@ def main(argv=None):
         p.add_argument("--bytes-per-size", type=int, default=1 << 30)
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
+                                      "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 
@@ -47,7 +49,7 @@ def main(argv=None):
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
             results = bench_module.run(backends, args.sizes, args.latency_sizes, args.bytes_per_size,
-                                       args.round_trips)
+                                       args.round_trips, host=args.host)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)

@@ -3,16 +3,81 @@
 The receiver runs in a second process (`python -m tf_rdma bench-peer`), so the figures include
 everything two real processes pay. Baselines, measured between the same two processes in the same
 run: a plain single-stream TCP socket moving the same bytes, and a plain memcpy of the same size.
+
+For verbs the bench also runs perftest on the same device, port and GID in the same run, server and
+client as two processes: `ib_write_bw` for each throughput size and `ib_write_lat` for each latency
+size. verbs' figures are then also given as ratios to those (`vs_ib_write_bw`: tf_rdma's throughput
+over ib_write_bw's, higher is better; `vs_ib_write_lat`: tf_rdma's one-way latency over
+ib_write_lat's, lower is better). What makes the two comparable:
+- the same message size (`-s`), and the same number of messages (`-n`) as tf_rdma moves;
+- the same pipelining: perftest's send queue depth `-t` is set to tf_rdma's grant depth (the number
+  of messages the receiver keeps granted, hence the writes that can be in flight: 4), not
+  perftest's default of 128;
+- both figures are averages over the whole run, taken at the sender (ib_write_bw's "BW average",
+  ib_write_lat's "t_avg", which is half the round trip, as tf_rdma's latency is);
+- the device, port and GID index are those the verbs backend uses: TF_RDMA_VERBS_DEVICE, _PORT and
+  _GID_INDEX when set, else the RoCE v2 GID of the bench host's IP address (what rdma_cm picks),
+  else the first ACTIVE port.
+Not the same: ib_write_lat busy-polls the landing buffer, tf_rdma waits for completion events.
+
+The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.1); verbs needs an
+address of the RDMA netdev there, since rdma_cm picks the device by IP address.
 """
+import ipaddress
+import os
+import re
 import secrets
+import shutil
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from tf_rdma import _transport
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 20, 64 << 20)
 DEFAULT_LATENCY_SIZES = (8, 4096)
+DEFAULT_HOST = "127.0.0.1"
+# Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
+# transport_bench.cc, reads it).
+HOST_ENV = "TF_RDMA_TEST_HOST"
+SYSFS_INFINIBAND = Path("/sys/class/infiniband")
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 1 << 10,
+          "M": 1 << 20, "MI": 1 << 20, "MIB": 1 << 20, "MB": 1 << 20,
+          "G": 1 << 30, "GI": 1 << 30, "GIB": 1 << 30, "GB": 1 << 30}
+
+
+def parse_size(text):
+    """8, "4096", "4K", "1M", "16MiB", "1 GB" -> bytes (binary units, as the CLI's --sizes)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (use e.g. 8, 4K, 1M, 16M)")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def parse_sizes(text):
+    """"1M,16M" (or a list of sizes) -> [1048576, 16777216]."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return [parse_size(item) for item in items if str(item).strip()]
+
+
+def bench_host(host=None):
+    return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+
+
+def grant_depth():
+    """Messages the receiver keeps granted at once (transport_bench.h's BenchPlan::depth)."""
+    return _transport.BenchPlan().depth
+
+
+def iterations(bytes_per_size, size):
+    """Messages tf_rdma moves per size (as transport_bench.cc's Iterations)."""
+    return min(max(bytes_per_size // max(size, 1), 8), 20000)
 
 
 def plan(sizes, latency_sizes, bytes_per_size, round_trips):
@@ -29,6 +94,10 @@ def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
 
 
+def _endpoint(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
     """The bench peer: prints its ports on one line, then serves one driver."""
     key = sys.stdin.readline().strip()  # the driver's one-off cluster key; never on the command line
@@ -36,16 +105,19 @@ def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
     def ready(transport_port, baseline_port):
         print(f"READY {transport_port} {baseline_port}", flush=True)
 
+    # Listens on TF_RDMA_TEST_HOST (set by the driver), else 127.0.0.1.
     _transport.bench_serve(backend, plan(sizes, latency_sizes, bytes_per_size, round_trips), 0,
                            bytes.fromhex(key).decode("latin-1"), ready)
 
 
-def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips):
+def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host=None):
+    host = bench_host(host)
     key = secrets.token_hex(16)
     peer = subprocess.Popen(
         [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend,
          *_plan_args(sizes, latency_sizes, bytes_per_size, round_trips)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, HOST_ENV: host})
     try:
         peer.stdin.write(key + "\n")
         peer.stdin.close()
@@ -54,7 +126,7 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips):
             raise RuntimeError(f"bench peer for {backend} did not start (exit code {peer.poll()})")
         report = _transport.bench_drive(
             backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
-            f"127.0.0.1:{line[1]}", f"127.0.0.1:{line[2]}", bytes.fromhex(key).decode("latin-1"))
+            _endpoint(host, line[1]), _endpoint(host, line[2]), bytes.fromhex(key).decode("latin-1"))
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
@@ -68,15 +140,252 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips):
     return report
 
 
+# ---- perftest on the device verbs uses ----
+
+class PerftestError(RuntimeError):
+    pass
+
+
+def _read(path):
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _mapped_gid(host):
+    """The RoCE GID of an IPv4 address as sysfs spells it (::ffff:a.b.c.d), or None."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, ValueError):
+            return None
+    if address.version == 4:
+        address = ipaddress.IPv6Address(f"::ffff:{address}")
+    return ":".join(f"{b:02x}{c:02x}" for b, c in zip(address.packed[::2], address.packed[1::2]))
+
+
+def _gids(port_dir):
+    """[(index, gid, type)] of a port's populated GID entries, by index."""
+    out = []
+    gids = port_dir / "gids"
+    names = sorted((n for n in os.listdir(gids) if n.isdigit()), key=int) if gids.is_dir() else []
+    for name in names:
+        gid = _read(gids / name)
+        if not gid or set(gid) <= {"0", ":"}:
+            continue
+        out.append((int(name), gid, _read(port_dir / "gid_attrs" / "types" / name)))
+    return out
+
+
+def verbs_device(host, environ=None, root=SYSFS_INFINIBAND):
+    """(device, port, gid_index, how it was chosen) for perftest, as the verbs backend picks them."""
+    environ = os.environ if environ is None else environ
+    want_device = environ.get("TF_RDMA_VERBS_DEVICE", "").strip()
+    want_port = environ.get("TF_RDMA_VERBS_PORT", "").strip()
+    want_gid = environ.get("TF_RDMA_VERBS_GID_INDEX", "").strip()
+    active = []
+    for device in sorted(os.listdir(root)) if root.is_dir() else []:
+        if want_device and device != want_device:
+            continue
+        ports_dir = root / device / "ports"
+        for port in sorted((p for p in os.listdir(ports_dir) if p.isdigit()), key=int) \
+                if ports_dir.is_dir() else []:
+            if want_port and port != want_port:
+                continue
+            if "ACTIVE" in _read(ports_dir / port / "state"):
+                active.append((device, int(port), ports_dir / port))
+    if not active:
+        restriction = " matching TF_RDMA_VERBS_DEVICE/PORT" if want_device or want_port else ""
+        raise PerftestError(f"no ACTIVE RDMA port{restriction} under {root}")
+    if want_gid:
+        device, port, _ = active[0]
+        return device, port, int(want_gid), "TF_RDMA_VERBS_GID_INDEX"
+    mapped = _mapped_gid(host)
+    matches = [(("v2" not in kind), device, port, index)
+               for device, port, port_dir in active for index, gid, kind in _gids(port_dir)
+               if mapped and gid == mapped]
+    if matches:
+        _, device, port, index = min(matches)
+        return device, port, index, f"the GID of {host}, as rdma_cm resolves it"
+    device, port, port_dir = active[0]
+    gids = _gids(port_dir)
+    if _read(port_dir / "link_layer") == "InfiniBand" or not gids:
+        return device, port, 0, "the first ACTIVE port"
+    usable = [(("v2" not in kind), index) for index, gid, kind in gids if not gid.startswith("fe80:")]
+    return device, port, (min(usable)[1] if usable else gids[0][0]), "the first ACTIVE port"
+
+
+_HEADER_NAME = re.compile(r"#\w+|(?:[\w.%]+ )?[\w.%]+\[[^\]]*\]")
+
+
+def parse_perftest(text, size):
+    """{column name: value} of perftest's result row for `size` ("BW average[MB/sec]": 19.66, ...)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "#bytes" not in line:
+            continue
+        names = _HEADER_NAME.findall(line)
+        for row in lines[i + 1:]:
+            fields = row.split()
+            if not fields or fields[0] != str(size):
+                continue
+            values = {}
+            for name, field in zip(names, fields):
+                try:
+                    values[name] = float(field)
+                except ValueError:
+                    pass
+            return values
+    raise PerftestError(f"no result row for {size} bytes in the output:\n{_tail(text)}")
+
+
+def _column(values, prefix):
+    for name, value in values.items():
+        if name.startswith(prefix):
+            return name, value
+    raise PerftestError(f"no '{prefix}' column in perftest's result ({sorted(values)})")
+
+
+def bandwidth_gbps(values):
+    """perftest's BW average in GB/s (1e9 bytes/s, as tf_rdma's figures): MB/sec there is MiB/s."""
+    name, value = _column(values, "BW average[")
+    unit = name[name.index("[") + 1:-1].lower()
+    scale = {"mb/sec": (1 << 20) / 1e9, "gb/sec": 1 / 8}.get(unit)
+    if scale is None:
+        raise PerftestError(f"unknown bandwidth unit in '{name}'")
+    return value * scale
+
+
+def _tail(text, lines=12):
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _setting(text, name):
+    match = re.search(rf"^\s*{re.escape(name)}\s*:\s*(\d+)", text, re.M)
+    return int(match.group(1)) if match else None
+
+
+def run_perftest_pair(tool, args, host, timeout, connect_timeout=20.0):
+    """Runs `tool args` as server and `tool args host` as client; returns the client's output."""
+    command = [tool, *args, "-p", str(_free_port())]
+    deadline = time.monotonic() + timeout
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        connect_deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                client = subprocess.run([*command, host], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise PerftestError(f"{' '.join(command)} {host}: no result within {timeout:.0f} s")
+            if client.returncode == 0:
+                break
+            # The server needs a moment to listen; anything else is a real failure.
+            if (server.poll() is not None or "connect" not in client.stdout.lower()
+                    or time.monotonic() > connect_deadline):
+                server_output = server.communicate(timeout=5)[0] if server.poll() is not None else ""
+                raise PerftestError(f"{' '.join(command)} {host} failed (exit {client.returncode}):\n"
+                                    f"{_tail(client.stdout)}\nserver:\n{_tail(server_output or '')}")
+            time.sleep(0.25)
+        try:
+            server.communicate(timeout=max(5.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass  # the client's figures stand; the server is killed below
+        return client.stdout
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def run_perftest(sizes, latency_sizes, bytes_per_size, round_trips, host, depth):
+    """perftest on the device verbs uses; never raises: says what is missing or failed instead."""
+    missing = [tool for tool in ("ib_write_bw", "ib_write_lat") if shutil.which(tool) is None]
+    if missing:
+        return {"available": False,
+                "reason": f"perftest is not installed ({', '.join(missing)} not found on PATH); "
+                          "install the perftest package to compare against it"}
+    try:
+        device, port, gid_index, chosen = verbs_device(host)
+    except (PerftestError, OSError, ValueError) as e:
+        return {"available": False, "reason": f"no device for perftest: {e}"}
+    common = ["-d", device, "-i", str(port), "-x", str(gid_index), "-F"]
+    result = {"available": True, "device": device, "port": port, "gid_index": gid_index,
+              "device_chosen_by": chosen, "grant_depth": depth, "mtu": None,
+              "ib_write_bw": {}, "ib_write_lat": {}, "errors": []}
+    for size in sizes:
+        n = iterations(bytes_per_size, size)
+        tx_depth = min(depth, n)
+        args = [*common, "-s", str(size), "-n", str(n), "-t", str(tx_depth)]
+        try:
+            output = run_perftest_pair("ib_write_bw", args, host, timeout=60 + n * size / 2e6)
+            result["ib_write_bw"][size] = {
+                "gbps": bandwidth_gbps(parse_perftest(output, size)), "iterations": n,
+                "tx_depth": _setting(output, "TX depth") or tx_depth,
+                "command": " ".join(["ib_write_bw", *args])}
+            result["mtu"] = result["mtu"] or _setting(output, "Mtu")
+        except (PerftestError, OSError) as e:
+            result["errors"].append(f"ib_write_bw -s {size}: {e}")
+    for size in latency_sizes:
+        args = [*common, "-s", str(size), "-n", str(max(round_trips, 5))]
+        try:
+            output = run_perftest_pair("ib_write_lat", args, host, timeout=60 + round_trips * 0.05)
+            values = parse_perftest(output, size)
+            result["ib_write_lat"][size] = {
+                "avg_us": _column(values, "t_avg")[1], "typical_us": _column(values, "t_typical")[1],
+                "command": " ".join(["ib_write_lat", *args])}
+            result["mtu"] = result["mtu"] or _setting(output, "Mtu")
+        except (PerftestError, OSError) as e:
+            result["errors"].append(f"ib_write_lat -s {size}: {e}")
+    return result
+
+
+def add_perftest(report, perftest):
+    """Puts perftest's figures and tf_rdma's ratios to them into verbs' rows."""
+    report["perftest"] = perftest
+    bw = perftest.get("ib_write_bw", {})
+    lat = perftest.get("ib_write_lat", {})
+    for row in report["throughput"]:
+        figure = bw.get(row["size"], {}).get("gbps")
+        row["ib_write_bw_gbps"] = figure
+        row["vs_ib_write_bw"] = row["transport_gbps"] / figure if figure else None
+    for row in report["latency"]:
+        figure = lat.get(row["size"], {})
+        row["ib_write_lat_us"] = figure.get("avg_us")
+        row["ib_write_lat_typical_us"] = figure.get("typical_us")
+        row["vs_ib_write_lat"] = row["transport_us"] / figure["avg_us"] if figure.get("avg_us") else None
+    # JSON object keys are strings; keep the per-size tables readable there too.
+    for table in ("ib_write_bw", "ib_write_lat"):
+        if table in perftest:
+            perftest[table] = {str(size): figures for size, figures in perftest[table].items()}
+    return report
+
+
 def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
-        bytes_per_size=1 << 30, round_trips=500):
+        bytes_per_size=1 << 30, round_trips=500, host=None):
+    sizes, latency_sizes = parse_sizes(sizes), parse_sizes(latency_sizes)
+    host = bench_host(host)
     usable = available_backends()
     results = {}
     for backend in backends:
         if usable[backend] is not None:
             results[backend] = {"unavailable": usable[backend]}
             continue
-        results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips)
+        results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
+                                       host)
+        if backend == "verbs":
+            add_perftest(results[backend], run_perftest(sizes, latency_sizes, bytes_per_size,
+                                                        round_trips, host, grant_depth()))
     return results
 
 
@@ -87,19 +396,42 @@ def _size(n):
     return f"{n} B"
 
 
+def _figure(value, width, digits=2):
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
+
+
 def render(results):
     lines = []
     for backend, report in results.items():
         if "unavailable" in report:
             lines.append(f"{backend}: unavailable: {report['unavailable']}")
             continue
+        perftest = report.get("perftest")
         lines.append(f"{backend}: throughput (GB/s), same run, same two processes")
-        lines.append(f"  {'size':>8} {'tf_rdma':>8} {'tcp sock':>9} {'memcpy':>8} {'vs sock':>8} {'vs memcpy':>9}")
+        header = f"  {'size':>8} {'tf_rdma':>8} {'tcp sock':>9} {'memcpy':>8} {'vs sock':>8} {'vs memcpy':>9}"
+        lines.append(header + (f" {'ib_write_bw':>11} {'vs ib_bw':>8}" if perftest else ""))
         for r in report["throughput"]:
-            lines.append(f"  {_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
-                         f"{r['memcpy_gbps']:8.2f} {r['vs_tcp_socket']:8.2f} {r['vs_memcpy']:9.2f}")
+            line = (f"  {_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
+                    f"{r['memcpy_gbps']:8.2f} {r['vs_tcp_socket']:8.2f} {r['vs_memcpy']:9.2f}")
+            if perftest:
+                line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
+            lines.append(line)
         lines.append(f"{backend}: one-way latency (us)")
         for r in report["latency"]:
-            lines.append(f"  {_size(r['size']):>8} {r['transport_us']:8.1f} vs tcp socket "
-                         f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")
+            line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f} vs tcp socket "
+                    f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")
+            if perftest and r.get("ib_write_lat_us") is not None:
+                line += (f"; vs ib_write_lat {r['ib_write_lat_us']:.1f} avg (ratio "
+                         f"{r['vs_ib_write_lat']:.2f}), {r['ib_write_lat_typical_us']:.1f} typical")
+            lines.append(line)
+        if perftest:
+            if not perftest.get("available"):
+                lines.append(f"{backend}: perftest: {perftest['reason']}")
+            else:
+                lines.append(
+                    f"{backend}: perftest on {perftest['device']} port {perftest['port']} GID index "
+                    f"{perftest['gid_index']} ({perftest['device_chosen_by']}), MTU {perftest['mtu']}; "
+                    f"ib_write_bw -t {perftest['grant_depth']} = tf_rdma's grant depth, same -s and -n")
+                lines += [f"  perftest failed: {line}" for e in perftest["errors"]
+                          for line in e.splitlines()[:1]]
     return "\n".join(lines)

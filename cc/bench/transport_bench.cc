@@ -7,8 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -120,11 +122,14 @@ absl::Status Bounce(Connection& connection, const std::shared_ptr<MemoryRegion>&
 
 // ---- The plain TCP socket baseline ----
 
-absl::StatusOr<int> ListenPlainTcp(uint16_t* port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+absl::StatusOr<int> ListenPlainTcp(const std::string& host, uint16_t* port) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("baseline listen: '", host, "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   socklen_t length = sizeof(address);
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || listen(fd, 1) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
@@ -170,22 +175,33 @@ std::unique_ptr<char[]> TouchedBuffer(uint64_t size) {
 
 }  // namespace
 
+std::string ListenHost() {
+  const char* host = std::getenv("TF_RDMA_TEST_HOST");
+  return host != nullptr && *host != '\0' ? std::string(host) : std::string("127.0.0.1");
+}
+
 absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
                    uint16_t port, const std::function<void(uint16_t, uint16_t)>& ready) {
+  return Serve(backend, options, plan, ListenHost(), port, ready);
+}
+
+absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
+                   const std::string& host, uint16_t port,
+                   const std::function<void(uint16_t, uint16_t)>& ready) {
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(backend, options);
   if (!transport.ok()) return transport.status();
   std::mutex mu;
   std::condition_variable accepted;
   std::shared_ptr<Connection> connection;
   absl::StatusOr<std::unique_ptr<Listener>> listener =
-      (*transport)->Listen(Endpoint{"127.0.0.1", port}, [&](std::shared_ptr<Connection> c) {
+      (*transport)->Listen(Endpoint{host, port}, [&](std::shared_ptr<Connection> c) {
         std::lock_guard<std::mutex> lock(mu);
         if (!connection) connection = std::move(c);
         accepted.notify_all();
       });
   if (!listener.ok()) return listener.status();
   uint16_t baseline_port = 0;
-  absl::StatusOr<int> baseline_listener = ListenPlainTcp(&baseline_port);
+  absl::StatusOr<int> baseline_listener = ListenPlainTcp(host, &baseline_port);
   if (!baseline_listener.ok()) return baseline_listener.status();
   ready((*listener)->endpoint().port, baseline_port);
 
@@ -269,7 +285,10 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
   uint64_t largest = 1;
   for (uint64_t size : plan.sizes) largest = std::max(largest, size);
   std::unique_ptr<char[]> source = TouchedBuffer(largest);
-  std::unique_ptr<char[]> copy_target = TouchedBuffer(largest);
+  // The memcpy baseline cycles through as many destinations as the transport keeps granted, so
+  // both move the same working set through the caches.
+  std::vector<std::unique_ptr<char[]>> copy_targets;
+  for (int i = 0; i < plan.depth; ++i) copy_targets.push_back(TouchedBuffer(largest));
   absl::StatusOr<std::shared_ptr<MemoryRegion>> ack_region = (*transport)->AllocateRegion(64);
   if (!ack_region.ok()) return fail(ack_region.status());
 
@@ -300,8 +319,9 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
 
       const auto copy_start = Clock::now();
       for (uint64_t i = 0; i < n; ++i) {
-        std::memcpy(copy_target.get(), source.get(), size);
-        asm volatile("" : : "r"(copy_target.get()) : "memory");  // keep every copy
+        char* target = copy_targets[i % plan.depth].get();
+        std::memcpy(target, source.get(), size);
+        asm volatile("" : : "r"(target) : "memory");  // keep every copy
       }
       const double copy_seconds = Seconds(copy_start);
       if (round == 1) {
@@ -326,7 +346,7 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
     start = Clock::now();
     for (int i = 0; i < plan.latency_round_trips; ++i) {
       absl::Status status = SendBytes(baseline, source.get(), size);
-      if (status.ok()) status = ReceiveBytes(baseline, copy_target.get(), size);
+      if (status.ok()) status = ReceiveBytes(baseline, copy_targets[0].get(), size);
       if (!status.ok()) return fail(status);
     }
     result.tcp_socket_us = Seconds(start) / plan.latency_round_trips / 2 * 1e6;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,8 +41,18 @@ struct BenchReport {
   std::vector<LatencyResult> latency;
 };
 
-// The receiving process: listens for the transport on `port` (0: any) and for the TCP baseline
-// on another port, tells `ready(transport_port, baseline_port)`, then serves one driver.
+// The address the receiving process listens on: TF_RDMA_TEST_HOST when set (tf_rdma/bench.py
+// sets it for its peer process from its `host`), else 127.0.0.1. verbs needs an
+// address of the RDMA netdev there, since rdma_cm picks the device by IP address.
+std::string ListenHost();
+
+// The receiving process: listens for the transport on `host`:`port` (port 0: any) and for the TCP
+// baseline on another port of the same host, tells `ready(transport_port, baseline_port)`, then
+// serves one driver.
+absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
+                   const std::string& host, uint16_t port,
+                   const std::function<void(uint16_t, uint16_t)>& ready);
+// The same on ListenHost().
 absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
                    uint16_t port, const std::function<void(uint16_t, uint16_t)>& ready);
 
