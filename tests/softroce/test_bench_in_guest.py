@@ -5,60 +5,19 @@ on the same device in the same run, and tf_rdma's ratios to them. Sizes are smal
 test (boot included) takes well under three minutes; the ratios are only checked to be positive,
 since TCG timing is too noisy for a performance bar in CI.
 
-Skipped when the harness's host packages are missing, unless CI is set: then it fails.
+Skipped when the harness's host packages are missing, unless CI is set: then it fails
+(tests/softroce/conftest.py).
 """
 
-from __future__ import annotations
-
-import importlib.util
 import json
-import os
 import re
-import sys
-from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-GUEST_PY = REPO / "tools" / "softroce" / "guest.py"
-PYTHON = REPO / ".venv" / "bin" / "python"  # absolute: the pyenv shim costs 10-17 s in the guest
-
-
-def _load_guest():
-    name = "tf_rdma_softroce_guest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GUEST_PY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-guest = _load_guest()
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-@pytest.fixture(scope="module")
-def softroce():
-    missing = guest.missing_prerequisites()
-    if not PYTHON.exists():
-        missing.append(f"{PYTHON} (the repo's virtualenv with tf_rdma built in it)")
-    if missing:
-        msg = "Soft-RoCE bench prerequisites missing:\n  " + "\n  ".join(missing)
-        if _in_ci():
-            pytest.fail(msg + "\n(CI is set: missing prerequisites are a failure, not a skip)")
-        pytest.skip(msg)
-    guest.ensure_artifacts()  # build vmlinux + initramfs outside of the timed run
-    return guest
+from guest_loader import PYTHON, REPO
 
 
 def test_verbs_bench_reports_perftest_ratios(softroce):
     res = softroce.run(
-        [str(PYTHON), "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--json",
+        [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--json",
          "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
          "--round-trips", "50"],
         timeout=150, env={"TF_RDMA_TEST_HOST": softroce.GUEST_IP}, cwd=str(REPO))
