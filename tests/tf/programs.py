@@ -48,12 +48,11 @@ def _values(dtype, shape, seed):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def compare_worker(cluster, job, index, transport, output, big_mib=64, control_flow_v2=False):
+def compare_worker(cluster, job, index, transport, output, big_mib=64):
     """Runs graphs that cross the ps/worker boundary every way we support and saves every result."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
-    if not control_flow_v2:
-        tf.compat.v1.disable_control_flow_v2()
+    tf.compat.v1.disable_control_flow_v2()  # v1 cond/while first; the v2 ones follow below
     server = _server(cluster, job, index, transport)
     ps, worker = "/job:ps/task:0", "/job:worker/task:0"
     results = {}
@@ -103,6 +102,11 @@ def compare_worker(cluster, job, index, transport, output, big_mib=64, control_f
 
     with tf.device(worker):
         _, fetches["while"] = tf.compat.v1.while_loop(lambda i, acc: i < 6, body, [tf.constant(0), x])
+    # Control flow v2 (If/While ops, lowered to Switch/Merge before partitioning), same bodies.
+    tf.compat.v1.enable_control_flow_v2()
+    with tf.device(worker):
+        fetches["cond_v2"] = tf.compat.v1.cond(pred, true_branch, false_branch)
+        _, fetches["while_v2"] = tf.compat.v1.while_loop(lambda i, acc: i < 6, body, [tf.constant(0), x])
 
     with tf.compat.v1.Session(server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
