@@ -223,7 +223,7 @@ def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
     try:
         with pytest.raises(errors.PeerUnavailableError, match="unresponsive"):
             grant.wait(10)
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 5  # peer_timeout is 1 s; the rest is slack for a loaded machine
     finally:
         peer.kill()
         peer.wait()

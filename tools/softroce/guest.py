@@ -483,6 +483,28 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
         smp: int = 2, boot_timeout: float = 180.0,
         stream: IO[bytes] | None = None,
         log: Callable[[str], None] | None = None) -> GuestResult:
+    """Boot a Soft-RoCE guest, run ``cmd`` in it and return its result (see _run_once).
+
+    A guest that never booted is booted once more: under TCG on a loaded host, qemu now and then
+    stays silent from the start (no console output at all); a second boot has always come up.
+    The command never ran in that case, so running it again changes nothing.
+    """
+    for attempt in (1, 2):
+        try:
+            return _run_once(cmd, timeout, env, cwd, memlock, memory=memory, smp=smp,
+                             boot_timeout=boot_timeout, stream=stream, log=log)
+        except GuestError as error:
+            if attempt == 2 or "did not boot" not in str(error):
+                raise
+            if log:
+                log(f"softroce: {error}; booting a fresh guest")
+
+
+def _run_once(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
+              cwd: str | None = None, memlock: str = "unlimited", *, memory: str = "2G",
+              smp: int = 2, boot_timeout: float = 180.0,
+              stream: IO[bytes] | None = None,
+              log: Callable[[str], None] | None = None) -> GuestResult:
     """Boot a Soft-RoCE guest, run ``cmd`` in it and return its result.
 
     ``timeout`` bounds the command (from the moment it starts in the guest); booting is

@@ -145,8 +145,9 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
     remote_grant_ids_.clear();
     writer_wakeup_.notify_one();
   }
-  // The peer learns why, unless the writer is mid-message: a frame now would corrupt the stream.
-  if (tell_peer && send_mu_.try_lock()) {
+  // The peer learns why, once the frame being sent (if any) is out; a sender stuck on a peer that
+  // reads nothing is not waited for long.
+  if (tell_peer && send_mu_.try_lock_for(std::chrono::milliseconds(200))) {
     std::string bytes = wire::Encode(
         {wire::FrameType::kReject,
          wire::Reject{static_cast<uint32_t>(reason.code()), std::string(reason.message())}});
@@ -356,7 +357,7 @@ void StreamConnection::Transmit(Outgoing item, bool nonblocking) {
   if (failure.ok()) {
     std::vector<iovec> iov{{head.data(), head.size()}};
     if (payload_length > 0) iov.push_back({const_cast<void*>(payload), payload_length});
-    std::unique_lock<std::mutex> send_lock(send_mu_);
+    std::unique_lock<std::timed_mutex> send_lock(send_mu_);
     if (!nonblocking) {
       failure = SendAll(fd_, std::move(iov), pass_fd);
     } else {

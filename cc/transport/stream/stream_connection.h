@@ -130,7 +130,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
   bool send_broken_ = false;  // a send failed; the reader is about to end the connection
 
-  std::mutex send_mu_;  // held around send syscalls, so Close's last word never splits a frame
+  // Held around send syscalls, so Close's last word never splits a frame.
+  std::timed_mutex send_mu_;
   std::deque<int> received_fds_;  // reader thread only
 };
 
