@@ -40,32 +40,22 @@ class PoolTensorBuffer : public tensorflow::TensorBuffer {
 class RdmaRecvOp : public AsyncOpKernel {
  public:
   explicit RdmaRecvOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    std::string send_device, recv_device, tensor_name;
-    int64_t incarnation = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("send_device", &send_device));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("recv_device", &recv_device));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("send_device_incarnation", &incarnation));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_type", &dtype_));
-    key_prefix_ = TransferKeyPrefix(send_device, static_cast<uint64_t>(incarnation), recv_device, tensor_name);
-    absl::StatusOr<std::string> peer = TaskOfDevice(send_device);
-    OP_REQUIRES_OK(ctx, peer.status());
-    peer_task_ = *peer;
-    tensor_name_ = tensor_name;
+    absl::StatusOr<TransferIdentity> identity = ReadTransferIdentity(ctx, /*sending=*/false);
+    OP_REQUIRES_OK(ctx, identity.status());
+    identity_ = *std::move(identity);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override;
 
-  const std::string& peer_task() const { return peer_task_; }
-  const std::string& tensor_name() const { return tensor_name_; }
+  const std::string& peer_task() const { return identity_.peer_task; }
+  const std::string& tensor_name() const { return identity_.tensor_name; }
   tensorflow::DataType dtype() const { return dtype_; }
   // The data grant's size: what this edge carried last time, so a steady shape needs one grant.
   std::atomic<uint64_t> expected_bytes{0};
 
  private:
-  std::string key_prefix_;
-  std::string peer_task_;
-  std::string tensor_name_;
+  TransferIdentity identity_;
   tensorflow::DataType dtype_;
 };
 
@@ -220,17 +210,14 @@ class Receive : public std::enable_shared_from_this<Receive> {
 };
 
 void RdmaRecvOp::ComputeAsync(OpKernelContext* ctx, DoneCallback done) {
-  Runtime* runtime = Runtime::Get();
-  OP_REQUIRES_ASYNC(ctx, runtime != nullptr,
-                    absl::FailedPreconditionError(
-                        "a tf_rdma kernel runs in a process where tf_rdma is not started; start "
-                        "every task of the cluster with tf_rdma.Server"),
-                    done);
+  absl::StatusOr<Runtime*> running = Runtime::ForKernels();
+  OP_REQUIRES_OK_ASYNC(ctx, running.status(), done);
+  Runtime* runtime = *running;
   const tensorflow::FrameAndIter frame_iter = ctx->frame_iter();
   auto receive = std::make_shared<Receive>(
       this, ctx, std::move(done), runtime,
-      TagsFor(key_prefix_, ctx->step_id(), frame_iter.frame_id, frame_iter.iter_id));
-  runtime->WithConnection(peer_task_, [receive](absl::StatusOr<std::shared_ptr<Connection>> connection) {
+      TagsFor(identity_.key_prefix, ctx->step_id(), frame_iter.frame_id, frame_iter.iter_id));
+  runtime->WithConnection(identity_.peer_task, [receive](absl::StatusOr<std::shared_ptr<Connection>> connection) {
     if (!connection.ok()) return receive->Finish(connection.status());
     receive->Start(std::move(*connection));
   });

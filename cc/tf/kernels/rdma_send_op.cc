@@ -20,27 +20,17 @@ using tensorflow::OpKernelContext;
 class RdmaSendOp : public AsyncOpKernel {
  public:
   explicit RdmaSendOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    std::string send_device, recv_device;
-    int64_t incarnation = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("send_device", &send_device));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("recv_device", &recv_device));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("send_device_incarnation", &incarnation));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name_));
-    key_prefix_ = TransferKeyPrefix(send_device, static_cast<uint64_t>(incarnation), recv_device, tensor_name_);
-    absl::StatusOr<std::string> peer = TaskOfDevice(recv_device);
-    OP_REQUIRES_OK(ctx, peer.status());
-    peer_task_ = *peer;
+    absl::StatusOr<TransferIdentity> identity = ReadTransferIdentity(ctx, /*sending=*/true);
+    OP_REQUIRES_OK(ctx, identity.status());
+    identity_ = *std::move(identity);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    Runtime* runtime = Runtime::Get();
-    OP_REQUIRES_ASYNC(ctx, runtime != nullptr,
-                      absl::FailedPreconditionError(
-                          "a tf_rdma kernel runs in a process where tf_rdma is not started; start "
-                          "every task of the cluster with tf_rdma.Server"),
-                      done);
+    absl::StatusOr<Runtime*> running = Runtime::ForKernels();
+    OP_REQUIRES_OK_ASYNC(ctx, running.status(), done);
+    Runtime* runtime = *running;
     const tensorflow::FrameAndIter frame_iter = ctx->frame_iter();
-    const TransferTags tags = TagsFor(key_prefix_, ctx->step_id(), frame_iter.frame_id, frame_iter.iter_id);
+    const TransferTags tags = TagsFor(identity_.key_prefix, ctx->step_id(), frame_iter.frame_id, frame_iter.iter_id);
     TensorHeader header;
     header.dead = ctx->is_input_dead();
     tensorflow::Tensor value;
@@ -51,13 +41,13 @@ class RdmaSendOp : public AsyncOpKernel {
       header.data_bytes = value.TotalBytes();
     }
     auto encoded = std::make_shared<std::string>(EncodeHeader(header));
-    runtime->WithConnection(peer_task_, [this, ctx, done = std::move(done), runtime, tags, encoded,
+    runtime->WithConnection(identity_.peer_task, [this, ctx, done = std::move(done), runtime, tags, encoded,
                                          value, dead = header.dead](
                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
       if (!connection.ok()) {
         ctx->SetStatus(absl::Status(connection.status().code(),
-                                    absl::StrCat("tf_rdma: sending '", tensor_name_, "' to task ",
-                                                 peer_task_, " failed: ", connection.status().message())));
+                                    absl::StrCat("tf_rdma: sending '", identity_.tensor_name, "' to task ",
+                                                 identity_.peer_task, " failed: ", connection.status().message())));
         done();
         return;
       }
@@ -71,7 +61,7 @@ class RdmaSendOp : public AsyncOpKernel {
             std::shared_ptr<std::string> header, const tensorflow::Tensor& value, bool dead) {
     // Failures here surface on the receiving side, whose step waits for these bytes; the sending
     // step, like TensorFlow's own Send, has already moved on.
-    auto report = [runtime, peer = peer_task_, name = tensor_name_](const absl::Status& status) {
+    auto report = [runtime, peer = identity_.peer_task, name = identity_.tensor_name](const absl::Status& status) {
       if (status.ok()) return;
       LOG(WARNING) << "tf_rdma: sending '" << name << "' to task " << peer << " failed: " << status;
       runtime->stats().Peer(peer, [](PeerStats& s) { s.errors++; });
@@ -82,15 +72,13 @@ class RdmaSendOp : public AsyncOpKernel {
     const uint64_t bytes = value.TotalBytes();
     connection.Write(tags.data, value.tensor_data().data(), bytes,
                      [value, report](const absl::Status& status) { report(status); });
-    runtime->stats().Peer(peer_task_, [bytes](PeerStats& s) {
+    runtime->stats().Peer(identity_.peer_task, [bytes](PeerStats& s) {
       s.tensors_sent++;
       s.bytes_sent += bytes;
     });
   }
 
-  std::string key_prefix_;
-  std::string peer_task_;
-  std::string tensor_name_;
+  TransferIdentity identity_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("_Send").Device(tensorflow::DEVICE_CPU).Label("rdma"), RdmaSendOp);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cc/tf/runtime/runtime.h"
 #include "cc/transport/hmac.h"
 
 namespace tf_rdma {
@@ -25,6 +26,25 @@ void Append(std::string& out, uint64_t value, int bytes) {
 std::string TransferKeyPrefix(const std::string& send_device, uint64_t incarnation,
                               const std::string& recv_device, const std::string& tensor_name) {
   return absl::StrCat(send_device, ";", incarnation, ";", recv_device, ";", tensor_name);
+}
+
+absl::StatusOr<TransferIdentity> ReadTransferIdentity(tensorflow::OpKernelConstruction* ctx, bool sending) {
+  std::string send_device, recv_device;
+  int64_t incarnation = 0;
+  TransferIdentity identity;
+  for (auto [name, value] : {std::pair{"send_device", &send_device}, {"recv_device", &recv_device},
+                             {"tensor_name", &identity.tensor_name}}) {
+    absl::Status read = ctx->GetAttr(name, value);
+    if (!read.ok()) return read;
+  }
+  absl::Status read = ctx->GetAttr("send_device_incarnation", &incarnation);
+  if (!read.ok()) return read;
+  identity.key_prefix = TransferKeyPrefix(send_device, static_cast<uint64_t>(incarnation), recv_device,
+                                          identity.tensor_name);
+  absl::StatusOr<std::string> peer = TaskOfDevice(sending ? recv_device : send_device);
+  if (!peer.ok()) return peer.status();
+  identity.peer_task = *peer;
+  return identity;
 }
 
 TransferTags TagsFor(const std::string& key_prefix, int64_t step_id, uint64_t frame_id, int64_t iter_id) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "cc/transport/transport.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
 
@@ -18,6 +19,14 @@ namespace tf_rdma {
 
 // Enough for a header with TensorShape's maximum rank.
 constexpr uint64_t kHeaderCapacity = 32 + 8 * tensorflow::TensorShape::MaxDimensions();
+
+// What both kernels of a transfer read from their node: the rendezvous identity and the peer.
+struct TransferIdentity {
+  std::string key_prefix;
+  std::string tensor_name;
+  std::string peer_task;  // the other end: the receiver's task for a send, the sender's for a recv
+};
+absl::StatusOr<TransferIdentity> ReadTransferIdentity(tensorflow::OpKernelConstruction* ctx, bool sending);
 
 struct TransferTags {
   Tag header;

@@ -85,6 +85,16 @@ Runtime* Runtime::Get() {
   return instance;
 }
 
+absl::StatusOr<Runtime*> Runtime::ForKernels() {
+  Runtime* runtime = Get();
+  if (runtime == nullptr) {
+    return absl::FailedPreconditionError(
+        "a tf_rdma kernel runs in a process where tf_rdma is not started; start every task of the "
+        "cluster with tf_rdma.Server");
+  }
+  return runtime;
+}
+
 bool Runtime::KnowsTask(const std::string& task) const {
   std::lock_guard<std::mutex> lock(mu_);
   return peers_.count(task) > 0;

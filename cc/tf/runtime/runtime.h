@@ -44,6 +44,8 @@ class Runtime {
   // with a different one it is an error (one process, one cluster).
   static absl::Status Start(const RuntimeOptions& options);
   static Runtime* Get();  // null until started
+  // The runtime, or the error a kernel reports when it runs in a process that never started it.
+  static absl::StatusOr<Runtime*> ForKernels();
 
   // Whether tensors to or from `task` can go over tf_rdma (it is a task of the cluster).
   bool KnowsTask(const std::string& task) const;
