@@ -71,67 +71,49 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     assert stats["peers"]["/job:ps/replica:0/task:0"]["bytes_sent"] > 0
 
 
-def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
-    output = str(tmp_path / "mixed.json")
-    with Cluster(tmp_path, {"ps": 1, "worker": 1}) as cluster:
+def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):
+    """Runs programs.slow_ps_worker against an rdma ps; `stop_ps` (a signal) hits the ps while a
+    step waits on it. Returns the step's outcome: error class, message, seconds."""
+    output = str(tmp_path / "outcome.json")
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env) as cluster:
         cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "slow_ps_worker", transport="grpc", output=output)
+        cluster.start("worker", 0, "slow_ps_worker", transport=worker_transport, output=output, **kwargs)
+        if stop_ps is not None:
+            deadline = time.monotonic() + 120
+            while "warm" not in cluster.log("worker", 0):
+                assert time.monotonic() < deadline, cluster.log("worker", 0)[-3000:]
+                assert cluster.processes[("worker", 0)].poll() is None, cluster.log("worker", 0)[-3000:]
+                time.sleep(0.2)
+            time.sleep(0.5)
+            cluster.signal("ps", 0, stop_ps)
         assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
     with open(output) as f:
-        outcome = json.load(f)
+        return json.load(f)
+
+
+def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
+    outcome = stalled_step(tmp_path, worker_transport="grpc")
     assert outcome["error"] == "FailedPreconditionError", outcome
     assert "task /job:worker/replica:0/task:0 runs TensorFlow without tf_rdma" in outcome["message"]
     assert outcome["seconds"] < 20
 
 
-def _warm(cluster):
-    deadline = time.monotonic() + 120
-    while "warm" not in cluster.log("worker", 0):
-        assert time.monotonic() < deadline, cluster.log("worker", 0)[-3000:]
-        assert cluster.processes[("worker", 0)].poll() is None, cluster.log("worker", 0)[-3000:]
-        time.sleep(0.2)
-    time.sleep(0.5)
-
-
 def test_killed_peer_fails_the_step_promptly(tmp_path):
-    output = str(tmp_path / "killed.json")
-    with Cluster(tmp_path, {"ps": 1, "worker": 1}) as cluster:
-        cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "slow_ps_worker", transport="rdma", output=output)
-        _warm(cluster)
-        cluster.signal("ps", 0, signal.SIGKILL)
-        assert cluster.wait("worker", 0, timeout=60) == 0, cluster.log("worker", 0)[-3000:]
-    with open(output) as f:
-        outcome = json.load(f)
+    outcome = stalled_step(tmp_path, stop_ps=signal.SIGKILL)
     assert outcome["error"] == "UnavailableError", outcome
     assert "/job:ps/replica:0/task:0" in outcome["message"]
     assert outcome["seconds"] < 10
 
 
 def test_timed_out_step_releases_its_kernels(tmp_path):
-    output = str(tmp_path / "timeout.json")
-    with Cluster(tmp_path, {"ps": 1, "worker": 1}) as cluster:
-        cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "slow_ps_worker", transport="rdma", output=output, step_timeout_ms=2000)
-        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
-    with open(output) as f:
-        outcome = json.load(f)
+    outcome = stalled_step(tmp_path, step_timeout_ms=2000)
     assert outcome["error"] == "DeadlineExceededError", outcome
     assert outcome["seconds"] < 10
     assert outcome["after"] == 2000.0
 
 
 def test_hung_peer_fails_the_step_within_the_peer_timeout(tmp_path):
-    output = str(tmp_path / "hung.json")
-    env = {"TF_RDMA_PEER_TIMEOUT_MS": "2000"}
-    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env) as cluster:
-        cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "slow_ps_worker", transport="rdma", output=output)
-        _warm(cluster)
-        cluster.signal("ps", 0, signal.SIGSTOP)
-        assert cluster.wait("worker", 0, timeout=60) == 0, cluster.log("worker", 0)[-3000:]
-    with open(output) as f:
-        outcome = json.load(f)
+    outcome = stalled_step(tmp_path, env={"TF_RDMA_PEER_TIMEOUT_MS": "2000"}, stop_ps=signal.SIGSTOP)
     assert outcome["error"] == "UnavailableError", outcome
     assert "/job:ps/replica:0/task:0" in outcome["message"] and "unresponsive" in outcome["message"]
     assert outcome["seconds"] < 10
