@@ -1,7 +1,7 @@
 #include "cc/transport/backend_selection.h"
 
 #include "absl/strings/str_cat.h"
-#include "cc/transport/local_host.h"
+#include "cc/transport/addresses.h"
 
 namespace tf_rdma {
 

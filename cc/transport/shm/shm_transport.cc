@@ -16,7 +16,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "cc/transport/local_host.h"
+#include "cc/transport/addresses.h"
 #include "cc/transport/stream/socket_io.h"
 #include "cc/transport/stream/stream_transport.h"
 

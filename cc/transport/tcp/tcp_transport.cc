@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cc/transport/addresses.h"
 #include "cc/transport/stream/socket_io.h"
 #include "cc/transport/stream/stream_transport.h"
 
@@ -35,22 +36,6 @@ class TcpConnection : public StreamConnection {
   absl::Status ReceiveMessage(char* dst, uint64_t length) override { return ReceiveRaw(dst, length); }
 };
 
-absl::StatusOr<addrinfo*> Resolve(const Endpoint& endpoint, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* resolved = nullptr;
-  const std::string port = std::to_string(endpoint.port);
-  const int rc = getaddrinfo(endpoint.host.empty() ? nullptr : endpoint.host.c_str(), port.c_str(),
-                             &hints, &resolved);
-  if (rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", endpoint.ToString(),
-                                                   "': ", gai_strerror(rc)));
-  }
-  return resolved;
-}
-
 void Tune(int fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -72,11 +57,11 @@ class TcpTransport : public StreamTransport {
 
  protected:
   absl::StatusOr<int> OpenListeningSocket(const Endpoint& endpoint, Endpoint* bound) override {
-    absl::StatusOr<addrinfo*> resolved = Resolve(endpoint, true);
+    absl::StatusOr<AddressList> resolved = ResolveEndpoint(endpoint, true);
     if (!resolved.ok()) return resolved.status();
     absl::Status last = absl::UnavailableError("no address to listen on");
     int fd = -1;
-    for (addrinfo* a = *resolved; a != nullptr && fd < 0; a = a->ai_next) {
+    for (addrinfo* a = resolved->get(); a != nullptr && fd < 0; a = a->ai_next) {
       fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
       const int one = 1;
@@ -89,7 +74,6 @@ class TcpTransport : public StreamTransport {
         fd = -1;
       }
     }
-    freeaddrinfo(*resolved);
     if (fd < 0) return last;
     sockaddr_storage address{};
     socklen_t length = sizeof(address);
@@ -102,11 +86,11 @@ class TcpTransport : public StreamTransport {
   }
 
   absl::StatusOr<int> ConnectSocket(const Endpoint& endpoint) override {
-    absl::StatusOr<addrinfo*> resolved = Resolve(endpoint, false);
+    absl::StatusOr<AddressList> resolved = ResolveEndpoint(endpoint, false);
     if (!resolved.ok()) return resolved.status();
     absl::Status last = absl::UnavailableError("no address");
     int fd = -1;
-    for (addrinfo* a = *resolved; a != nullptr && fd < 0; a = a->ai_next) {
+    for (addrinfo* a = resolved->get(); a != nullptr && fd < 0; a = a->ai_next) {
       fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
       // Bounds a connect to a host that does not answer at all.
@@ -122,7 +106,6 @@ class TcpTransport : public StreamTransport {
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
       Tune(fd);
     }
-    freeaddrinfo(*resolved);
     if (fd < 0) return last;
     return fd;
   }

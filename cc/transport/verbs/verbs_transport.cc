@@ -16,6 +16,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cc/transport/addresses.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
 namespace tf_rdma {
@@ -79,20 +80,10 @@ absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time dead
 }
 
 absl::StatusOr<sockaddr_storage> ResolveIp(const Endpoint& endpoint, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* resolved = nullptr;
-  const std::string port = std::to_string(endpoint.port);
-  const int rc = getaddrinfo(endpoint.host.empty() ? nullptr : endpoint.host.c_str(), port.c_str(),
-                             &hints, &resolved);
-  if (rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", endpoint.ToString(), "': ", gai_strerror(rc)));
-  }
+  absl::StatusOr<AddressList> resolved = ResolveEndpoint(endpoint, passive);
+  if (!resolved.ok()) return resolved.status();
   sockaddr_storage address{};
-  std::memcpy(&address, resolved->ai_addr, resolved->ai_addrlen);
-  freeaddrinfo(resolved);
+  std::memcpy(&address, (*resolved)->ai_addr, (*resolved)->ai_addrlen);
   return address;
 }
 

@@ -1,4 +1,4 @@
-#include "cc/transport/local_host.h"
+#include "cc/transport/addresses.h"
 
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -37,6 +37,21 @@ bool SameAddress(const sockaddr* a, const sockaddr* b) {
 }
 
 }  // namespace
+
+absl::StatusOr<AddressList> ResolveEndpoint(const Endpoint& endpoint, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* resolved = nullptr;
+  const std::string port = std::to_string(endpoint.port);
+  const int rc = getaddrinfo(endpoint.host.empty() ? nullptr : endpoint.host.c_str(), port.c_str(),
+                             &hints, &resolved);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", endpoint.ToString(), "': ", gai_strerror(rc)));
+  }
+  return AddressList(resolved, &freeaddrinfo);
+}
 
 absl::StatusOr<bool> IsLocalHost(const std::string& host) {
   addrinfo hints{};
