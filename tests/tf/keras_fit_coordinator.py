@@ -10,22 +10,12 @@ import sys
 
 
 def main(cluster, output, transport="rdma", epochs=3, steps_per_epoch=20):
-    import numpy as np
     import tensorflow as tf
     import tf_keras as keras
-    from sklearn.datasets import load_digits
 
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-    if transport == "rdma":
-        import tf_rdma
-        strategy = tf_rdma.ParameterServerStrategy(resolver)
-    else:
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-
-    data = load_digits()
-    features = (data.data / 16.0).astype(np.float32)
-    labels = data.target.astype(np.int64)
+    from programs import digits, ps_strategy
+    strategy = ps_strategy(cluster, transport)
+    features, labels = digits()
 
     def dataset_fn(input_context):
         ds = tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(len(labels), seed=0)

@@ -144,15 +144,30 @@ def _save(output, results, transport):
     print("done", flush=True)
 
 
+def digits():
+    """scikit-learn's digits (shipped with the package, no download): features in [0, 1], labels."""
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    return (data.data / 16.0).astype(np.float32), data.target.astype(np.int64)
+
+
+def ps_strategy(cluster, transport):
+    """The coordinator's ParameterServerStrategy: tf_rdma's one-line wrapper, or TensorFlow's own."""
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+    if transport == "rdma":
+        import tf_rdma
+        return tf_rdma.ParameterServerStrategy(resolver)
+    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
 def train_worker(cluster, job, index, transport, output, steps=8):
     """A synchronous single-worker PS training run, losses and variables saved step by step."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     server = _server(cluster, job, index, transport)
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    features = (data.data / 16.0).astype(np.float32)
-    labels = data.target.astype(np.int64)
+    features, labels = digits()
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")):
         tf.compat.v1.set_random_seed(1)
         images = tf.compat.v1.placeholder(tf.float32, (None, 64))
@@ -214,18 +229,9 @@ def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
 def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
     """TF2: a custom training loop under ParameterServerStrategy driven by ClusterCoordinator."""
     import tensorflow as tf
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-    if transport == "rdma":
-        import tf_rdma
-        strategy = tf_rdma.ParameterServerStrategy(resolver)
-    else:
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    strategy = ps_strategy(cluster, transport)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    features = (data.data / 16.0).astype(np.float32)
-    labels = data.target.astype(np.int64)
+    features, labels = digits()
 
     def dataset_fn():
         return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
