@@ -59,6 +59,7 @@ PYBIND11_MODULE(_tensorflow, m) {
     out["task"] = runtime->local_task();
     out["graphs_rewritten"] = s.graphs_rewritten;
     out["edges_rewritten"] = s.edges_rewritten;
+    out["receives_planned"] = s.receives_planned;
     out["edges_fallback"] = s.edges_fallback;
     py::dict peers;
     for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);

@@ -1,5 +1,6 @@
 """TF2 ParameterServerStrategy: training through tf_rdma's strategy wrapper, with the ps<->worker
-variable and gradient traffic carried by tf_rdma (read from the worker's stats)."""
+variable and gradient traffic carried by tf_rdma (read from the worker's and the ps's stats), into
+receive buffers planned from static shapes."""
 import json
 import time
 
@@ -9,14 +10,17 @@ from cluster import Cluster
 def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     output = str(tmp_path / "losses.json")
     worker_stats = str(tmp_path / "worker-stats.json")
+    ps_stats = str(tmp_path / "ps-stats.json")
     with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}) as cluster:
-        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("ps", 0, "serve", transport="rdma", stats_file=ps_stats)
         cluster.start("worker", 0, "serve", transport="rdma", stats_file=worker_stats)
         cluster.start("chief", 0, "ps_strategy_coordinator", transport="rdma", output=output)
         assert cluster.wait("chief", 0, timeout=300) == 0, cluster.log("chief", 0)[-4000:] + cluster.log("worker", 0)[-3000:]
         time.sleep(1)  # one more stats dump
         with open(worker_stats) as f:
             stats = json.load(f)
+        with open(ps_stats) as f:
+            on_ps = json.load(f)
     with open(output) as f:
         losses = json.load(f)["losses"]
     assert losses[-1] < losses[0] * 0.8, losses
@@ -25,3 +29,12 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     # Variables come from the ps, gradient updates go to it: 64x256 floats and more every step.
     assert ps["bytes_received"] >= 30 * 64 * 256 * 4, ps
     assert ps["bytes_sent"] >= 30 * 64 * 256 * 4, ps
+
+    # The worker partitions each step function into its part and the ps's part, so the pass sees
+    # both ends of every edge: all receive buffers, on both sides, are sized from static shapes and
+    # the first grant of every edge already fits (no TOO_SMALL, no regrant).
+    assert stats["receives_planned"] > 0, stats
+    assert ps["regrants"] == 0, ps
+    worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
+    assert worker["bytes_received"] >= 30 * 64 * 256 * 4, worker
+    assert worker["regrants"] == 0, worker

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/tf/kernels/transfer.h"
 #include "cc/tf/runtime/runtime.h"
+#include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -44,6 +45,10 @@ class RdmaRecvOp : public AsyncOpKernel {
     absl::StatusOr<TransferIdentity> identity = ReadTransferIdentity(ctx, /*sending=*/false);
     OP_REQUIRES_OK(ctx, identity.status());
     identity_ = *std::move(identity);
+    int64_t planned = 0;
+    if (tensorflow::TryGetNodeAttr(ctx->def(), kPlannedBytesAttr, &planned) && planned > 0) {
+      expected_bytes.store(static_cast<uint64_t>(planned));
+    }
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override;
@@ -51,7 +56,8 @@ class RdmaRecvOp : public AsyncOpKernel {
   const std::string& peer_task() const { return identity_.peer_task; }
   const std::string& tensor_name() const { return identity_.tensor_name; }
   tensorflow::DataType dtype() const { return dtype_; }
-  // The data grant's size: what this edge carried last time, so a steady shape needs one grant.
+  // The data grant's size: planned by the graph pass from static shapes, then what this edge
+  // carried last time, so a steady shape needs one grant.
   std::atomic<uint64_t> expected_bytes{0};
 
  private:

@@ -18,6 +18,8 @@
 namespace tf_rdma {
 
 // Enough for a header with TensorShape's maximum rank.
+// Set by the graph pass on a _Recv when the send side's static shape fixes the tensor's size.
+constexpr char kPlannedBytesAttr[] = "_rdma_planned_bytes";
 constexpr uint64_t kHeaderCapacity = 32 + 8 * tensorflow::TensorShape::MaxDimensions();
 
 // What both kernels of a transfer read from their node: the rendezvous identity and the peer.

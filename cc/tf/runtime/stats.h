@@ -27,13 +27,14 @@ struct PeerStats {
 struct StatsSnapshot {
   uint64_t graphs_rewritten = 0;
   uint64_t edges_rewritten = 0;
+  uint64_t receives_planned = 0;  // rewritten receives whose buffer size came from static shapes
   std::map<std::string, uint64_t> edges_fallback;  // reason -> count
   std::map<std::string, PeerStats> peers;          // peer task -> stats
 };
 
 class Stats {
  public:
-  void GraphRewritten(uint64_t rewritten, const std::map<std::string, uint64_t>& fallback);
+  void GraphRewritten(uint64_t rewritten, uint64_t planned, const std::map<std::string, uint64_t>& fallback);
   // Runs `update` on the peer's record under the lock.
   template <typename F>
   void Peer(const std::string& task, F update) {
