@@ -68,7 +68,12 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     assert_bit_identical(reference, results)
     losses = [float(results[f"loss/{s}"]) for s in range(8)]
     assert losses[-1] < losses[0]
-    assert stats["peers"]["/job:ps/replica:0/task:0"]["bytes_sent"] > 0
+    ps = stats["peers"]["/job:ps/replica:0/task:0"]
+    assert ps["bytes_sent"] > 0 and ps["bytes_received"] > 0
+    # Every shape here is static, so the master's plan sized every receive buffer in advance: the
+    # worker's first grant of each edge already fit.
+    assert stats["receives_planned"] > 0, stats
+    assert ps["regrants"] == 0, ps
 
 
 def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):

@@ -30,9 +30,8 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     assert ps["bytes_received"] >= 30 * 64 * 256 * 4, ps
     assert ps["bytes_sent"] >= 30 * 64 * 256 * 4, ps
 
-    # The worker partitions each step function into its part and the ps's part, so the pass sees
-    # both ends of every edge: all receive buffers, on both sides, are sized from static shapes and
-    # the first grant of every edge already fits (no TOO_SMALL, no regrant).
+    # The worker instantiates each step function, whose static shapes size every receive buffer on
+    # both sides in advance: the first grant of every edge already fits (no TOO_SMALL, no regrant).
     assert stats["receives_planned"] > 0, stats
     assert ps["regrants"] == 0, ps
     worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
