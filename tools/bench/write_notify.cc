@@ -14,12 +14,14 @@
 //              HCAs in practice: they place data in order). The immediate has no such assumption.
 //
 // For each it measures
-//   latency    ping-pong, one-way latency = half the round trip, averaged over N round trips;
+//   latency    ping-pong, one-way latency = half the round trip (average, median, p99 of N);
 //   throughput streaming, `--depth` (default 4) messages in flight into `--depth` receive slots.
 //              The receiver returns credits (every depth/2 messages) with the same mechanism as
 //              the mode under test: 8-byte WRITE_WITH_IMM for imm+*, 8-byte WRITE polled for flag.
-// All this runs in `--rounds` rounds (default 3) with the modes interleaved, and the median round is
-// reported, with the min-max: a busy host then slows every mode alike, not the one that ran last.
+// All this runs in `--rounds` rounds (default 3) with the modes interleaved, so that a busy host slows
+// every mode alike, not the one that ran last. Latency: average, median and p99 of every iteration
+// (Soft-RoCE under TCG has a heavy tail, so the median says more than the average). Throughput: the
+// median round, with the min-max.
 // The cpu% columns are the client's CPU time over wall time in each phase: what waiting costs.
 // Every message is checked: the sequence number in the payload tail (and the immediate) must match.
 //
@@ -341,15 +343,17 @@ double cpu_seconds() {
 
 struct Phase { int count; double seconds, cpu; };
 
-// Ping-pong through slot 0; the client sends first.
-Phase pingpong(Conn& c, Mode m, size_t size, int iters, bool client) {
+// Ping-pong through slot 0; the client sends first and appends each one-way time (RTT/2) to `one_way_us`.
+Phase pingpong(Conn& c, Mode m, size_t size, int iters, bool client, std::vector<double>& one_way_us) {
   int warm = iters >= 10 ? std::min(20, iters / 10) : 0;
-  Clock::time_point t0;
+  Clock::time_point t0, t;
   double cpu0 = 0;
   for (int i = 0; i < warm + iters; ++i) {
     if (i == warm) { t0 = Clock::now(); cpu0 = cpu_seconds(); }
+    if (i >= warm) t = Clock::now();
     if (client) { send_msg(c, m, size, 0); recv_msg(c, m, size, 0); }
     else { recv_msg(c, m, size, 0); send_msg(c, m, size, 0); }
+    if (i >= warm && client) one_way_us.push_back(5e5 * seconds_since(t));
   }
   Phase p{iters, seconds_since(t0), cpu_seconds() - cpu0};
   drain_sends(c);
@@ -379,7 +383,7 @@ Phase stream(Conn& c, Mode m, size_t size, int n, bool client) {
   return p;
 }
 
-// Counts per round; `--rounds` rounds (default 3), modes interleaved, the median round is reported.
+// Counts per round (`--scale` multiplies them).
 int latency_iters(size_t s) { return s <= 4096 ? 300 : s <= (64 << 10) ? 40 : s <= (1 << 20) ? 4 : 1; }
 int stream_msgs(size_t s) { return s <= 4096 ? 1000 : s <= (64 << 10) ? 100 : s <= (1 << 20) ? 8 : 4; }
 int scaled(int n, double f, int floor) { return std::max(floor, int(n * f)); }
@@ -387,14 +391,19 @@ int scaled(int n, double f, int floor) { return std::max(floor, int(n * f)); }
 struct Result {  // one (size, mode): per-round figures
   size_t size;
   Mode mode;
-  std::vector<double> lat_us, lat_cpu, mbps, msgs_per_s, bw_cpu;
+  std::vector<double> one_way_us, lat_cpu, mbps, msgs_per_s, bw_cpu;  // one_way_us: every iteration
   int lat_iters = 0, msgs = 0;
 };
 
-double median(std::vector<double> v) {
+double quantile(std::vector<double> v, double q) {  // nearest rank
   std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
+}
+double median(const std::vector<double>& v) { return quantile(v, 0.5); }
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / double(v.size());
 }
 double lowest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 double highest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
@@ -415,30 +424,31 @@ void report(const Conn& c, const Options& o, const std::vector<Result>& results)
                 dev, c.id->port_num, mtu, o.depth, o.rounds);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      std::printf("  {\"size\": %zu, \"mode\": \"%s\", \"latency_us\": %.2f, \"latency_us_min\": %.2f, "
-                  "\"latency_us_max\": %.2f, \"latency_iters_per_round\": %d, \"latency_cpu\": %.3f, "
+      std::printf("  {\"size\": %zu, \"mode\": \"%s\", \"latency_us_avg\": %.2f, \"latency_us_median\": %.2f, "
+                  "\"latency_us_p99\": %.2f, \"latency_iters_per_round\": %d, \"latency_cpu\": %.3f, "
                   "\"throughput_MBps\": %.3f, \"throughput_MBps_min\": %.3f, \"throughput_MBps_max\": %.3f, "
                   "\"msgs_per_s\": %.1f, \"stream_msgs_per_round\": %d, \"stream_cpu\": %.3f}%s\n",
-                  r.size, kModeNames[r.mode], median(r.lat_us), lowest(r.lat_us), highest(r.lat_us), r.lat_iters,
+                  r.size, kModeNames[r.mode], mean(r.one_way_us), median(r.one_way_us), quantile(r.one_way_us, 0.99),
+                  r.lat_iters,
                   median(r.lat_cpu), median(r.mbps), lowest(r.mbps), highest(r.mbps), median(r.msgs_per_s), r.msgs,
                   median(r.bw_cpu), i + 1 < results.size() ? "," : "");
     }
     std::printf("]}\n");
     return;
   }
-  std::printf("write_notify: %s port %d, active MTU %d, RC, %d writes in flight when streaming, "
-              "median of %d rounds [min-max]\n", dev, c.id->port_num, mtu, o.depth, o.rounds);
-  std::printf("%-8s %-10s %11s %-21s %5s %12s %-19s %9s %5s\n", "size", "mode", "one-way us", " [min-max]", "cpu%",
-              "stream MB/s", " [min-max]", "msgs/s", "cpu%");
+  std::printf("write_notify: %s port %d, active MTU %d, RC, %d writes in flight when streaming, %d rounds\n", dev,
+              c.id->port_num, mtu, o.depth, o.rounds);
+  std::printf("%-8s %-10s %12s %12s %12s %5s %12s %-19s %9s %5s\n", "size", "mode", "avg us", "median us",
+              "p99 us", "cpu%", "stream MB/s", " [min-max]", "msgs/s", "cpu%");
   for (const Result& r : results) {
-    char lat_range[64], bw_range[64];
-    std::snprintf(lat_range, sizeof lat_range, " [%.1f-%.1f]", lowest(r.lat_us), highest(r.lat_us));
+    char bw_range[64];
     std::snprintf(bw_range, sizeof bw_range, " [%.2f-%.2f]", lowest(r.mbps), highest(r.mbps));
-    std::printf("%-8s %-10s %11.1f %-21s %5.0f %12.3f %-19s %9.0f %5.0f\n", size_name(r.size).c_str(),
-                kModeNames[r.mode], median(r.lat_us), lat_range, 100 * median(r.lat_cpu), median(r.mbps), bw_range,
-                median(r.msgs_per_s), 100 * median(r.bw_cpu));
+    std::printf("%-8s %-10s %12.1f %12.1f %12.1f %5.0f %12.3f %-19s %9.0f %5.0f\n", size_name(r.size).c_str(),
+                kModeNames[r.mode], mean(r.one_way_us), median(r.one_way_us), quantile(r.one_way_us, 0.99),
+                100 * median(r.lat_cpu), median(r.mbps), bw_range, median(r.msgs_per_s), 100 * median(r.bw_cpu));
   }
-  std::printf("(one-way = half the ping-pong round trip; cpu%% = the client's CPU time / wall time)\n");
+  std::printf("latency: one-way = half the ping-pong round trip, over every iteration of every round;\n"
+              "stream: median round [min-max]; cpu%% = the client's CPU time / wall time (median round)\n");
 }
 
 void cleanup(Conn& c, bool client) {
@@ -470,9 +480,8 @@ void run(Conn& c, const Options& o, bool client) {
         Result& r = results[si * 3 + m];
         r.lat_iters = scaled(latency_iters(size), o.scale, 1);
         r.msgs = scaled(stream_msgs(size), o.scale, o.depth);
-        Phase lat = pingpong(c, m, size, r.lat_iters, client);
+        Phase lat = pingpong(c, m, size, r.lat_iters, client, r.one_way_us);
         Phase bw = stream(c, m, size, r.msgs, client);
-        r.lat_us.push_back(1e6 * lat.seconds / lat.count / 2);
         r.lat_cpu.push_back(lat.cpu / lat.seconds);
         r.mbps.push_back(double(size) * bw.count / bw.seconds / 1e6);
         r.msgs_per_s.push_back(bw.count / bw.seconds);
