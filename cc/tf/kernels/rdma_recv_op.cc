@@ -75,7 +75,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
   void Start(std::shared_ptr<Connection> connection) {
     absl::StatusOr<BufferPool*> pool = runtime_->PoolFor(connection->backend());
     if (!pool.ok()) return Finish(pool.status());
-    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Locked lock(this);
     connection_ = std::move(connection);
     pool_ = *pool;
     tensorflow::CancellationManager* cm = ctx_->cancellation_manager();
@@ -93,7 +93,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
   }
 
   void Finish(const absl::Status& status) {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Locked lock(this);
     FinishLocked(status);
   }
 
@@ -118,7 +118,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
   }
 
   void OnHeader(const GrantResult& result, const PoolBuffer& buffer) {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Locked lock(this);
     if (finished_) return;
     if (!result.status.ok()) return FinishLocked(result.status);
     absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length, op_->dtype());
@@ -134,7 +134,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
   }
 
   void OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer) {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Locked lock(this);
     if (finished_) return;
     if (result.status.code() == absl::StatusCode::kResourceExhausted) {
       // The tensor outgrew what this edge carried before: grant what the sender says it needs.
@@ -170,7 +170,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
   }
 
   void Cancel() {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Locked lock(this);
     if (finished_) return;
     if (connection_) {
       connection_->Revoke(header_grant_);
@@ -191,10 +191,28 @@ class Receive : public std::enable_shared_from_this<Receive> {
     if (token_ != tensorflow::CancellationManager::kInvalidToken) {
       ctx_->cancellation_manager()->TryDeregisterCallback(token_);
     }
-    // After done_ the context is gone; later grant completions only release their buffers.
-    auto done = std::move(done_);
-    done();
+    // done_ runs when the outermost Locked lets go; after it the context is gone, and later grant
+    // completions only release their buffers.
   }
+
+  // Holds mu_; the outermost one on a thread runs done_ once the receive finished, unlocked:
+  // TensorFlow may run downstream kernels inline in it, on the transport's thread.
+  class Locked {
+   public:
+    explicit Locked(Receive* receive) : receive_(receive) {
+      receive_->mu_.lock();
+      ++receive_->lock_depth_;
+    }
+    ~Locked() {
+      AsyncOpKernel::DoneCallback done;
+      if (--receive_->lock_depth_ == 0 && receive_->finished_) std::swap(done, receive_->done_);
+      receive_->mu_.unlock();
+      if (done) done();
+    }
+
+   private:
+    Receive* const receive_;
+  };
 
   RdmaRecvOp* const op_;
   OpKernelContext* const ctx_;
@@ -204,6 +222,7 @@ class Receive : public std::enable_shared_from_this<Receive> {
 
   // Recursive: a grant on a connection that already failed completes inside Grant().
   std::recursive_mutex mu_;
+  int lock_depth_ = 0;
   bool finished_ = false;
   std::shared_ptr<Connection> connection_;
   BufferPool* pool_ = nullptr;
