@@ -49,14 +49,8 @@ absl::Status StreamConnection::health() const {
 
 uint64_t StreamConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region,
                                  uint64_t offset, uint64_t capacity, GrantDone done) {
-  if (region == nullptr || offset > region->size() || capacity > region->size() - offset) {
-    done({absl::InvalidArgumentError(absl::StrCat(
-              "grant of [", offset, ", +", capacity, ") does not fit in region of ",
-              region ? region->size() : 0, " bytes")),
-          0});
-    return 0;
-  }
-  absl::Status usable = CheckLocalRegion(*region);
+  absl::Status usable = CheckGrantRange(region.get(), offset, capacity);
+  if (usable.ok()) usable = CheckLocalRegion(*region);
   if (!usable.ok()) {
     done({usable, 0});
     return 0;
@@ -68,21 +62,18 @@ uint64_t StreamConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> r
     done({status, 0});
     return 0;
   }
-  const uint64_t id = next_grant_id_++;
   std::optional<ControlFrame> before = FrameBeforeGrant(region);
   if (before) EnqueueLocked(Outgoing{std::move(before)});
-  wire::Grant grant{id, tag, region->id(), offset, capacity};
-  local_grants_.emplace(id, LocalGrant{tag, std::move(region), offset, capacity, std::move(done)});
-  EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kGrant, grant}}});
+  const uint32_t region_id = region->id();
+  const uint64_t id = book_.Issue(tag, std::move(region), offset, capacity, std::move(done));
+  EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kGrant, wire::Grant{id, tag, region_id, offset, capacity}}}});
   FlushLocked(lock);
   return id;
 }
 
 void StreamConnection::Revoke(uint64_t grant_id) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = local_grants_.find(grant_id);
-  if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
-  it->second.revoking = true;
+  if (!status_.ok() || !book_.StartRevoke(grant_id)) return;
   EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoke, wire::Revoke{grant_id}}}});
   FlushLocked(lock);
 }
@@ -95,31 +86,17 @@ void StreamConnection::Write(const Tag& tag, const void* src, uint64_t length, W
     done(status);
     return;
   }
-  PendingWrite write{src, length, std::move(done)};
-  auto grants = remote_grants_.find(tag);
-  while (grants != remote_grants_.end() && !grants->second.empty()) {
-    wire::Grant grant = grants->second.front();
-    grants->second.pop_front();
-    remote_grant_ids_.erase(grant.grant_id);
-    if (grants->second.empty()) remote_grants_.erase(grants);
-    if (TryPairLocked(grant, write)) {
-      FlushLocked(lock);
-      return;
-    }
-    grants = remote_grants_.find(tag);
-  }
-  pending_writes_[tag].push_back(std::move(write));
+  EnqueuePairingLocked(book_.OnWrite(tag, PendingWrite{src, length, std::move(done)}));
   FlushLocked(lock);
 }
 
-bool StreamConnection::TryPairLocked(const wire::Grant& grant, const PendingWrite& write) {
-  if (grant.capacity < write.length) {
-    EnqueueLocked(Outgoing{ControlFrame{
-        {wire::FrameType::kTooSmall, wire::TooSmall{grant.grant_id, write.length}}}});
-    return false;
+void StreamConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing) {
+  for (const wire::TooSmall& too_small : pairing.too_small) {
+    EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kTooSmall, too_small}}});
   }
-  EnqueueLocked(Outgoing{std::nullopt, grant, write});
-  return true;
+  if (pairing.ready) {
+    EnqueueLocked(Outgoing{std::nullopt, pairing.ready->first, std::move(pairing.ready->second)});
+  }
 }
 
 void StreamConnection::EnqueueLocked(Outgoing item) { outgoing_.push_back(std::move(item)); }
@@ -135,14 +112,8 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return;
     status_ = reason;
-    for (auto& [id, grant] : local_grants_) grants.push_back(std::move(grant.done));
-    local_grants_.clear();
-    for (auto& [tag, queue] : pending_writes_) {
-      for (auto& write : queue) writes.push_back(std::move(write.done));
-    }
-    pending_writes_.clear();
-    remote_grants_.clear();
-    remote_grant_ids_.clear();
+    for (auto& grant : book_.TakeAllIssued()) grants.push_back(std::move(grant.done));
+    for (auto& write : book_.TakeAllWaiting()) writes.push_back(std::move(write.done));
     writer_wakeup_.notify_one();
   }
   // The peer learns why, once the frame being sent (if any) is out; a sender stuck on a peer that
@@ -231,84 +202,49 @@ absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {
   if (!usable.ok()) return usable;
   std::unique_lock<std::mutex> lock(mu_);
   if (!status_.ok()) return absl::OkStatus();
-  if (!remote_grant_ids_.insert(grant.grant_id).second) {
-    return absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice"));
-  }
-  auto writes = pending_writes_.find(grant.tag);
-  if (writes != pending_writes_.end()) {
-    remote_grant_ids_.erase(grant.grant_id);
-    if (TryPairLocked(grant, writes->second.front())) {
-      writes->second.pop_front();
-      if (writes->second.empty()) pending_writes_.erase(writes);
-    }
-    FlushLocked(lock);
-    return absl::OkStatus();
-  }
-  remote_grants_[grant.tag].push_back(grant);
+  absl::StatusOr<GrantBook<PendingWrite>::Pairing> pairing = book_.OnPeerGrant(grant);
+  if (!pairing.ok()) return pairing.status();
+  EnqueuePairingLocked(*std::move(pairing));
+  FlushLocked(lock);
   return absl::OkStatus();
 }
 
 void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
   std::unique_lock<std::mutex> lock(mu_);
-  // A grant already used is answered by its DATA or TOO_SMALL, which the peer handles.
-  if (remote_grant_ids_.erase(grant_id) == 0) return;
-  for (auto it = remote_grants_.begin(); it != remote_grants_.end(); ++it) {
-    auto& queue = it->second;
-    for (auto g = queue.begin(); g != queue.end(); ++g) {
-      if (g->grant_id != grant_id) continue;
-      queue.erase(g);
-      if (queue.empty()) remote_grants_.erase(it);
-      EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoked, wire::Revoked{grant_id}}}});
-      FlushLocked(lock);
-      return;
-    }
-  }
+  if (!book_.OnPeerRevoke(grant_id)) return;
+  EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoked, wire::Revoked{grant_id}}}});
+  FlushLocked(lock);
 }
 
 absl::Status StreamConnection::OnData(const wire::Data& data) {
-  LocalGrant grant;
+  absl::StatusOr<IssuedGrant> grant;
   {
+    // Taken out of the book before the payload lands, so that Close cannot hand the range back
+    // meanwhile.
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = local_grants_.find(data.grant_id);
-    if (it == local_grants_.end()) {
-      return absl::DataLossError(absl::StrCat("DATA for grant ", data.grant_id,
-                                              ", which is not outstanding"));
-    }
-    if (data.length > it->second.capacity) {
-      return absl::DataLossError(absl::StrCat("DATA of ", data.length, " bytes for a grant of ",
-                                              it->second.capacity));
-    }
-    // Taken out before the payload lands, so that Close cannot hand the range back meanwhile.
-    grant = std::move(it->second);
-    local_grants_.erase(it);
+    grant = book_.TakeFilled(data.grant_id, data.length);
   }
-  const absl::Status landed = ReceiveMessage(grant.region->data() + grant.offset, data.length);
+  if (!grant.ok()) return grant.status();
+  const absl::Status landed = ReceiveMessage(grant->region->data() + grant->offset, data.length);
   if (landed.ok()) {
-    grant.done({landed, data.length});
+    grant->done({landed, data.length});
   } else {
     const absl::Status closed = health();
-    grant.done({closed.ok() ? PeerError(landed) : closed, 0});
+    grant->done({closed.ok() ? PeerError(landed) : closed, 0});
   }
   return landed;
 }
 
 absl::Status StreamConnection::OnGrantReturned(uint64_t grant_id, GrantResult result,
                                                bool must_exceed_capacity) {
-  GrantDone done;
+  absl::StatusOr<IssuedGrant> grant;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = local_grants_.find(grant_id);
-    if (it == local_grants_.end()) {
-      return absl::DataLossError(absl::StrCat("grant ", grant_id, " returned but not outstanding"));
-    }
-    if (must_exceed_capacity && result.length <= it->second.capacity) {
-      return absl::DataLossError(absl::StrCat("TOO_SMALL for a message of ", result.length,
-                                              " bytes that fits the grant of ", it->second.capacity));
-    }
-    done = std::move(it->second.done);
-    local_grants_.erase(it);
+    grant = book_.TakeReturned(grant_id, must_exceed_capacity ? std::optional<uint64_t>(result.length)
+                                                              : std::nullopt);
   }
-  done(result);
+  if (!grant.ok()) return grant.status();
+  grant->done(result);
   return absl::OkStatus();
 }
 

@@ -7,13 +7,13 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 
+#include "cc/transport/grant_book.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
 
@@ -68,14 +68,6 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   const std::string& peer_address() const { return peer_address_; }
 
  private:
-  struct LocalGrant {
-    Tag tag;
-    std::shared_ptr<MemoryRegion> region;
-    uint64_t offset;
-    uint64_t capacity;
-    GrantDone done;
-    bool revoking = false;
-  };
   struct PendingWrite {
     const void* src;
     uint64_t length;
@@ -97,8 +89,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   absl::Status OnData(const wire::Data& data);
   absl::Status OnGrantReturned(uint64_t grant_id, GrantResult result, bool must_exceed_capacity);
   void OnPeerRevoke(uint64_t grant_id);
-  // Pairs a write with a grant if it fits; otherwise tells the peer what it needs. Lock held.
-  bool TryPairLocked(const wire::Grant& grant, const PendingWrite& write);
+  // Queues what the grant book decided: TOO_SMALL answers, then the paired message. Lock held.
+  void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   void EnqueueLocked(Outgoing item);
   // Sends what is queued from the calling thread while it is cheap (control frames, small
   // messages) and the socket takes it without blocking; the writer thread does the rest. This
@@ -121,11 +113,7 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   mutable std::mutex mu_;
   std::condition_variable writer_wakeup_;
   absl::Status status_;
-  uint64_t next_grant_id_ = 1;
-  std::unordered_map<uint64_t, LocalGrant> local_grants_;
-  std::unordered_map<Tag, std::deque<PendingWrite>, TagHash> pending_writes_;
-  std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> remote_grants_;
-  std::unordered_set<uint64_t> remote_grant_ids_;
+  GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max()};
   std::deque<Outgoing> outgoing_;
   bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
   bool send_broken_ = false;  // a send failed; the reader is about to end the connection

@@ -1,0 +1,197 @@
+// The grant bookkeeping of one connection, the same whatever moves the bytes. Receiver side: the
+// grants it issued that the peer has not answered yet. Sender side: the peer's grants not used
+// yet and the writes waiting for one, paired by tag in arrival order; a grant too small for the
+// write it meets goes back to the peer as TOO_SMALL. It also checks what a peer reports against
+// what it was granted, so a buggy or hostile peer gets a DataLoss error, never a wrong write.
+//
+// Not thread-safe: each connection calls it under its own lock, and runs the callbacks it hands
+// back after unlocking. `Write` is what the connection keeps of a write until it is paired; it
+// must have `uint64_t length` and `WriteDone done`.
+#ifndef TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
+#define TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "cc/transport/transport.h"
+#include "cc/transport/wire.h"
+
+namespace tf_rdma {
+
+// Whether [offset, offset + capacity) lies in `region`: what every Grant() checks first.
+absl::Status CheckGrantRange(const MemoryRegion* region, uint64_t offset, uint64_t capacity);
+
+struct IssuedGrant {
+  Tag tag;
+  std::shared_ptr<MemoryRegion> region;
+  uint64_t offset;
+  uint64_t capacity;
+  GrantDone done;
+  bool revoking = false;
+};
+
+template <typename Write>
+class GrantBook {
+ public:
+  // Grant ids run from 1 to `max_id` and wrap, skipping ids still outstanding.
+  explicit GrantBook(uint64_t max_id) : max_id_(max_id) {}
+
+  // What the sender does next for a write or a grant that arrived.
+  struct Pairing {
+    std::optional<std::pair<wire::Grant, Write>> ready;  // write it into this grant
+    std::vector<wire::TooSmall> too_small;               // tell the peer
+  };
+
+  // ---- receiver side ----
+
+  // Records a grant; returns its id.
+  uint64_t Issue(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
+                 uint64_t capacity, GrantDone done) {
+    uint64_t id;
+    do {
+      id = next_id_;
+      next_id_ = next_id_ == max_id_ ? 1 : next_id_ + 1;
+    } while (issued_.count(id) != 0);
+    issued_.emplace(id, IssuedGrant{tag, std::move(region), offset, capacity, std::move(done)});
+    return id;
+  }
+  // Whether the peer is to be asked to give grant `id` back (outstanding, not asked yet).
+  bool StartRevoke(uint64_t id) {
+    auto it = issued_.find(id);
+    if (it == issued_.end() || it->second.revoking) return false;
+    it->second.revoking = true;
+    return true;
+  }
+  // The peer wrote `length` bytes into grant `id`: the grant is done.
+  absl::StatusOr<IssuedGrant> TakeFilled(uint64_t id, uint64_t length) {
+    auto it = issued_.find(id);
+    if (it == issued_.end()) {
+      return absl::DataLossError(absl::StrCat("DATA for grant ", id, ", which is not outstanding"));
+    }
+    if (length > it->second.capacity) {
+      return absl::DataLossError(
+          absl::StrCat("DATA of ", length, " bytes for a grant of ", it->second.capacity));
+    }
+    IssuedGrant grant = std::move(it->second);
+    issued_.erase(it);
+    return grant;
+  }
+  // The peer gave grant `id` back unused: TOO_SMALL (`needed` bytes, which must exceed the
+  // grant) or REVOKED (no `needed`).
+  absl::StatusOr<IssuedGrant> TakeReturned(uint64_t id, std::optional<uint64_t> needed) {
+    auto it = issued_.find(id);
+    if (it == issued_.end()) {
+      return absl::DataLossError(absl::StrCat("grant ", id, " returned but not outstanding"));
+    }
+    if (needed && *needed <= it->second.capacity) {
+      return absl::DataLossError(absl::StrCat("TOO_SMALL for a message of ", *needed,
+                                              " bytes that fits the grant of ", it->second.capacity));
+    }
+    IssuedGrant grant = std::move(it->second);
+    issued_.erase(it);
+    return grant;
+  }
+  // The connection failed: every grant still outstanding.
+  std::vector<IssuedGrant> TakeAllIssued() {
+    std::vector<IssuedGrant> all;
+    for (auto& [id, grant] : issued_) all.push_back(std::move(grant));
+    issued_.clear();
+    return all;
+  }
+
+  // ---- sender side ----
+
+  // The peer granted `grant`; pairs it with the oldest write waiting for its tag.
+  absl::StatusOr<Pairing> OnPeerGrant(const wire::Grant& grant) {
+    if (peer_grant_ids_.count(grant.grant_id) != 0) {
+      return absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice"));
+    }
+    Pairing pairing;
+    auto writes = waiting_.find(grant.tag);
+    if (writes == waiting_.end()) {
+      peer_grant_ids_.insert(grant.grant_id);
+      peer_grants_[grant.tag].push_back(grant);
+      return pairing;
+    }
+    if (Pair(grant, writes->second.front(), &pairing)) {
+      writes->second.pop_front();
+      if (writes->second.empty()) waiting_.erase(writes);
+    }
+    return pairing;
+  }
+  // A write of `write.length` bytes under `tag`: paired with the first of the peer's grants for
+  // the tag that fits (smaller ones go back as TOO_SMALL), or kept until one arrives.
+  Pairing OnWrite(const Tag& tag, Write write) {
+    Pairing pairing;
+    auto grants = peer_grants_.find(tag);
+    while (grants != peer_grants_.end() && !pairing.ready) {
+      const wire::Grant grant = grants->second.front();
+      grants->second.pop_front();
+      peer_grant_ids_.erase(grant.grant_id);
+      if (grants->second.empty()) {
+        peer_grants_.erase(grants);
+        grants = peer_grants_.end();
+      }
+      Pair(grant, write, &pairing);
+    }
+    if (!pairing.ready) waiting_[tag].push_back(std::move(write));
+    return pairing;
+  }
+  // Whether the peer's grant `id` was still unused, hence removed and to be answered REVOKED. A
+  // used one is answered by its data or TOO_SMALL.
+  bool OnPeerRevoke(uint64_t id) {
+    if (peer_grant_ids_.erase(id) == 0) return false;
+    for (auto it = peer_grants_.begin(); it != peer_grants_.end(); ++it) {
+      auto& queue = it->second;
+      for (auto grant = queue.begin(); grant != queue.end(); ++grant) {
+        if (grant->grant_id != id) continue;
+        queue.erase(grant);
+        if (queue.empty()) peer_grants_.erase(it);
+        return true;
+      }
+    }
+    return true;
+  }
+  // The connection failed: every write still waiting; the peer's grants are dropped.
+  std::vector<Write> TakeAllWaiting() {
+    std::vector<Write> all;
+    for (auto& [tag, queue] : waiting_) {
+      for (auto& write : queue) all.push_back(std::move(write));
+    }
+    waiting_.clear();
+    peer_grants_.clear();
+    peer_grant_ids_.clear();
+    return all;
+  }
+
+ private:
+  // Whether `write` fits `grant`; if so it moves into `pairing`, else the grant goes back.
+  static bool Pair(const wire::Grant& grant, Write& write, Pairing* pairing) {
+    if (grant.capacity < write.length) {
+      pairing->too_small.push_back(wire::TooSmall{grant.grant_id, write.length});
+      return false;
+    }
+    pairing->ready.emplace(grant, std::move(write));
+    return true;
+  }
+
+  const uint64_t max_id_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, IssuedGrant> issued_;
+  std::unordered_map<Tag, std::deque<Write>, TagHash> waiting_;
+  std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> peer_grants_;
+  std::unordered_set<uint64_t> peer_grant_ids_;
+};
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
