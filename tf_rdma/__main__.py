@@ -5,14 +5,16 @@ import logging
 import sys
 
 
-def _sizes(text):
+def _size(text):
+    """"64M" -> 67108864; binary units."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    out = []
-    for item in text.split(","):
-        item = item.strip().upper().rstrip("B").rstrip("I")
-        scale = units.get(item[-1:], 1)
-        out.append(int(item[:-1] if item[-1:] in units else item) * scale)
-    return out
+    item = text.strip().upper().rstrip("B").rstrip("I")
+    scale = units.get(item[-1:], 1)
+    return int(item[:-1] if item[-1:] in units else item) * scale
+
+
+def _sizes(text):
+    return [_size(item) for item in text.split(",")]
 
 
 def main(argv=None):
@@ -26,7 +28,7 @@ def main(argv=None):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=_sizes, default=[4 << 20, 64 << 20], help="e.g. 4M,64M")
         p.add_argument("--latency-sizes", type=_sizes, default=[8, 4096])
-        p.add_argument("--bytes-per-size", type=int, default=1 << 30)
+        p.add_argument("--bytes-per-size", type=_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
