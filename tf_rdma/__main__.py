@@ -14,7 +14,8 @@ def _size(text):
 
 
 def _sizes(text):
-    return [_size(item) for item in text.split(",")]
+    # Blank items are skipped, so "" is no sizes (the verbs bench's peer gets that for a latency-only run).
+    return [_size(item) for item in text.split(",") if item.strip()]
 
 
 def main(argv=None):
@@ -31,6 +32,8 @@ def main(argv=None):
         p.add_argument("--bytes-per-size", type=_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
+                                                  "reported as medians (default 3)")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -51,7 +54,8 @@ def main(argv=None):
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
             results = bench_module.run(backends, args.sizes, args.latency_sizes, args.bytes_per_size,
-                                       args.round_trips, host=args.host)
+                                       args.round_trips, host=args.host,
+                                       rounds=args.rounds or bench_module.DEFAULT_ROUNDS)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)
