@@ -5,14 +5,17 @@ import logging
 import sys
 
 
-def _sizes(text):
+def _size(text):
+    """"64M" -> 67108864; binary units."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    out = []
-    for item in text.split(","):
-        item = item.strip().upper().rstrip("B").rstrip("I")
-        scale = units.get(item[-1:], 1)
-        out.append(int(item[:-1] if item[-1:] in units else item) * scale)
-    return out
+    item = text.strip().upper().rstrip("B").rstrip("I")
+    scale = units.get(item[-1:], 1)
+    return int(item[:-1] if item[-1:] in units else item) * scale
+
+
+def _sizes(text):
+    # Blank items are skipped, so "" is no sizes (the verbs bench's peer gets that for a latency-only run).
+    return [_size(item) for item in text.split(",") if item.strip()]
 
 
 def main(argv=None):
@@ -26,9 +29,11 @@ def main(argv=None):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=_sizes, default=[4 << 20, 64 << 20], help="e.g. 4M,64M")
         p.add_argument("--latency-sizes", type=_sizes, default=[8, 4096])
-        p.add_argument("--bytes-per-size", type=int, default=1 << 30)
+        p.add_argument("--bytes-per-size", type=_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
+                                                  "reported as medians (default 3)")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -49,7 +54,8 @@ def main(argv=None):
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
             results = bench_module.run(backends, args.sizes, args.latency_sizes, args.bytes_per_size,
-                                       args.round_trips, host=args.host)
+                                       args.round_trips, host=args.host,
+                                       rounds=args.rounds or bench_module.DEFAULT_ROUNDS)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)

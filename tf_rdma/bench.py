@@ -20,6 +20,14 @@ ib_write_lat's, lower is better). What makes the two comparable:
   else the first ACTIVE port.
 Not the same: ib_write_lat busy-polls the landing buffer, tf_rdma waits for completion events.
 
+A shared or emulated host (Soft-RoCE under TCG) can swing by 2x between runs seconds apart, so verbs
+is measured in `rounds` rounds: in each, every throughput size is one tf_rdma run and one
+ib_write_bw run back to back (and the latency sizes one tf_rdma run and one ib_write_lat run), the
+order alternating between rounds so a load that rises or falls through the bench favours neither.
+Each figure is then the median over the rounds, and each ratio the median of the rounds' own
+ratios (each taken between two runs seconds apart), with `_min`/`_max` giving the spread and
+`rounds` every round's figures.
+
 The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.1); verbs needs an
 address of the RDMA netdev there, since rdma_cm picks the device by IP address.
 """
@@ -29,6 +37,7 @@ import re
 import secrets
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +48,7 @@ from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 20, 64 << 20)
 DEFAULT_LATENCY_SIZES = (8, 4096)
+DEFAULT_ROUNDS = 3
 DEFAULT_HOST = "127.0.0.1"
 # Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
 # transport_bench.cc, reads it).
@@ -371,8 +381,86 @@ def add_perftest(report, perftest):
     return report
 
 
+# Per-round figures of the rows, summarized as medians; the ratios also get their spread.
+_THROUGHPUT_FIGURES = ("transport_gbps", "tcp_socket_gbps", "memcpy_gbps", "vs_tcp_socket", "vs_memcpy",
+                       "ib_write_bw_gbps", "vs_ib_write_bw")
+_LATENCY_FIGURES = ("transport_us", "tcp_socket_us", "vs_tcp_socket", "ib_write_lat_us",
+                    "ib_write_lat_typical_us", "vs_ib_write_lat")
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize_rows(rows, figures):
+    """One row per size from each round's rows of that size: medians, spread of the ratios, rounds."""
+    by_size = {}
+    for row in rows:
+        by_size.setdefault(row["size"], []).append(row)
+    summary = []
+    for size, same in by_size.items():
+        row = {key: value for key, value in same[0].items() if key not in figures}
+        for figure in figures:
+            row[figure] = _median(r[figure] for r in same)
+            if figure.startswith("vs_"):
+                values = [r[figure] for r in same if r[figure] is not None]
+                row[f"{figure}_min"] = min(values, default=None)
+                row[f"{figure}_max"] = max(values, default=None)
+        row["rounds"] = [{figure: r[figure] for figure in figures} for r in same]
+        summary.append(row)
+    return summary
+
+
+def summarize_perftest(runs):
+    """perftest's runs of all rounds as one table: median figures, and each round's."""
+    tables = ("ib_write_bw", "ib_write_lat")
+    summary = {key: value for key, value in runs[0].items() if key not in tables + ("errors",)}
+    if not summary.get("available"):
+        return summary
+    summary["mtu"] = next((run["mtu"] for run in runs if run.get("mtu")), None)
+    summary["errors"] = [error for run in runs for error in run.get("errors", [])]
+    for table, figures in zip(tables, (("gbps",), ("avg_us", "typical_us"))):
+        merged = {}
+        for run in runs:
+            for size, result in run.get(table, {}).items():
+                merged.setdefault(size, []).append(result)
+        summary[table] = {}
+        for size, results in merged.items():
+            entry = dict(results[0])
+            for figure in figures:
+                entry[figure] = _median(r[figure] for r in results)
+                entry[f"rounds_{figure}"] = [r[figure] for r in results]
+            summary[table][str(size)] = entry
+    return summary
+
+
+def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DEFAULT_ROUNDS):
+    """verbs against perftest, in interleaved rounds (see the module docstring)."""
+    depth = grant_depth()
+    pairs = [([size], []) for size in sizes] + ([([], latency_sizes)] if latency_sizes else [])
+    rows, latency_rows, perftest_runs = [], [], []
+    for index in range(rounds):
+        for pair_sizes, pair_latency_sizes in pairs:
+            args = (pair_sizes, pair_latency_sizes, bytes_per_size, round_trips, host)
+            if index % 2 == 0:
+                report = run_backend("verbs", *args)
+                perftest = run_perftest(*args, depth)
+            else:
+                perftest = run_perftest(*args, depth)
+                report = run_backend("verbs", *args)
+            perftest_runs.append(perftest)
+            add_perftest(report, dict(perftest))  # a copy: it rekeys the tables for JSON
+            rows += report["throughput"]
+            latency_rows += report["latency"]
+    return {"rounds": rounds,
+            "throughput": summarize_rows(rows, _THROUGHPUT_FIGURES),
+            "latency": summarize_rows(latency_rows, _LATENCY_FIGURES),
+            "perftest": summarize_perftest(perftest_runs)}
+
+
 def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
-        bytes_per_size=1 << 30, round_trips=500, host=None):
+        bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS):
     sizes, latency_sizes = parse_sizes(sizes), parse_sizes(latency_sizes)
     host = bench_host(host)
     usable = available_backends()
@@ -380,12 +468,11 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
     for backend in backends:
         if usable[backend] is not None:
             results[backend] = {"unavailable": usable[backend]}
-            continue
-        results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
-                                       host)
-        if backend == "verbs":
-            add_perftest(results[backend], run_perftest(sizes, latency_sizes, bytes_per_size,
-                                                        round_trips, host, grant_depth()))
+        elif backend == "verbs":
+            results[backend] = run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds)
+        else:
+            results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
+                                           host)
     return results
 
 
@@ -398,6 +485,11 @@ def _size(n):
 
 def _figure(value, width, digits=2):
     return f"{value:{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
+
+
+def _spread(row, ratio):
+    low, high = row.get(f"{ratio}_min"), row.get(f"{ratio}_max")
+    return f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
 
 
 def render(results):
@@ -415,6 +507,7 @@ def render(results):
                     f"{r['memcpy_gbps']:8.2f} {r['vs_tcp_socket']:8.2f} {r['vs_memcpy']:9.2f}")
             if perftest:
                 line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
+                line += _spread(r, "vs_ib_write_bw")
             lines.append(line)
         lines.append(f"{backend}: one-way latency (us)")
         for r in report["latency"]:
@@ -422,7 +515,8 @@ def render(results):
                     f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")
             if perftest and r.get("ib_write_lat_us") is not None:
                 line += (f"; vs ib_write_lat {r['ib_write_lat_us']:.1f} avg (ratio "
-                         f"{r['vs_ib_write_lat']:.2f}), {r['ib_write_lat_typical_us']:.1f} typical")
+                         f"{r['vs_ib_write_lat']:.2f}{_spread(r, 'vs_ib_write_lat')}), "
+                         f"{r['ib_write_lat_typical_us']:.1f} typical")
             lines.append(line)
         if perftest:
             if not perftest.get("available"):
@@ -431,7 +525,8 @@ def render(results):
                 lines.append(
                     f"{backend}: perftest on {perftest['device']} port {perftest['port']} GID index "
                     f"{perftest['gid_index']} ({perftest['device_chosen_by']}), MTU {perftest['mtu']}; "
-                    f"ib_write_bw -t {perftest['grant_depth']} = tf_rdma's grant depth, same -s and -n")
+                    f"ib_write_bw -t {perftest['grant_depth']} = tf_rdma's grant depth, same -s and -n; "
+                    f"medians of {report['rounds']} interleaved rounds, (min-max) of the ratios")
                 lines += [f"  perftest failed: {line}" for e in perftest["errors"]
                           for line in e.splitlines()[:1]]
     return "\n".join(lines)

@@ -282,8 +282,10 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
   };
 
   BenchReport report;
+  // The latency bounce sends from `source` and receives into copy_targets[0] too.
   uint64_t largest = 1;
   for (uint64_t size : plan.sizes) largest = std::max(largest, size);
+  for (uint64_t size : plan.latency_sizes) largest = std::max(largest, size);
   std::unique_ptr<char[]> source = TouchedBuffer(largest);
   // The memcpy baseline cycles through as many destinations as the transport keeps granted, so
   // both move the same working set through the caches.

@@ -268,7 +268,7 @@ PYBIND11_MODULE(_transport, m) {
     return out;
   });
   m.def("verbs_stats", [] {
-    // Registration-cache counters of the verbs backend; empty when it is not built in.
+    // Counters of the verbs backend (registration cache, grant tables); empty when it is not built in.
     std::map<std::string, uint64_t> stats;
 #ifdef TF_RDMA_HAVE_VERBS
     stats = VerbsStatistics();

@@ -8,6 +8,7 @@ import struct
 
 HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION = range(1, 13)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
+PROTOCOL_VERSION = 2
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
@@ -53,7 +54,7 @@ class RawPeer:
         self.sock.settimeout(10)
         self.backend = backend
 
-    def handshake(self, key, name="raw-peer", version=1):
+    def handshake(self, key, name="raw-peer", version=PROTOCOL_VERSION):
         nonce = os.urandom(32)
         self.send(frame(HELLO, greeting(version, self.backend, nonce, name)))
         kind, body = self.receive()

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -24,19 +25,37 @@ constexpr int kSendSlots = 64;         // control messages being sent at once
 constexpr int kSendDepth = 256;        // send queue work requests
 constexpr size_t kSlotSize = 4160;     // >= kMaxMessageLength
 constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
+// Set in the immediate of a grant record's write; the rest is the slot. Grant ids stay below it.
+constexpr uint32_t kGrantImmBit = uint32_t{1} << 31;
+// Slots of a grant table: grants outstanding towards the peer at once; more wait for a slot. A slot
+// frees only when the peer resolves its grant, so if an application sent the data of an outstanding
+// grant only after a waiting grant completed, neither would ever move. The table is sized far above
+// what is outstanding in practice (the TF runtime keeps two grants per pending receive op, the bench
+// four) so that no grant waits; it costs 256 KiB of registered memory per connection.
+constexpr uint32_t kGrantSlots = 4096;
+// The most slots a peer's table may claim: bounds what announcing it makes us allocate.
+constexpr uint32_t kMaxPeerGrantSlots = 1 << 16;
 // One WRITE_WITH_IMM carries messages up to this size; beyond, WRITEs of this size and a DATA message.
 constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;
-// Bigger messages go in WRITEs of this size, at most kWriteWindow bytes posted and not completed per
-// connection, so a heartbeat posted behind data waits for at most that much to drain (a slow link
-// must not look like a dead peer).
+// Bigger messages go in WRITEs of this size.
 constexpr uint64_t kMultiPartChunk = uint64_t{4} << 20;
-constexpr uint64_t kWriteWindow = uint64_t{8} << 20;
+// At most this many data bytes are posted and not completed per connection, so a heartbeat or grant
+// posted behind data waits for at most that much to drain (a slow link must not look like a dead
+// peer). It admits four messages of the largest single write, as many as a receiver granting four
+// ahead lets be in flight, so they follow one another on the wire without a round trip between
+// them. 64 MiB drains in about 5 ms at 100 Gb/s and in 3-4 s on Soft-RoCE under TCG (~20 MB/s),
+// far inside the default peer timeout (30 s); the price is that a grant queued behind a full window
+// reaches the peer that much later, while its data towards us waits for it.
+constexpr uint64_t kWriteWindow = 4 * kMaxSingleWrite;
 // How long Close waits for the REJECT telling the peer why to be sent before stopping the QP.
 constexpr absl::Duration kRejectGrace = absl::Milliseconds(200);
 // How long a closed connection waits for its posted work requests to be flushed.
 constexpr absl::Duration kFlushLimit = absl::Seconds(2);
 
 static_assert(kSlotSize >= kMaxMessageLength);
+
+std::atomic<uint64_t> grants_written{0};
+std::atomic<uint64_t> grants_read{0};
 
 char* MapPages(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -46,6 +65,10 @@ char* MapPages(size_t bytes) {
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 }  // namespace
+
+GrantTableStats GetGrantTableStats() {
+  return {grants_written.load(), grants_read.load()};
+}
 
 DeviceContext::DeviceContext(ibv_context* context, ibv_pd* pd)
     : context(context),
@@ -107,8 +130,10 @@ VerbsConnection::~VerbsConnection() {
   if (wake_fd_ >= 0) close(wake_fd_);
   recv_registration_.reset();
   send_registration_.reset();
+  grant_table_registration_.reset();
   if (recv_buffers_ != nullptr) munmap(recv_buffers_, kReceiveDepth * kSlotSize);
   if (send_buffers_ != nullptr) munmap(send_buffers_, kSendSlots * kSlotSize);
+  if (grant_table_ != nullptr) munmap(grant_table_, kGrantSlots * kGrantSlotSize);
 }
 
 absl::Status VerbsConnection::Setup() {
@@ -143,7 +168,8 @@ absl::Status VerbsConnection::Setup() {
   }
   recv_buffers_ = MapPages(kReceiveDepth * kSlotSize);
   send_buffers_ = MapPages(kSendSlots * kSlotSize);
-  if (recv_buffers_ == nullptr || send_buffers_ == nullptr) {
+  grant_table_ = MapPages(kGrantSlots * kGrantSlotSize);
+  if (recv_buffers_ == nullptr || send_buffers_ == nullptr || grant_table_ == nullptr) {
     return absl::ResourceExhaustedError("cannot allocate message buffers");
   }
   // Message buffers are for this host's NIC only: no remote access.
@@ -155,6 +181,11 @@ absl::Status VerbsConnection::Setup() {
                                    "send message buffers");
   if (!send.ok()) return send.status();
   send_registration_ = *send;
+  // The only memory of ours this peer may write without a grant: pages of its own, in this QP's PD.
+  auto table = Registration::Create(device_->pd, grant_table_, kGrantSlots * kGrantSlotSize,
+                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "grant table");
+  if (!table.ok()) return table.status();
+  grant_table_registration_ = *table;
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
   ibv_port_attr port{};
   max_single_write_ = kMaxSingleWrite;
@@ -224,6 +255,8 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
     peer_name_ = peer.name;
     established_ = true;
     last_receive_ = last_send_ = absl::Now();
+    EnqueueControlLocked(EncodeGrantTable(
+        {kGrantSlots, grant_table_registration_->rkey(), reinterpret_cast<uint64_t>(grant_table_)}));
   }
   Wake();
 }
@@ -264,7 +297,7 @@ absl::StatusOr<wire::Frame> VerbsConnection::Channel::Receive(absl::Time deadlin
   absl::StatusOr<Message> message = DecodeMessage(bytes);
   if (!message.ok()) return message.status();
   if (!std::holds_alternative<wire::Frame>(*message)) {
-    return absl::DataLossError("REGION message during the handshake");
+    return absl::DataLossError("REGION or GRANT_TABLE message during the handshake");
   }
   return std::get<wire::Frame>(*std::move(message));
 }
@@ -297,27 +330,39 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     done({status, 0});
     return 0;
   }
-  // Ids travel as 32-bit immediates: skip any still outstanding after a wrap.
+  // Ids travel as immediates below kGrantImmBit: skip any still outstanding after a wrap.
   uint32_t id;
   do {
-    id = next_grant_id_++;
+    id = next_grant_id_++ % kGrantImmBit;
   } while (id == 0 || local_grants_.count(id) != 0);
   if (announced_regions_.insert(region->id()).second) {
     EnqueueControlLocked(EncodeRegion({region->id(), registration->rkey(),
                                        reinterpret_cast<uint64_t>(region->data()), region->size()}));
   }
-  wire::Grant grant{id, tag, region->id(), offset, capacity};
   local_grants_.emplace(id, LocalGrant{tag, std::move(region), offset, capacity, std::move(done)});
-  EnqueueFrameLocked({wire::FrameType::kGrant, grant});
+  unwritten_grants_.push_back(id);
+  PumpLocked();
   return id;
 }
 
 void VerbsConnection::Revoke(uint64_t grant_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = local_grants_.find(grant_id);
-  if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
-  it->second.revoking = true;
-  EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
+  GrantDone done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = local_grants_.find(grant_id);
+    if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
+    auto unwritten = std::find(unwritten_grants_.begin(), unwritten_grants_.end(), grant_id);
+    if (unwritten == unwritten_grants_.end()) {
+      it->second.revoking = true;
+      EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
+      return;
+    }
+    // The peer never saw it: nothing to ask back.
+    unwritten_grants_.erase(unwritten);
+    done = std::move(it->second.done);
+    local_grants_.erase(it);
+  }
+  done({absl::CancelledError("grant revoked"), 0});
 }
 
 // ---- sender side ----
@@ -383,7 +428,8 @@ void VerbsConnection::EnqueueControlLocked(std::string message) {
   PumpLocked();
 }
 
-absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool is_reject) {
+absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool is_reject,
+                                                int table_slot) {
   const int slot = free_send_slots_.back();
   char* buffer = send_buffers_ + slot * kSlotSize;
   std::memcpy(buffer, message.data(), message.size());
@@ -392,6 +438,12 @@ absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool
   ibv_send_wr wr{};
   wr.wr_id = next_wr_id_++;
   wr.opcode = IBV_WR_SEND;
+  if (table_slot >= 0) {
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.imm_data = htonl(kGrantImmBit | static_cast<uint32_t>(table_slot));
+    wr.wr.rdma.remote_addr = peer_grant_table_->address + table_slot * kGrantSlotSize;
+    wr.wr.rdma.rkey = peer_grant_table_->rkey;
+  }
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.sg_list = &sge;
   wr.num_sge = 1;
@@ -460,6 +512,20 @@ void VerbsConnection::PumpLocked() {
     if (!posted.ok()) break;
     control_queue_.pop_front();
   }
+  // Once every control message queued before them is out, so a grant's REGION precedes it.
+  while (control_queue_.empty() && !unwritten_grants_.empty() && !free_peer_slots_.empty() &&
+         !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
+    const uint64_t id = unwritten_grants_.front();
+    LocalGrant& grant = local_grants_.at(id);
+    const uint32_t table_slot = free_peer_slots_.back();
+    const std::string record =
+        EncodeGrantRecord({id, grant.tag, grant.region->id(), grant.offset, grant.capacity});
+    if (!PostControlLocked(record, false, static_cast<int>(table_slot)).ok()) break;
+    free_peer_slots_.pop_back();
+    grant.table_slot = static_cast<int>(table_slot);
+    unwritten_grants_.pop_front();
+    grants_written++;
+  }
   while (!data_queue_.empty() && PostDataLocked(data_queue_.front())) data_queue_.pop_front();
 }
 
@@ -522,6 +588,7 @@ void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
   }
   data_queue_.clear();
   control_queue_.clear();
+  unwritten_grants_.clear();
   remote_grants_.clear();
   remote_grant_ids_.clear();
   if (!reason.ok() && reason.code() != absl::StatusCode::kCancelled) {
@@ -688,7 +755,9 @@ void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::functi
           handled = PeerError(absl::DataLossError("RDMA write before the handshake completed"));
         } else {
           DrainInboxLocked(callbacks);
-          handled = OnDataLocked(ntohl(wc.imm_data), wc.byte_len, callbacks);
+          const uint32_t imm = ntohl(wc.imm_data);
+          handled = (imm & kGrantImmBit) ? OnGrantWrittenLocked(imm & ~kGrantImmBit, wc.byte_len)
+                                         : OnDataLocked(imm, wc.byte_len, callbacks);
         }
       }
     }
@@ -744,6 +813,9 @@ absl::Status VerbsConnection::HandleMessageLocked(std::string_view bytes,
     }
     return absl::OkStatus();
   }
+  if (const auto* table = std::get_if<GrantTableMessage>(&*message)) {
+    return OnGrantTableLocked(*table);
+  }
   return DispatchLocked(std::get<wire::Frame>(*std::move(message)), callbacks);
 }
 
@@ -751,8 +823,6 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
   switch (frame.type) {
     case wire::FrameType::kPing:
       return absl::OkStatus();
-    case wire::FrameType::kGrant:
-      return OnRemoteGrantLocked(std::get<wire::Grant>(frame.body));
     case wire::FrameType::kData: {
       const auto& data = std::get<wire::Data>(frame.body);
       return OnDataLocked(data.grant_id, data.length, callbacks);
@@ -782,7 +852,44 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
   }
 }
 
+absl::Status VerbsConnection::OnGrantTableLocked(const GrantTableMessage& table) {
+  if (peer_grant_table_) return PeerError(absl::DataLossError("grant table announced twice"));
+  if (table.slots == 0 || table.slots > kMaxPeerGrantSlots) {
+    return PeerError(absl::DataLossError(absl::StrCat("grant table of ", table.slots, " slots")));
+  }
+  const uint64_t size = uint64_t{table.slots} * kGrantSlotSize;
+  if (table.address + size < table.address) {
+    return PeerError(absl::DataLossError("grant table wraps around"));
+  }
+  peer_grant_table_ = RemoteRegion{table.address, size, table.rkey};
+  for (uint32_t slot = table.slots; slot > 0; --slot) free_peer_slots_.push_back(slot - 1);
+  PumpLocked();
+  return absl::OkStatus();
+}
+
+absl::Status VerbsConnection::OnGrantWrittenLocked(uint32_t table_slot, uint32_t length) {
+  if (!status_.ok()) return absl::OkStatus();
+  if (table_slot >= kGrantSlots || length > kGrantSlotSize) {
+    return PeerError(absl::DataLossError(absl::StrCat("grant record of ", length, " bytes in slot ",
+                                                      table_slot, " of a grant table of ", kGrantSlots,
+                                                      " slots of ", kGrantSlotSize, " bytes")));
+  }
+  // Copied first: a broken peer may be writing the slot again while it is checked.
+  const std::string record(grant_table_ + table_slot * kGrantSlotSize, length);
+  absl::StatusOr<wire::Grant> grant = DecodeGrantRecord(record);
+  if (!grant.ok()) {
+    return PeerError(
+        absl::DataLossError(absl::StrCat("grant table slot ", table_slot, ": ", grant.status().message())));
+  }
+  grants_read++;
+  return OnRemoteGrantLocked(*grant);
+}
+
 absl::Status VerbsConnection::OnRemoteGrantLocked(const wire::Grant& grant) {
+  if (grant.grant_id == 0 || grant.grant_id >= kGrantImmBit) {
+    // Its data's immediate would read as a grant record's.
+    return PeerError(absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " out of range")));
+  }
   auto region = remote_regions_.find(grant.region_id);
   if (region == remote_regions_.end()) {
     return PeerError(absl::DataLossError(
@@ -828,7 +935,8 @@ void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
 absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
                                            std::vector<std::function<void()>>* callbacks) {
   auto it = local_grants_.find(grant_id);
-  if (it == local_grants_.end()) {
+  // A grant not written to the peer yet is not outstanding from its side.
+  if (it == local_grants_.end() || it->second.table_slot < 0) {
     return PeerError(absl::DataLossError(absl::StrCat("data for grant ", grant_id, ", which is not outstanding")));
   }
   if (length > it->second.capacity) {
@@ -836,7 +944,7 @@ absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
         absl::StrCat("data of ", length, " bytes for a grant of ", it->second.capacity)));
   }
   callbacks->push_back([done = std::move(it->second.done), length] { done({absl::OkStatus(), length}); });
-  local_grants_.erase(it);
+  ReleaseGrantLocked(it);
   return absl::OkStatus();
 }
 
@@ -844,7 +952,7 @@ absl::Status VerbsConnection::OnGrantReturnedLocked(uint64_t grant_id, GrantResu
                                                     bool must_exceed_capacity,
                                                     std::vector<std::function<void()>>* callbacks) {
   auto it = local_grants_.find(grant_id);
-  if (it == local_grants_.end()) {
+  if (it == local_grants_.end() || it->second.table_slot < 0) {
     return PeerError(absl::DataLossError(absl::StrCat("grant ", grant_id, " returned but not outstanding")));
   }
   if (must_exceed_capacity && result.length <= it->second.capacity) {
@@ -852,8 +960,14 @@ absl::Status VerbsConnection::OnGrantReturnedLocked(uint64_t grant_id, GrantResu
                                                       " bytes that fits the grant of ", it->second.capacity)));
   }
   callbacks->push_back([done = std::move(it->second.done), result] { done(result); });
-  local_grants_.erase(it);
+  ReleaseGrantLocked(it);
   return absl::OkStatus();
+}
+
+void VerbsConnection::ReleaseGrantLocked(std::unordered_map<uint64_t, LocalGrant>::iterator grant) {
+  // The peer resolves a grant only after it read the grant's record: the slot may be written again.
+  free_peer_slots_.push_back(static_cast<uint32_t>(grant->second.table_slot));
+  local_grants_.erase(grant);
 }
 
 }  // namespace tf_rdma::verbs

@@ -3,11 +3,24 @@
 // Data moves with RDMA WRITE straight from the sender's buffer into the receiver's granted range:
 // a message of up to kMaxSingleWrite bytes is one WRITE_WITH_IMM whose immediate is the grant id
 // (the receiver's completion carries the length); a bigger one is a series of WRITEs followed by a
-// DATA message. Everything else (handshake, GRANT, REGION, TOO_SMALL, REVOKE, PING, REJECT) is a
-// small SEND into receive buffers the peer keeps posted; RC ordering puts a DATA message after the
-// WRITEs it reports. One progress thread per connection sleeps on the completion channel and the
-// rdma_cm event channel, and sends heartbeats, so a dead or silent peer fails every pending
-// operation within TransportOptions::peer_timeout.
+// DATA message. RC ordering puts a DATA message after the WRITEs it reports.
+//
+// Grants travel the other way without a round trip: each side keeps a grant table (fixed-size
+// slots in pages of their own, registered for remote write and holding nothing else) and announces
+// it once, in a GRANT_TABLE message right after the handshake. The granter writes the grant record
+// into a free slot of the peer's table with one WRITE_WITH_IMM whose immediate is kGrantImmBit |
+// slot (grant ids stay below kGrantImmBit, so the two kinds of immediate cannot be confused); the
+// sender's completion names the slot, and it reads the record from there at once and checks it as
+// untrusted input. The granter takes the slot back when the grant is resolved (its data landed,
+// TOO_SMALL, REVOKED): the sender sends each of those only after it read the slot, so a slot is
+// never rewritten while unread and reuse needs no message of its own. A grant finding no free slot
+// waits, in grant order, until one frees; a grant is written only once every control message
+// queued before it was posted, so the REGION it refers to precedes it on the queue pair.
+//
+// Everything else (handshake, REGION, GRANT_TABLE, TOO_SMALL, REVOKE, REVOKED, PING, REJECT) is a
+// small SEND into receive buffers the peer keeps posted. One progress thread per connection sleeps
+// on the completion channel and the rdma_cm event channel, and sends heartbeats, so a dead or
+// silent peer fails every pending operation within TransportOptions::peer_timeout.
 #ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 #define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 
@@ -18,6 +31,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -56,6 +70,13 @@ class VerbsRegion : public MemoryRegion {
   std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
+
+// Process-wide counts of grants carried by writes into grant tables, for verbs_stats().
+struct GrantTableStats {
+  uint64_t written = 0;  // grants this process wrote into a peer's table
+  uint64_t read = 0;     // grants this process read from its own tables
+};
+GrantTableStats GetGrantTableStats();
 
 class VerbsConnection : public Connection, public std::enable_shared_from_this<VerbsConnection> {
  public:
@@ -102,6 +123,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
     uint64_t capacity;
     GrantDone done;
     bool revoking = false;
+    int table_slot = -1;  // the slot of the peer's grant table holding it, once written
   };
   struct RemoteRegion {
     uint64_t address;
@@ -140,18 +162,24 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
   absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnGrantTableLocked(const GrantTableMessage& table);
+  absl::Status OnGrantWrittenLocked(uint32_t table_slot, uint32_t length);
   absl::Status OnRemoteGrantLocked(const wire::Grant& grant);
   absl::Status OnDataLocked(uint64_t grant_id, uint64_t length, std::vector<std::function<void()>>* callbacks);
   absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
                                      std::vector<std::function<void()>>* callbacks);
   void OnPeerRevokeLocked(uint64_t grant_id);
   bool TryPairLocked(const wire::Grant& grant, PendingWrite& write);
+  // Frees the grant's slot in the peer's grant table and forgets it.
+  void ReleaseGrantLocked(std::unordered_map<uint64_t, LocalGrant>::iterator grant);
   void EnqueueControlLocked(std::string message);
   void EnqueueFrameLocked(const wire::Frame& frame) { EnqueueControlLocked(wire::Encode(frame)); }
   // Posts as much of the outgoing queue as the send queue, send buffers and window allow.
   void PumpLocked();
   bool PostDataLocked(Outgoing& item);
-  absl::Status PostControlLocked(const std::string& message, bool is_reject);
+  // Posts `message` from a send buffer: as a SEND, or with `table_slot` >= 0 as the WRITE_WITH_IMM
+  // of a grant record into that slot of the peer's grant table.
+  absl::Status PostControlLocked(const std::string& message, bool is_reject, int table_slot = -1);
   void DrainInboxLocked(std::vector<std::function<void()>>* callbacks);
   // Sets the error; `tell_peer` sends it to the peer first. Callbacks run by the caller, unlocked.
   void FailLocked(const absl::Status& reason, bool tell_peer, std::vector<std::function<void()>>* callbacks);
@@ -177,8 +205,10 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   uint64_t max_single_write_ = 0;
   char* recv_buffers_ = nullptr;  // mmap'ed: registered memory gets pages of its own
   char* send_buffers_ = nullptr;
+  char* grant_table_ = nullptr;   // the peer writes its grants here
   std::shared_ptr<Registration> recv_registration_;
   std::shared_ptr<Registration> send_registration_;
+  std::shared_ptr<Registration> grant_table_registration_;
 
   mutable std::mutex mu_;
   std::condition_variable handshake_cv_;
@@ -199,6 +229,11 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
   uint32_t next_grant_id_ = 1;
   std::unordered_map<uint64_t, LocalGrant> local_grants_;
+  // Local grants not written to the peer yet, in grant order: waiting for its grant table, a free
+  // slot in it, a send buffer, or the control messages queued before them.
+  std::deque<uint64_t> unwritten_grants_;
+  std::optional<RemoteRegion> peer_grant_table_;
+  std::vector<uint32_t> free_peer_slots_;
   std::unordered_set<uint32_t> announced_regions_;
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
   std::unordered_map<Tag, std::deque<PendingWrite>, TagHash> pending_writes_;

@@ -481,12 +481,15 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
 
 std::map<std::string, uint64_t> VerbsStatistics() {
   const verbs::RegistrationCacheStats stats = verbs::GetRegistrationCacheStats();
+  const verbs::GrantTableStats grants = verbs::GetGrantTableStats();
   return {{"cache_hits", stats.hits},
           {"cache_misses", stats.misses},
           {"cache_evictions", stats.evictions},
           {"cache_invalidations", stats.invalidations},
           {"cache_uncached", stats.uncached},
-          {"pinned_bytes", verbs::PinnedBytes()}};
+          {"pinned_bytes", verbs::PinnedBytes()},
+          {"grants_written", grants.written},
+          {"grants_read", grants.read}};
 }
 
 }  // namespace tf_rdma

@@ -17,7 +17,8 @@ namespace tf_rdma {
 // Why verbs cannot work here (no device, no active port, a bad override), or OK.
 absl::Status VerbsBackendAvailable();
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options);
-// Registration cache counters (hits, misses, evictions, invalidations, uncached) and pinned bytes.
+// Registration cache counters (hits, misses, evictions, invalidations, uncached), pinned bytes, and
+// grants carried by grant-table writes (written, read); process-wide.
 std::map<std::string, uint64_t> VerbsStatistics();
 
 }  // namespace tf_rdma

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -174,6 +175,62 @@ def test_grant_of_a_foreign_region_is_refused():
         tcp_region = transport("tcp").allocate_region(100)
         with pytest.raises(errors.ConfigError, match="only regions allocated by the verbs transport"):
             from_sender.grant(1, tcp_region, 0, 100).wait(10)
+
+
+def grant_counts():
+    stats = _transport.verbs_stats()
+    return stats["grants_written"], stats["grants_read"]
+
+
+@needs_verbs
+def test_grants_are_written_into_the_senders_grant_table():
+    """Steady state: every grant is one write into the sender's grant table, which the sender reads."""
+    with connected_pair("verbs") as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(4 << 10)
+        payload = pattern(4 << 10, seed=3)
+        written, read = grant_counts()
+        for tag in range(20):
+            grant = from_sender.grant(tag, region, 0, len(payload))
+            to_receiver.write(tag, payload).wait(30)
+            assert grant.wait(30) == len(payload)
+        # Both ends live in this process, so the counters see both sides of each grant.
+        assert grant_counts() == (written + 20, read + 20)
+
+
+# verbs_connection.cc's kGrantSlots: grants outstanding towards one peer before more wait.
+GRANT_TABLE_SLOTS = 4096
+
+
+@needs_verbs
+def test_grants_beyond_the_grant_table_wait_for_a_free_slot():
+    """More grants than slots: the rest wait, in order, for slots the first ones free as their data
+    lands; a waiting grant revoked is cancelled without the peer ever seeing it."""
+    extra = 64
+    count = GRANT_TABLE_SLOTS + extra
+    with connected_pair("verbs") as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(8 * count)
+        first = from_sender.grant(0, region, 0, 8)
+        to_receiver.write(0, b"warmup!!").wait(30)  # the peer's grant table is known from here on
+        assert first.wait(30) == 8
+        written, _ = grant_counts()
+        grants = [from_sender.grant(tag, region, 8 * tag, 8) for tag in range(1, count)]
+        deadline = time.monotonic() + 60
+        while grant_counts()[0] - written < GRANT_TABLE_SLOTS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert grant_counts()[0] - written == GRANT_TABLE_SLOTS, "the table is full: the rest must wait"
+        revoked = grants.pop()
+        from_sender.revoke(revoked)
+        with pytest.raises(errors.CancelledError):
+            revoked.wait(10)
+        writes = [to_receiver.write(tag, tag.to_bytes(8, "little")) for tag in range(1, count - 1)]
+        for write in writes:
+            write.wait(120)
+        assert all(grant.wait(120) == 8 for grant in grants)
+        landed = memoryview(region)
+        assert all(landed[8 * tag:8 * tag + 8] == tag.to_bytes(8, "little") for tag in range(1, count - 1))
+        assert landed[8 * (count - 1):] == b"\0" * 8
+        assert grant_counts()[0] - written == count - 2, "all but the revoked one were written"
 
 
 @needs_verbs
