@@ -25,8 +25,6 @@ constexpr int kSendSlots = 64;         // control messages being sent at once
 constexpr int kSendDepth = 256;        // send queue work requests
 constexpr size_t kSlotSize = 4160;     // >= kMaxMessageLength
 constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
-// Set in the immediate of a grant record's write; the rest is the slot. Grant ids stay below it.
-constexpr uint32_t kGrantImmBit = uint32_t{1} << 31;
 // Slots of a grant table: grants outstanding towards the peer at once; more wait for a slot. A slot
 // frees only when the peer resolves its grant, so if an application sent the data of an outstanding
 // grant only after a waiting grant completed, neither would ever move. The table is sized far above
@@ -306,11 +304,9 @@ absl::StatusOr<wire::Frame> VerbsConnection::Channel::Receive(absl::Time deadlin
 
 uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                                 uint64_t capacity, GrantDone done) {
-  if (region == nullptr || offset > region->size() || capacity > region->size() - offset) {
-    done({absl::InvalidArgumentError(absl::StrCat("grant of [", offset, ", +", capacity,
-                                                  ") does not fit in region of ",
-                                                  region ? region->size() : 0, " bytes")),
-          0});
+  absl::Status fits = CheckGrantRange(region.get(), offset, capacity);
+  if (!fits.ok()) {
+    done({fits, 0});
     return 0;
   }
   const auto* verbs_region = dynamic_cast<const VerbsRegion*>(region.get());
@@ -330,39 +326,33 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     done({status, 0});
     return 0;
   }
-  // Ids travel as immediates below kGrantImmBit: skip any still outstanding after a wrap.
-  uint32_t id;
-  do {
-    id = next_grant_id_++ % kGrantImmBit;
-  } while (id == 0 || local_grants_.count(id) != 0);
   if (announced_regions_.insert(region->id()).second) {
     EnqueueControlLocked(EncodeRegion({region->id(), registration->rkey(),
                                        reinterpret_cast<uint64_t>(region->data()), region->size()}));
   }
-  local_grants_.emplace(id, LocalGrant{tag, std::move(region), offset, capacity, std::move(done)});
-  unwritten_grants_.push_back(id);
+  const uint32_t region_id = region->id();
+  const uint64_t id = book_.Issue(tag, std::move(region), offset, capacity, std::move(done));
+  unwritten_grants_.push_back(wire::Grant{id, tag, region_id, offset, capacity});
   PumpLocked();
   return id;
 }
 
 void VerbsConnection::Revoke(uint64_t grant_id) {
-  GrantDone done;
+  absl::StatusOr<IssuedGrant> unseen;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = local_grants_.find(grant_id);
-    if (it == local_grants_.end() || it->second.revoking || !status_.ok()) return;
-    auto unwritten = std::find(unwritten_grants_.begin(), unwritten_grants_.end(), grant_id);
+    if (!status_.ok()) return;
+    auto unwritten = std::find_if(unwritten_grants_.begin(), unwritten_grants_.end(),
+                                  [&](const wire::Grant& grant) { return grant.grant_id == grant_id; });
     if (unwritten == unwritten_grants_.end()) {
-      it->second.revoking = true;
-      EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
+      if (book_.StartRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
       return;
     }
     // The peer never saw it: nothing to ask back.
     unwritten_grants_.erase(unwritten);
-    done = std::move(it->second.done);
-    local_grants_.erase(it);
+    unseen = book_.TakeReturned(grant_id, std::nullopt);
   }
-  done({absl::CancelledError("grant revoked"), 0});
+  if (unseen.ok()) unseen->done({absl::CancelledError("grant revoked"), 0});
 }
 
 // ---- sender side ----
@@ -386,29 +376,17 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
     done(status);
     return;
   }
-  PendingWrite write{src, length, std::move(registration), std::move(done)};
-  auto grants = remote_grants_.find(tag);
-  while (grants != remote_grants_.end() && !grants->second.empty()) {
-    wire::Grant grant = grants->second.front();
-    grants->second.pop_front();
-    remote_grant_ids_.erase(grant.grant_id);
-    if (grants->second.empty()) remote_grants_.erase(grants);
-    if (TryPairLocked(grant, write)) {
-      PumpLocked();
-      return;
-    }
-    grants = remote_grants_.find(tag);
-  }
-  pending_writes_[tag].push_back(std::move(write));
+  EnqueuePairingLocked(book_.OnWrite(tag, PendingWrite{src, length, std::move(registration), std::move(done)}));
 }
 
-bool VerbsConnection::TryPairLocked(const wire::Grant& grant, PendingWrite& write) {
-  if (grant.capacity < write.length) {
-    EnqueueFrameLocked({wire::FrameType::kTooSmall, wire::TooSmall{grant.grant_id, write.length}});
-    return false;
+void VerbsConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing) {
+  for (const wire::TooSmall& too_small : pairing.too_small) {
+    EnqueueFrameLocked({wire::FrameType::kTooSmall, too_small});
   }
-  data_queue_.push_back(Outgoing{grant, std::move(write)});
-  return true;
+  if (pairing.ready) {
+    data_queue_.push_back(Outgoing{pairing.ready->first, std::move(pairing.ready->second)});
+    PumpLocked();
+  }
 }
 
 void VerbsConnection::Close(const absl::Status& reason) {
@@ -515,14 +493,11 @@ void VerbsConnection::PumpLocked() {
   // Once every control message queued before them is out, so a grant's REGION precedes it.
   while (control_queue_.empty() && !unwritten_grants_.empty() && !free_peer_slots_.empty() &&
          !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
-    const uint64_t id = unwritten_grants_.front();
-    LocalGrant& grant = local_grants_.at(id);
+    const wire::Grant& grant = unwritten_grants_.front();
     const uint32_t table_slot = free_peer_slots_.back();
-    const std::string record =
-        EncodeGrantRecord({id, grant.tag, grant.region->id(), grant.offset, grant.capacity});
-    if (!PostControlLocked(record, false, static_cast<int>(table_slot)).ok()) break;
+    if (!PostControlLocked(EncodeGrantRecord(grant), false, static_cast<int>(table_slot)).ok()) break;
     free_peer_slots_.pop_back();
-    grant.table_slot = static_cast<int>(table_slot);
+    written_slots_.emplace(grant.grant_id, table_slot);
     unwritten_grants_.pop_front();
     grants_written++;
   }
@@ -574,10 +549,9 @@ void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
   if (!status_.ok()) return;
   status_ = reason;
   handshake_cv_.notify_all();
-  for (auto& [tag, queue] : pending_writes_) {
-    for (auto& write : queue) callbacks->push_back([done = std::move(write.done), reason] { done(reason); });
+  for (auto& write : book_.TakeAllWaiting()) {
+    callbacks->push_back([done = std::move(write.done), reason] { done(reason); });
   }
-  pending_writes_.clear();
   for (auto& item : data_queue_) {
     if (item.posted == 0) {
       callbacks->push_back([done = std::move(item.write.done), reason] { done(reason); });
@@ -589,8 +563,6 @@ void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
   data_queue_.clear();
   control_queue_.clear();
   unwritten_grants_.clear();
-  remote_grants_.clear();
-  remote_grant_ids_.clear();
   if (!reason.ok() && reason.code() != absl::StatusCode::kCancelled) {
     LOG(WARNING) << "tf_rdma: verbs connection to " << peer_name_ << " at " << peer_address_
                  << " closed: " << reason;
@@ -617,10 +589,10 @@ void VerbsConnection::StopQueuePairLocked(std::vector<std::function<void()>>* ca
   attr.qp_state = IBV_QPS_ERR;
   ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
   rdma_disconnect(id_);
-  for (auto& [id, grant] : local_grants_) {
+  for (auto& grant : book_.TakeAllIssued()) {
     callbacks->push_back([done = std::move(grant.done), status = status_] { done({status, 0}); });
   }
-  local_grants_.clear();
+  written_slots_.clear();
 }
 
 // ---- progress ----
@@ -900,74 +872,53 @@ absl::Status VerbsConnection::OnRemoteGrantLocked(const wire::Grant& grant) {
                                                       ") outside region ", grant.region_id, " of ",
                                                       region->second.size, " bytes")));
   }
-  if (!remote_grant_ids_.insert(grant.grant_id).second) {
-    return PeerError(absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice")));
-  }
-  auto writes = pending_writes_.find(grant.tag);
-  if (writes != pending_writes_.end()) {
-    remote_grant_ids_.erase(grant.grant_id);
-    if (TryPairLocked(grant, writes->second.front())) {
-      writes->second.pop_front();
-      if (writes->second.empty()) pending_writes_.erase(writes);
-      PumpLocked();
-    }
-    return absl::OkStatus();
-  }
-  remote_grants_[grant.tag].push_back(grant);
+  absl::StatusOr<GrantBook<PendingWrite>::Pairing> pairing = book_.OnPeerGrant(grant);
+  if (!pairing.ok()) return PeerError(pairing.status());
+  EnqueuePairingLocked(*std::move(pairing));
   return absl::OkStatus();
 }
 
 void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
-  // A grant already used is answered by its data or TOO_SMALL.
-  if (remote_grant_ids_.erase(grant_id) == 0) return;
-  for (auto it = remote_grants_.begin(); it != remote_grants_.end(); ++it) {
-    auto& queue = it->second;
-    for (auto g = queue.begin(); g != queue.end(); ++g) {
-      if (g->grant_id != grant_id) continue;
-      queue.erase(g);
-      if (queue.empty()) remote_grants_.erase(it);
-      EnqueueFrameLocked({wire::FrameType::kRevoked, wire::Revoked{grant_id}});
-      return;
-    }
+  if (book_.OnPeerRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoked, wire::Revoked{grant_id}});
+}
+
+absl::StatusOr<uint32_t> VerbsConnection::WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const {
+  auto slot = written_slots_.find(grant_id);
+  if (slot == written_slots_.end()) {
+    return PeerError(absl::DataLossError(
+        absl::StrCat(answer, " for grant ", grant_id, ", which is not outstanding")));
   }
+  return slot->second;
+}
+
+void VerbsConnection::ReleaseSlotLocked(uint64_t grant_id) {
+  // The peer answers a grant only after it read the grant's record: the slot may be written again.
+  free_peer_slots_.push_back(written_slots_.at(grant_id));
+  written_slots_.erase(grant_id);
 }
 
 absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
                                            std::vector<std::function<void()>>* callbacks) {
-  auto it = local_grants_.find(grant_id);
-  // A grant not written to the peer yet is not outstanding from its side.
-  if (it == local_grants_.end() || it->second.table_slot < 0) {
-    return PeerError(absl::DataLossError(absl::StrCat("data for grant ", grant_id, ", which is not outstanding")));
-  }
-  if (length > it->second.capacity) {
-    return PeerError(absl::DataLossError(
-        absl::StrCat("data of ", length, " bytes for a grant of ", it->second.capacity)));
-  }
-  callbacks->push_back([done = std::move(it->second.done), length] { done({absl::OkStatus(), length}); });
-  ReleaseGrantLocked(it);
+  absl::StatusOr<uint32_t> written = WrittenSlotLocked(grant_id, "DATA");
+  if (!written.ok()) return written.status();
+  absl::StatusOr<IssuedGrant> grant = book_.TakeFilled(grant_id, length);
+  if (!grant.ok()) return PeerError(grant.status());
+  ReleaseSlotLocked(grant_id);
+  callbacks->push_back([done = std::move(grant->done), length] { done({absl::OkStatus(), length}); });
   return absl::OkStatus();
 }
 
 absl::Status VerbsConnection::OnGrantReturnedLocked(uint64_t grant_id, GrantResult result,
                                                     bool must_exceed_capacity,
                                                     std::vector<std::function<void()>>* callbacks) {
-  auto it = local_grants_.find(grant_id);
-  if (it == local_grants_.end() || it->second.table_slot < 0) {
-    return PeerError(absl::DataLossError(absl::StrCat("grant ", grant_id, " returned but not outstanding")));
-  }
-  if (must_exceed_capacity && result.length <= it->second.capacity) {
-    return PeerError(absl::DataLossError(absl::StrCat("TOO_SMALL for a message of ", result.length,
-                                                      " bytes that fits the grant of ", it->second.capacity)));
-  }
-  callbacks->push_back([done = std::move(it->second.done), result] { done(result); });
-  ReleaseGrantLocked(it);
+  absl::StatusOr<uint32_t> written = WrittenSlotLocked(grant_id, must_exceed_capacity ? "TOO_SMALL" : "REVOKED");
+  if (!written.ok()) return written.status();
+  absl::StatusOr<IssuedGrant> grant =
+      book_.TakeReturned(grant_id, must_exceed_capacity ? std::optional<uint64_t>(result.length) : std::nullopt);
+  if (!grant.ok()) return PeerError(grant.status());
+  ReleaseSlotLocked(grant_id);
+  callbacks->push_back([done = std::move(grant->done), result] { done(result); });
   return absl::OkStatus();
-}
-
-void VerbsConnection::ReleaseGrantLocked(std::unordered_map<uint64_t, LocalGrant>::iterator grant) {
-  // The peer resolves a grant only after it read the grant's record: the slot may be written again.
-  free_peer_slots_.push_back(static_cast<uint32_t>(grant->second.table_slot));
-  local_grants_.erase(grant);
 }
 
 }  // namespace tf_rdma::verbs

@@ -37,6 +37,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/verbs/registration_cache.h"
@@ -116,15 +117,6 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
    private:
     VerbsConnection* const connection_;
   };
-  struct LocalGrant {
-    Tag tag;
-    std::shared_ptr<MemoryRegion> region;
-    uint64_t offset;
-    uint64_t capacity;
-    GrantDone done;
-    bool revoking = false;
-    int table_slot = -1;  // the slot of the peer's grant table holding it, once written
-  };
   struct RemoteRegion {
     uint64_t address;
     uint64_t size;
@@ -169,9 +161,13 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
                                      std::vector<std::function<void()>>* callbacks);
   void OnPeerRevokeLocked(uint64_t grant_id);
-  bool TryPairLocked(const wire::Grant& grant, PendingWrite& write);
-  // Frees the grant's slot in the peer's grant table and forgets it.
-  void ReleaseGrantLocked(std::unordered_map<uint64_t, LocalGrant>::iterator grant);
+  // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
+  void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
+  // The slot of the peer's grant table holding grant `grant_id`, which the peer is answering;
+  // an error when the grant was never written there (so the peer cannot know it).
+  absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
+  // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
+  void ReleaseSlotLocked(uint64_t grant_id);
   void EnqueueControlLocked(std::string message);
   void EnqueueFrameLocked(const wire::Frame& frame) { EnqueueControlLocked(wire::Encode(frame)); }
   // Posts as much of the outgoing queue as the send queue, send buffers and window allow.
@@ -227,18 +223,16 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::deque<std::string> control_queue_;
   std::deque<Outgoing> data_queue_;
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
-  uint32_t next_grant_id_ = 1;
-  std::unordered_map<uint64_t, LocalGrant> local_grants_;
-  // Local grants not written to the peer yet, in grant order: waiting for its grant table, a free
+  // Grant ids travel as immediates below kGrantImmBit.
+  GrantBook<PendingWrite> book_{kGrantImmBit - 1};
+  // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
   // slot in it, a send buffer, or the control messages queued before them.
-  std::deque<uint64_t> unwritten_grants_;
+  std::deque<wire::Grant> unwritten_grants_;
+  std::unordered_map<uint64_t, uint32_t> written_slots_;  // grant id -> slot of the peer's table
   std::optional<RemoteRegion> peer_grant_table_;
   std::vector<uint32_t> free_peer_slots_;
   std::unordered_set<uint32_t> announced_regions_;
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
-  std::unordered_map<Tag, std::deque<PendingWrite>, TagHash> pending_writes_;
-  std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> remote_grants_;
-  std::unordered_set<uint64_t> remote_grant_ids_;
   absl::Time last_receive_;
   absl::Time last_send_;
 };

@@ -47,6 +47,9 @@ std::string EncodeRegion(const RegionMessage& region);
 std::string EncodeGrantTable(const GrantTableMessage& table);
 // Parses one received message (untrusted): kDataLoss on anything malformed.
 absl::StatusOr<Message> DecodeMessage(std::string_view bytes);
+// Set in the immediate of a grant record's write; the rest is the slot. Grant ids stay below it,
+// so a data write's immediate (its grant id) cannot read as a grant record's.
+constexpr uint32_t kGrantImmBit = uint32_t{1} << 31;
 std::string EncodeGrantRecord(const wire::Grant& grant);
 // Parses the bytes read from a grant table slot (untrusted): kDataLoss unless they are one GRANT.
 absl::StatusOr<wire::Grant> DecodeGrantRecord(std::string_view bytes);
