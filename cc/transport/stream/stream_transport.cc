@@ -7,11 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <list>
+#include <optional>
 #include <thread>
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/handshake_threads.h"
 #include "cc/transport/stream/socket_io.h"
 
 namespace tf_rdma {
@@ -30,17 +31,12 @@ class StreamListener : public Listener {
     stopping_ = true;
     shutdown(fd_, SHUT_RDWR);
     accept_thread_.join();
-    for (auto& worker : workers_) worker.thread.join();
+    handshakes_.reset();
     close(fd_);
   }
   Endpoint endpoint() const override { return endpoint_; }
 
  private:
-  struct Worker {
-    std::thread thread;
-    std::atomic<bool> finished{false};
-  };
-
   void AcceptLoop() {
     while (!stopping_) {
       const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -49,22 +45,7 @@ class StreamListener : public Listener {
         if (!stopping_) LOG(ERROR) << "tf_rdma: accept on " << endpoint_.ToString() << ": " << std::strerror(errno);
         return;
       }
-      ReapFinishedWorkers();
-      Worker& worker = workers_.emplace_back();
-      worker.thread = std::thread([this, client, &worker] {
-        handshake_(client);
-        worker.finished = true;
-      });
-    }
-  }
-  void ReapFinishedWorkers() {
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      if (it->finished) {
-        it->thread.join();
-        it = workers_.erase(it);
-      } else {
-        ++it;
-      }
+      handshakes_->Start([this, client] { handshake_(client); });
     }
   }
 
@@ -72,7 +53,7 @@ class StreamListener : public Listener {
   const Endpoint endpoint_;
   const Handshake handshake_;
   std::atomic<bool> stopping_{false};
-  std::list<Worker> workers_;  // accept thread and destructor only
+  std::optional<HandshakeThreads> handshakes_{std::in_place};  // reset: joined before fd_ closes
   std::thread accept_thread_;
 };
 

@@ -9,7 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <list>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/transport/addresses.h"
+#include "cc/transport/handshake_threads.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
 namespace tf_rdma {
@@ -114,7 +115,7 @@ class VerbsListener : public Listener {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof(one));
     thread_.join();
-    for (auto& worker : workers_) worker.thread.join();
+    handshakes_.reset();
     rdma_destroy_id(id_);
     rdma_destroy_event_channel(channel_);
     close(stop_fd_);
@@ -122,10 +123,6 @@ class VerbsListener : public Listener {
   Endpoint endpoint() const override { return endpoint_; }
 
  private:
-  struct Worker {
-    std::thread thread;
-    std::atomic<bool> finished{false};
-  };
   void Loop();
   void Accept(rdma_cm_id* child);
 
@@ -136,7 +133,7 @@ class VerbsListener : public Listener {
   const AcceptCallback on_accept_;
   const int stop_fd_;
   std::atomic<bool> stopping_{false};
-  std::list<Worker> workers_;
+  std::optional<HandshakeThreads> handshakes_{std::in_place};  // reset: joined before id_ goes
   std::thread thread_;
 };
 
@@ -353,19 +350,7 @@ void VerbsListener::Loop() {
       rdma_cm_id* child = event->id;
       rdma_ack_cm_event(event);
       if (type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
-      for (auto it = workers_.begin(); it != workers_.end();) {
-        if (it->finished) {
-          it->thread.join();
-          it = workers_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      Worker& worker = workers_.emplace_back();
-      worker.thread = std::thread([this, child, &worker] {
-        Accept(child);
-        worker.finished = true;
-      });
+      handshakes_->Start([this, child] { Accept(child); });
     }
   }
 }
