@@ -25,6 +25,7 @@ py::dict PeerToDict(const PeerStats& s) {
   d["grants"] = s.grants;
   d["regrants"] = s.regrants;
   d["errors"] = s.errors;
+  d["sends_discarded"] = s.sends_discarded;
   d["connects"] = s.connects;
   return d;
 }

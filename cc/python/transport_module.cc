@@ -205,6 +205,8 @@ PYBIND11_MODULE(_transport, m) {
            },
            py::arg("tag"), py::arg("region"), py::arg("offset"), py::arg("capacity"))
       .def("revoke", [](PyConnection& c, const GrantHandle& g) { c.get().Revoke(g.id); })
+      .def("discard", [](PyConnection& c, const py::int_& tag) { c.get().Discard(TagFromInt(tag)); },
+           py::arg("tag"), "Writes under `tag`, waiting or to come, complete as cancelled.")
       .def("write",
            [](PyConnection& c, const py::int_& tag, const py::buffer& data) {
              py::buffer_info info = data.request();

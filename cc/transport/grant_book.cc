@@ -11,4 +11,8 @@ absl::Status CheckGrantRange(const MemoryRegion* region, uint64_t offset, uint64
                                                  region ? region->size() : 0, " bytes"));
 }
 
+absl::Status DiscardedWrite() {
+  return absl::CancelledError("the receiver discarded this message's tag: its step was cancelled");
+}
+
 }  // namespace tf_rdma

@@ -7,6 +7,10 @@
 // Not thread-safe: each connection calls it under its own lock, and runs the callbacks it hands
 // back after unlocking. `Write` is what the connection keeps of a write until it is paired; it
 // must have `uint64_t length` and `WriteDone done`.
+//
+// A receiver whose step was cancelled discards its tags: the sender drops writes under them, now
+// or when they come. Tags name one transfer each in tf_rdma's use, so the book remembers only the
+// last kDiscardMemory of them; a write later than that waits until the connection closes.
 #ifndef TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
 #define TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
 
@@ -30,6 +34,9 @@ namespace tf_rdma {
 // Whether [offset, offset + capacity) lies in `region`: what every Grant() checks first.
 absl::Status CheckGrantRange(const MemoryRegion* region, uint64_t offset, uint64_t capacity);
 
+// How a write under a discarded tag completes.
+absl::Status DiscardedWrite();
+
 struct IssuedGrant {
   Tag tag;
   std::shared_ptr<MemoryRegion> region;
@@ -38,6 +45,8 @@ struct IssuedGrant {
   GrantDone done;
   bool revoking = false;
 };
+
+constexpr size_t kDiscardMemory = 16384;
 
 template <typename Write>
 class GrantBook {
@@ -49,6 +58,7 @@ class GrantBook {
   struct Pairing {
     std::optional<std::pair<wire::Grant, Write>> ready;  // write it into this grant
     std::vector<wire::TooSmall> too_small;               // tell the peer
+    std::optional<Write> discarded;                      // complete it as cancelled
   };
 
   // ---- receiver side ----
@@ -132,6 +142,10 @@ class GrantBook {
   // the tag that fits (smaller ones go back as TOO_SMALL), or kept until one arrives.
   Pairing OnWrite(const Tag& tag, Write write) {
     Pairing pairing;
+    if (discarded_.count(tag) != 0) {
+      pairing.discarded.emplace(std::move(write));
+      return pairing;
+    }
     auto grants = peer_grants_.find(tag);
     while (grants != peer_grants_.end() && !pairing.ready) {
       const wire::Grant grant = grants->second.front();
@@ -160,6 +174,22 @@ class GrantBook {
       }
     }
     return true;
+  }
+  // The peer wants nothing more under `tag`: the writes waiting under it, to complete as cancelled.
+  std::vector<Write> Discard(const Tag& tag) {
+    if (discarded_.insert(tag).second) {
+      discard_order_.push_back(tag);
+      if (discard_order_.size() > kDiscardMemory) {
+        discarded_.erase(discard_order_.front());
+        discard_order_.pop_front();
+      }
+    }
+    std::vector<Write> dropped;
+    auto writes = waiting_.find(tag);
+    if (writes == waiting_.end()) return dropped;
+    for (auto& write : writes->second) dropped.push_back(std::move(write));
+    waiting_.erase(writes);
+    return dropped;
   }
   // The connection failed: every write still waiting; the peer's grants are dropped.
   std::vector<Write> TakeAllWaiting() {
@@ -190,6 +220,8 @@ class GrantBook {
   std::unordered_map<Tag, std::deque<Write>, TagHash> waiting_;
   std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> peer_grants_;
   std::unordered_set<uint64_t> peer_grant_ids_;
+  std::unordered_set<Tag, TagHash> discarded_;
+  std::deque<Tag> discard_order_;  // oldest first, to forget beyond kDiscardMemory
 };
 
 }  // namespace tf_rdma

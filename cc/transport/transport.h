@@ -89,6 +89,11 @@ class Connection {
   // Takes a grant back. Its `done` runs with kCancelled once the peer confirmed it will not write,
   // or with OK if the data won the race. Either way the range is free after `done` ran.
   virtual void Revoke(uint64_t grant_id) = 0;
+  // Tells the sender that no message under `tag` is wanted any more (the receiver's step was
+  // cancelled): writes waiting under it, and any that come later, complete with kCancelled
+  // instead of holding their memory until the connection closes. Grants under the tag are not
+  // affected (revoke them first). Senders remember the most recent discarded tags (grant_book.h).
+  virtual void Discard(const Tag& tag) = 0;
 
   // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
   virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;

@@ -122,6 +122,7 @@ const char* FrameTypeName(FrameType type) {
     case FrameType::kRevoked: return "REVOKED";
     case FrameType::kPing: return "PING";
     case FrameType::kShmRegion: return "SHM_REGION";
+    case FrameType::kDiscard: return "DISCARD";
   }
   return "UNKNOWN";
 }
@@ -133,7 +134,7 @@ absl::StatusOr<Header> DecodeHeader(std::string_view bytes) {
   }
   const uint8_t type = static_cast<uint8_t>(bytes[0]);
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
-      type > static_cast<uint8_t>(FrameType::kShmRegion)) {
+      type > static_cast<uint8_t>(FrameType::kDiscard)) {
     return absl::DataLossError(absl::StrCat("unknown frame type ", type));
   }
   if (bytes[1] != 0 || bytes[2] != 0 || bytes[3] != 0) {
@@ -206,6 +207,13 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
     case FrameType::kPing:
       frame.body = Ping{};
       break;
+    case FrameType::kDiscard: {
+      Discard d;
+      d.tag.hi = r.U64();
+      d.tag.lo = r.U64();
+      frame.body = d;
+      break;
+    }
     case FrameType::kShmRegion: {
       ShmRegion s;
       s.region_id = r.U32();
@@ -251,6 +259,9 @@ std::string Encode(const Frame& frame) {
         } else if constexpr (std::is_same_v<T, ShmRegion>) {
           body.U32(b.region_id);
           body.U64(b.size);
+        } else if constexpr (std::is_same_v<T, Discard>) {
+          body.U64(b.tag.hi);
+          body.U64(b.tag.lo);
         }
       },
       frame.body);

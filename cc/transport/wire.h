@@ -39,6 +39,7 @@ enum class FrameType : uint8_t {
   kRevoked = 10,   // sender -> receiver: the grant is given back unused
   kPing = 11,      // either way: I am alive
   kShmRegion = 12, // receiver -> sender (shm): a region's file descriptor rides along
+  kDiscard = 13,   // receiver -> sender: no message under this tag is wanted any more
 };
 
 using Nonce = std::array<uint8_t, kNonceLength>;
@@ -82,13 +83,14 @@ struct TooSmall {
 struct Revoke { uint64_t grant_id = 0; };
 struct Revoked { uint64_t grant_id = 0; };
 struct Ping {};
+struct Discard { Tag tag; };
 struct ShmRegion {
   uint32_t region_id = 0;
   uint64_t size = 0;
 };
 
 using Body = std::variant<Greeting, Proof, Accept, Reject, Grant, Data, TooSmall, Revoke, Revoked,
-                          Ping, ShmRegion>;
+                          Ping, ShmRegion, Discard>;
 struct Frame {
   FrameType type;
   Body body;

@@ -171,6 +171,22 @@ def test_revoked_grant_is_never_written(backend):
         assert memoryview(region) == b"\0" * 100
 
 
+def test_discarded_tag_cancels_its_writes_waiting_and_later_only(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        waiting = to_receiver.write(21, b"w" * 64)
+        from_sender.discard(21)
+        with pytest.raises(errors.CancelledError, match="discarded"):
+            waiting.wait(10)
+        # The sender remembers the tag: a write under it that comes after the discard is dropped too,
+        with pytest.raises(errors.CancelledError, match="discarded"):
+            to_receiver.write(21, b"late").wait(10)
+        # while other tags are untouched.
+        region = receiver.allocate_region(64)
+        grant = from_sender.grant(22, region, 0, 64)
+        to_receiver.write(22, b"z" * 64).wait(10)
+        assert grant.wait(10) == 64 and memoryview(region) == b"z" * 64
+
+
 def test_grant_outside_region_is_refused(backend):
     with connected_pair(backend) as (receiver, from_sender, _):
         region = receiver.allocate_region(100)

@@ -175,6 +175,10 @@ class Receive : public std::enable_shared_from_this<Receive> {
     if (connection_) {
       connection_->Revoke(header_grant_);
       connection_->Revoke(data_grant_);
+      // The sender's step may still send this transfer (or has, and waits for a grant): without
+      // this its tensor would stay referenced until the connection closes.
+      connection_->Discard(tags_.header);
+      connection_->Discard(tags_.data);
     }
     FinishLocked(absl::CancelledError("the step was cancelled"));
   }

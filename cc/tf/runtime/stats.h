@@ -21,6 +21,7 @@ struct PeerStats {
   uint64_t grants = 0;
   uint64_t regrants = 0;  // a message outgrew its grant (sizes learned, shapes changed)
   uint64_t errors = 0;
+  uint64_t sends_discarded = 0;  // writes the receiver no longer wanted (its step was cancelled)
   uint64_t connects = 0;
 };
 

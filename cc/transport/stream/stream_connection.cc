@@ -86,7 +86,20 @@ void StreamConnection::Write(const Tag& tag, const void* src, uint64_t length, W
     done(status);
     return;
   }
-  EnqueuePairingLocked(book_.OnWrite(tag, PendingWrite{src, length, std::move(done)}));
+  GrantBook<PendingWrite>::Pairing pairing = book_.OnWrite(tag, PendingWrite{src, length, std::move(done)});
+  if (pairing.discarded) {
+    lock.unlock();
+    pairing.discarded->done(DiscardedWrite());
+    return;
+  }
+  EnqueuePairingLocked(std::move(pairing));
+  FlushLocked(lock);
+}
+
+void StreamConnection::Discard(const Tag& tag) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!status_.ok()) return;
+  EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kDiscard, wire::Discard{tag}}}});
   FlushLocked(lock);
 }
 
@@ -177,6 +190,9 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
     case wire::FrameType::kRevoked:
       return OnGrantReturned(std::get<wire::Revoked>(frame.body).grant_id,
                              {absl::CancelledError("grant revoked"), 0}, false);
+    case wire::FrameType::kDiscard:
+      OnPeerDiscard(std::get<wire::Discard>(frame.body).tag);
+      return absl::OkStatus();
     case wire::FrameType::kShmRegion: {
       int fd = -1;
       if (!received_fds_.empty()) {
@@ -214,6 +230,15 @@ void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
   if (!book_.OnPeerRevoke(grant_id)) return;
   EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kRevoked, wire::Revoked{grant_id}}}});
   FlushLocked(lock);
+}
+
+void StreamConnection::OnPeerDiscard(const Tag& tag) {
+  std::vector<PendingWrite> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped = book_.Discard(tag);
+  }
+  for (auto& write : dropped) write.done(DiscardedWrite());
 }
 
 absl::Status StreamConnection::OnData(const wire::Data& data) {

@@ -376,7 +376,19 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
     done(status);
     return;
   }
-  EnqueuePairingLocked(book_.OnWrite(tag, PendingWrite{src, length, std::move(registration), std::move(done)}));
+  GrantBook<PendingWrite>::Pairing pairing =
+      book_.OnWrite(tag, PendingWrite{src, length, std::move(registration), std::move(done)});
+  if (pairing.discarded) {
+    lock.unlock();
+    pairing.discarded->done(DiscardedWrite());
+    return;
+  }
+  EnqueuePairingLocked(std::move(pairing));
+}
+
+void VerbsConnection::Discard(const Tag& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.ok()) EnqueueFrameLocked({wire::FrameType::kDiscard, wire::Discard{tag}});
 }
 
 void VerbsConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing) {
@@ -811,6 +823,9 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
     case wire::FrameType::kRevoke:
       OnPeerRevokeLocked(std::get<wire::Revoke>(frame.body).grant_id);
       return absl::OkStatus();
+    case wire::FrameType::kDiscard:
+      OnPeerDiscardLocked(std::get<wire::Discard>(frame.body).tag, callbacks);
+      return absl::OkStatus();
     case wire::FrameType::kRevoked:
       return OnGrantReturnedLocked(std::get<wire::Revoked>(frame.body).grant_id,
                                    {absl::CancelledError("grant revoked"), 0}, false, callbacks);
@@ -876,6 +891,12 @@ absl::Status VerbsConnection::OnRemoteGrantLocked(const wire::Grant& grant) {
   if (!pairing.ok()) return PeerError(pairing.status());
   EnqueuePairingLocked(*std::move(pairing));
   return absl::OkStatus();
+}
+
+void VerbsConnection::OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
+  for (auto& write : book_.Discard(tag)) {
+    callbacks->push_back([done = std::move(write.done)] { done(DiscardedWrite()); });
+  }
 }
 
 void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {

@@ -100,6 +100,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;
   void Revoke(uint64_t grant_id) override;
+  void Discard(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
@@ -161,6 +162,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
                                      std::vector<std::function<void()>>* callbacks);
   void OnPeerRevokeLocked(uint64_t grant_id);
+  void OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
   // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   // The slot of the peer's grant table holding grant `grant_id`, which the peer is answering;
