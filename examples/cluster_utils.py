@@ -3,6 +3,7 @@ runs a whole TensorFlow cluster as local processes and never leaves one behind.
 
 Nothing here imports TensorFlow at module level, so a launcher that only supervises stays light.
 """
+import contextlib
 import ctypes
 import json
 import os
@@ -212,6 +213,20 @@ def raise_on_termination_signals():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def reporting_stops():
+    """Around a launcher's runs (inside which `finally:` blocks stop the children): says why it
+    stopped; Ctrl-C becomes exit status 130, a termination signal keeps its own."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("interrupted: every task was stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    except SystemExit:
+        print("terminated: every task was stopped", file=sys.stderr)
+        raise
 
 
 class _Child:

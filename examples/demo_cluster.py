@@ -183,20 +183,15 @@ def main(argv=None):
     args.log_root = args.log_dir or tempfile.mkdtemp(prefix="tf_rdma_demo_")
     runs = {}
     try:
-        for transport in args.transports:
-            pids = {}
-            try:
-                runs[transport] = run_once(transport, args, out, pids)
-            except cu.ClusterFailed as e:
-                keep_logs = True
-                runs[transport] = {"transport": transport, "error": str(e), "pids": pids}
-                print(f"[{transport}] FAILED: {e}", file=out, flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: every task was stopped", file=sys.stderr)
-        return 130
-    except SystemExit:
-        print("terminated: every task was stopped", file=sys.stderr)
-        raise
+        with cu.reporting_stops():
+            for transport in args.transports:
+                pids = {}
+                try:
+                    runs[transport] = run_once(transport, args, out, pids)
+                except cu.ClusterFailed as e:
+                    keep_logs = True
+                    runs[transport] = {"transport": transport, "error": str(e), "pids": pids}
+                    print(f"[{transport}] FAILED: {e}", file=out, flush=True)
     finally:
         if not keep_logs:
             shutil.rmtree(args.log_root, ignore_errors=True)

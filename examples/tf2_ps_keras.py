@@ -260,35 +260,30 @@ def launch_local(args):
     ok = False
     t0 = time.monotonic()
     try:
-        print(f"[{args.transport}] cluster {spec}", file=out, flush=True)
-        with cu.LocalCluster(log_dir, env) as lc:
-            for job in ("ps", "worker"):
-                for i in range(len(cluster[job])):
-                    lc.start(f"{job}{i}", cu.python_argv(__file__, "--job", job, "--task", i,
-                                                         *common), daemon=True)
-                    pids[f"{job}{i}"] = lc.pid(f"{job}{i}")
-            lc.start("chief", cu.python_argv(__file__, "--job", "chief", "--task", 0, *common))
-            pids["chief"] = lc.pid("chief")
-            lc.wait(until=["chief"], timeout=args.timeout, stall_timeout=180, on_event=on_event)
-        for name, ev in lc.drain():       # the servers' tf_rdma stats, printed as they stopped
-            if ev.get("kind") == "rdma_stats" and ev.get("stats"):
-                st = ev["stats"]
-                rdma_stats[name] = st
-                print(f"[{args.transport}] {name}: tf_rdma carried {st['tensors_sent']} tensors "
-                      f"({st['bytes_sent'] / 2**20:.0f} MiB) out, {st['tensors_received']} "
-                      f"({st['bytes_received'] / 2**20:.0f} MiB) in, backend "
-                      f"{'/'.join(st['backends']) or '-'}", file=out, flush=True)
-        ok = "chief" in results
-        if not ok:
-            print("FAILED: the coordinator exited without a result", file=out)
+        with cu.reporting_stops():
+            print(f"[{args.transport}] cluster {spec}", file=out, flush=True)
+            with cu.LocalCluster(log_dir, env) as lc:
+                for job in ("ps", "worker"):
+                    for i in range(len(cluster[job])):
+                        lc.start(f"{job}{i}", cu.python_argv(__file__, "--job", job, "--task", i,
+                                                             *common), daemon=True)
+                        pids[f"{job}{i}"] = lc.pid(f"{job}{i}")
+                lc.start("chief", cu.python_argv(__file__, "--job", "chief", "--task", 0, *common))
+                pids["chief"] = lc.pid("chief")
+                lc.wait(until=["chief"], timeout=args.timeout, stall_timeout=180, on_event=on_event)
+            for name, ev in lc.drain():       # the servers' tf_rdma stats, printed as they stopped
+                if ev.get("kind") == "rdma_stats" and ev.get("stats"):
+                    st = ev["stats"]
+                    rdma_stats[name] = st
+                    print(f"[{args.transport}] {name}: tf_rdma carried {st['tensors_sent']} tensors "
+                          f"({st['bytes_sent'] / 2**20:.0f} MiB) out, {st['tensors_received']} "
+                          f"({st['bytes_received'] / 2**20:.0f} MiB) in, backend "
+                          f"{'/'.join(st['backends']) or '-'}", file=out, flush=True)
+            ok = "chief" in results
+            if not ok:
+                print("FAILED: the coordinator exited without a result", file=out)
     except cu.ClusterFailed as e:
         print(f"[{args.transport}] FAILED: {e}", file=out, flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: every task was stopped", file=sys.stderr)
-        return 130
-    except SystemExit:
-        print("terminated: every task was stopped", file=sys.stderr)
-        raise
     finally:
         if not ok:
             print(f"logs kept in {log_dir}", file=out)
