@@ -34,9 +34,6 @@ namespace tf_rdma {
 // Whether [offset, offset + capacity) lies in `region`: what every Grant() checks first.
 absl::Status CheckGrantRange(const MemoryRegion* region, uint64_t offset, uint64_t capacity);
 
-// How a write under a discarded tag completes.
-absl::Status DiscardedWrite();
-
 struct IssuedGrant {
   Tag tag;
   std::shared_ptr<MemoryRegion> region;

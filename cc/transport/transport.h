@@ -106,6 +106,9 @@ class Connection {
   virtual Backend backend() const = 0;
 };
 
+// How a write under a discarded tag completes (kCancelled, and only such writes have this status).
+absl::Status DiscardedWrite();
+
 using AcceptCallback = std::function<void(std::shared_ptr<Connection>)>;
 
 class Listener {

@@ -63,7 +63,7 @@ class RdmaSendOp : public AsyncOpKernel {
     // step, like TensorFlow's own Send, has already moved on.
     auto report = [runtime, peer = identity_.peer_task, name = identity_.tensor_name](const absl::Status& status) {
       if (status.ok()) return;
-      if (absl::IsCancelled(status)) {
+      if (status == DiscardedWrite()) {
         // The receiver's step was cancelled and it discarded this transfer: nothing went wrong here.
         runtime->stats().Peer(peer, [](PeerStats& s) { s.sends_discarded++; });
         return;
