@@ -275,13 +275,14 @@ class LocalCluster:
         self.stop()
         return False
 
-    def start(self, name, argv, daemon=False):
+    def start(self, name, argv, daemon=False, env=None):
         """Starts `argv`. A daemon (a server that runs until stopped) must not exit on its own while
-        the cluster is awaited; a non-daemon must exit with 0."""
+        the cluster is awaited; a non-daemon must exit with 0. `env` adds variables for this child
+        only (e.g. its TF_CONFIG)."""
         log_path = os.path.join(self.log_dir, f"{name}.log")
         popen = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+            env={**self.env, **(env or {})}, start_new_session=True, preexec_fn=_die_with_parent,
             text=True, errors="replace", bufsize=1)
         child = _Child(name, popen, log_path, daemon)
         child.reader = threading.Thread(target=self._read, args=(child,), daemon=True)
@@ -385,6 +386,36 @@ class LocalCluster:
         for child in self.children.values():
             if child.reader is not None:
                 child.reader.join(timeout=2)
+
+
+def tf_config(cluster, job, index):
+    """The TF_CONFIG of one task, as a cluster manager would set it."""
+    return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+
+
+def serve_until_stopped(transport, cluster, job, task, events):
+    """A task that only serves: its server (`server_class(transport)`, TensorFlow's default
+    protocol, so tf_rdma's server picks its own) runs until SIGTERM/SIGINT; then, with tf_rdma, it
+    reports what tf_rdma carried (printed, and as an `rdma_stats` event) and leaves."""
+    make_server = server_class(transport)
+    import tensorflow as tf
+    server = make_server(tf.train.ClusterSpec(cluster), job_name=job, task_index=task, start=True)
+    print(f"{job} {task}: serving at {server.target} ({transport})", flush=True)
+    emit(events, kind="serving", job=job, task=task, pid=os.getpid())
+
+    def stop(signum, _frame):
+        print(f"{job} {task}: stopping on {signal.Signals(signum).name}", flush=True)
+        if transport == "rdma":
+            stats = rdma_stats_summary()
+            print(f"{job} {task}: tf_rdma stats {stats}", flush=True)
+            emit(events, kind="rdma_stats", job=job, task=task, stats=stats)
+        # TensorFlow servers cannot be shut down cleanly (GrpcServer::Stop is unimplemented);
+        # leave without running destructors.
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:           # server.join() blocks in C++, where no Python signal handler runs
+        time.sleep(3600)
 
 
 def python_argv(script, *args):

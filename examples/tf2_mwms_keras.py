@@ -1,0 +1,275 @@
+"""TF2 MultiWorkerMirroredStrategy, one process per worker: Keras `model.fit` or a custom loop.
+
+Every worker holds a full copy of the model (a Keras MLP, the same as tf2_ps_keras.py's) and
+trains on its share of each global batch of scikit-learn's digits; after every step the workers
+all-reduce their gradients (collective ops, ring all-reduce), so each step moves the whole
+gradient (16.6 MiB for the default 4.35 M parameters) between the workers. There is no ps and no
+coordinator: each worker runs this script with its TF_CONFIG, and the strategy starts the task's
+server itself. `--transport grpc` uses `tf.distribute.MultiWorkerMirroredStrategy`, `--transport
+rdma` `tf_rdma.MultiWorkerMirroredStrategy` (same arguments); nothing else differs.
+
+    # everything on this host, one process per worker:
+    python examples/tf2_mwms_keras.py --launch-local [--transport rdma] [--loop custom] [--steps 100]
+
+    # or one command per worker, on any hosts:
+    TF_CONFIG='{"cluster": {"worker": ["h1:2222", "h2:2222"]}, "task": {"type": "worker", "index": 0}}' \\
+        python examples/tf2_mwms_keras.py
+    TF_CONFIG='{... "task": {"type": "worker", "index": 1}}' python examples/tf2_mwms_keras.py
+
+Deterministic: fixed initializer seeds, a seeded shuffle and a fixed sharding of each batch, so two
+runs (over either transport) give bit-identical weights; `--save PATH` writes worker 0's final
+weights and per-step losses to an .npz. Keras 2 (`tf_keras`, `pip install --no-deps
+tf-keras==2.21.0`), as in tf2_ps_keras.py.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import cluster_utils as cu  # noqa: E402
+from tf2_ps_keras import build_model  # noqa: E402  (the same MLP as the PS example)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--launch-local", action="store_true",
+                   help="start every worker as a local process (otherwise: run the task TF_CONFIG names)")
+    p.add_argument("--num-workers", type=int, default=2, help="with --launch-local")
+    p.add_argument("--transport", choices=cu.TRANSPORTS, default="grpc")
+    p.add_argument("--loop", choices=("fit", "custom"), default="fit",
+                   help="Keras model.fit, or a custom loop (strategy.run + GradientTape)")
+    p.add_argument("--steps", type=int, default=100, help="training steps (every worker runs each)")
+    p.add_argument("--warmup-steps", type=int, default=3,
+                   help="run before timing starts (tracing, collective group setup)")
+    p.add_argument("--batch-size", type=int, default=64, help="per worker")
+    p.add_argument("--hidden", default="2048,2048")
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", help="worker 0 writes its final weights and per-step losses here (.npz)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="--launch-local: seconds allowed for the whole run")
+    p.add_argument("--events", action="store_true", help="machine-readable progress lines")
+    p.add_argument("--json", action="store_true", help="--launch-local: print a JSON summary")
+    p.add_argument("--log-dir", help="--launch-local: keep the workers' logs here")
+    args = p.parse_args(argv)
+    args.hidden = [int(h) for h in args.hidden.split(",") if h]
+    if args.warmup_steps >= args.steps:
+        p.error("--steps must be larger than --warmup-steps")
+    return args
+
+
+def import_keras2():
+    try:
+        import tf_keras
+    except ImportError as e:
+        import tensorflow as tf
+        raise SystemExit(f"this example uses Keras 2: pip install --no-deps "
+                         f"tf-keras=={tf.__version__} ({e})") from e
+    return tf_keras
+
+
+def make_strategy(transport):
+    """The only line that differs between the transports. Both read TF_CONFIG and start this
+    task's server themselves."""
+    import tensorflow as tf
+    if transport == "rdma":
+        import tf_rdma
+        return tf_rdma.MultiWorkerMirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+# ---------------------------------------------------------------------------------------------
+# One worker (the task TF_CONFIG names).
+
+def run_worker(args):
+    keras = import_keras2()
+    import numpy as np
+    import tensorflow as tf
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    index = int(task["index"])
+    keras.utils.set_random_seed(args.seed)
+    strategy = make_strategy(args.transport)
+    workers = strategy.num_replicas_in_sync
+    global_batch = args.batch_size * workers
+    x_train, y_train, x_test, y_test = cu.load_digits_split(seed=args.seed)
+
+    def dataset():
+        # The same pipeline in every worker: a seeded shuffle (deterministic from run to run), the
+        # global batch; auto-sharding by DATA gives each worker a fixed slice of every batch.
+        ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        ds = ds.shuffle(len(x_train), seed=args.seed).repeat().batch(global_batch, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        options.deterministic = True
+        return ds.with_options(options)
+
+    with strategy.scope():
+        model = build_model(keras, args.hidden, args.seed)
+        optimizer = keras.optimizers.Adam(args.learning_rate)
+    n_params = model.count_params()
+    print(f"worker {index}: {workers} workers, {n_params / 1e6:.2f} M parameters "
+          f"({4 * n_params / 2**20:.1f} MiB all-reduced per step), loop {args.loop}", flush=True)
+    cu.emit(args.events, kind="ready", job="worker", task=index, pid=os.getpid())
+
+    losses = []
+    if args.loop == "fit":
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        data = dataset()
+
+        class StepLosses(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                losses.append(logs["loss"])   # Keras 2: the epoch's running mean so far
+
+        def run_steps(n, epoch):
+            model.fit(data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=n, verbose=0,
+                      callbacks=[StepLosses()])
+        run_steps(args.warmup_steps, 0)
+        t = time.perf_counter()
+        run_steps(args.steps - args.warmup_steps, 1)
+        seconds = time.perf_counter() - t
+    else:
+        iterator = iter(strategy.experimental_distribute_dataset(dataset()))
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=keras.losses.Reduction.NONE)
+
+        @tf.function
+        def train_step(iterator):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    per_example = loss_fn(y, model(x, training=True))
+                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+                grads = tape.gradient(loss, model.trainable_variables)
+                # Under the strategy, apply_gradients all-reduces the gradients across workers.
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+            per_replica = strategy.run(replica_step, args=next(iterator))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        for _ in range(args.warmup_steps):
+            losses.append(float(train_step(iterator)))
+        t = time.perf_counter()
+        for _ in range(args.steps - args.warmup_steps):
+            losses.append(float(train_step(iterator)))
+        seconds = time.perf_counter() - t
+
+    # The weights are the same on every worker (mirrored): evaluate locally, no collective.
+    logits = model(x_test, training=False)
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
+    measured = args.steps - args.warmup_steps
+    result = {
+        "kind": "result", "job": "worker", "task": index, "transport": args.transport,
+        "loop": args.loop, "workers": workers, "steps": args.steps, "batch_size": args.batch_size,
+        "global_batch_size": global_batch, "measured_steps": measured, "measured_seconds": seconds,
+        "steps_per_sec": measured / seconds,
+        "examples_per_sec": measured * global_batch / seconds,
+        "first_loss": losses[0], "last_loss": losses[-1],
+        "final_test_accuracy": accuracy, "parameters": n_params,
+        "bytes_allreduced_per_step": 4 * n_params,
+        "optimizer_iterations": int(optimizer.iterations.numpy()),
+    }
+    if args.transport == "rdma":
+        result["rdma_stats"] = cu.rdma_stats_summary()
+    if args.save and index == 0:
+        weights = {f"weight{i}": w for i, w in enumerate(model.get_weights())}
+        np.savez(args.save, losses=np.asarray(losses, np.float64), **weights)
+    print(f"worker {index}: {result['examples_per_sec']:.0f} examples/s "
+          f"({result['steps_per_sec']:.2f} steps/s), loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+          f"test accuracy {accuracy:.4f}", flush=True)
+    cu.emit(args.events, **result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# --launch-local: every worker as a local process.
+
+def launch_local(args):
+    import shutil
+    import tempfile
+
+    cu.raise_on_termination_signals()
+    out = sys.stderr if args.json else sys.stdout
+    # MultiWorkerMirroredStrategy's cluster has only workers (an empty "ps" job would be a job
+    # without tasks).
+    cluster = {"worker": cu.local_cluster(0, args.num_workers, transport=args.transport)["worker"]}
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="tf_rdma_mwms_")
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    argv = ["--transport", args.transport, "--loop", args.loop, "--steps", args.steps,
+            "--warmup-steps", args.warmup_steps, "--batch-size", args.batch_size,
+            "--hidden", ",".join(map(str, args.hidden)), "--learning-rate", args.learning_rate,
+            "--seed", args.seed, "--events"]
+    if args.save:
+        argv += ["--save", os.path.abspath(args.save)]
+    names = [f"worker{i}" for i in range(args.num_workers)]
+    results, pids = {}, {}
+
+    def on_event(name, ev):
+        if ev.get("kind") == "ready":
+            pids[name] = ev.get("pid")
+            print(f"[{args.transport}] {name} ready (pid {ev.get('pid')})", file=out, flush=True)
+        elif ev.get("kind") == "result":
+            results[name] = ev
+
+    ok = False
+    t0 = time.monotonic()
+    try:
+        with cu.reporting_stops():
+            print(f"[{args.transport}] {args.num_workers} workers: {cluster['worker']}", file=out,
+                  flush=True)
+            with cu.LocalCluster(log_dir, env) as lc:
+                for i, name in enumerate(names):
+                    lc.start(name, cu.python_argv(__file__, *argv),
+                             env={"TF_CONFIG": cu.tf_config(cluster, "worker", i)})
+                    pids[name] = lc.pid(name)
+                lc.wait(until=names, timeout=args.timeout, stall_timeout=300, on_event=on_event)
+            ok = set(results) == set(names)
+            if not ok:
+                print(f"FAILED: no result from {sorted(set(names) - set(results))}", file=out)
+    except cu.ClusterFailed as e:
+        print(f"[{args.transport}] FAILED: {e}", file=out, flush=True)
+    finally:
+        if not ok:
+            print(f"logs kept in {log_dir}", file=out)
+        elif not args.log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    wall = time.monotonic() - t0
+    if ok:
+        r = results["worker0"]
+        print(f"[{args.transport}] done in {wall:.1f} s ({args.loop}): "
+              f"{r['examples_per_sec']:.0f} examples/s, {r['steps_per_sec']:.2f} steps/s, "
+              f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, final test accuracy "
+              f"{r['final_test_accuracy']:.4f}", file=out, flush=True)
+        for name in names:
+            st = results[name].get("rdma_stats")
+            if st:
+                print(f"[{args.transport}] {name}: tf_rdma carried {st['bytes_sent'] / 2**20:.0f} "
+                      f"MiB out, {st['bytes_received'] / 2**20:.0f} MiB in", file=out, flush=True)
+    if args.json:
+        print(json.dumps({"ok": ok, "wall_seconds": wall, "cluster": cluster, "pids": pids,
+                          "result": results.get("worker0"), "results": results,
+                          "rdma_stats": {n: r.get("rdma_stats") for n, r in results.items()}},
+                         indent=2))
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.launch_local:
+        return launch_local(args)
+    if not os.environ.get("TF_CONFIG"):
+        raise SystemExit("set TF_CONFIG (or use --launch-local)")
+    run_worker(args)
+    sys.stdout.flush()
+    # The strategy's server cannot be shut down (GrpcServer::Stop is unimplemented) and its
+    # threads would keep the interpreter from exiting.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
