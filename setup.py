@@ -32,8 +32,11 @@ TRANSPORT_CORE = _sources("cc/transport/*.cc", "cc/transport/stream/*.cc", "cc/t
                           "cc/transport/shm/*.cc")
 # The transport layer for Python (tests, CLI, bench); no TensorFlow headers, so it builds fast.
 TRANSPORT_MODULE = TRANSPORT_CORE + _sources("cc/bench/*.cc") + ["cc/python/transport_module.cc"]
-# The TensorFlow side: kernels, graph pass, runtime, with its own copy of the transport objects.
+# The TensorFlow side: the server protocol, its rendezvous and collective transports, the runtime,
+# with its own copy of the transport objects. It subclasses TensorFlow's distributed runtime, which
+# lives in libtensorflow_cc and whose headers include gRPC's and protobuf's.
 TENSORFLOW_MODULE = TRANSPORT_CORE + _sources("cc/tf/*/*.cc") + ["cc/python/tensorflow_module.cc"]
+TENSORFLOW_INCLUDES = ["com_github_grpc_grpc/include", "com_google_protobuf/src", "farmhash_archive/src"]
 
 
 def verbs_headers_present(compiler):
@@ -84,7 +87,8 @@ def pybind11_include():
 class IncrementalBuildExt(build_ext):
     def build_extension(self, ext):
         tf = installed_tensorflow()
-        cflags = tf["cflags"] + [
+        include = next(f[2:] for f in tf["cflags"] if f.startswith("-I"))
+        cflags = tf["cflags"] + [f"-I{include}/external/{folder}" for folder in TENSORFLOW_INCLUDES] + [
             "-DNDEBUG",  # required: without it TensorFlow's Graph/Node layouts differ from the wheel's
             "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare",
             f"-DTF_RDMA_VERSION=\"{VERSION}\"",
@@ -111,6 +115,8 @@ class IncrementalBuildExt(build_ext):
                     raise BuildError(error)
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
+        if ext.name.endswith("_tensorflow"):
+            libraries = [*libraries, "-l:libtensorflow_cc.so.2"]
         link = [compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
                 f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed", *libraries]
         subprocess.run(link, check=True)

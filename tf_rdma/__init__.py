@@ -22,17 +22,20 @@ __version__ = "0.1.0"
 config = load_config()
 
 
+_TENSORFLOW_SIDE = ("Server", "MultiWorkerMirroredStrategy", "ParameterServerStrategy", "connect_to_cluster",
+                    "protocol", "stats", "reset_stats")
+
+
 def __getattr__(name):
     # TensorFlow is imported only when its side of tf_rdma is asked for: the transport, its CLI and
     # its tests do without it.
-    if name in ("Server", "ParameterServerStrategy", "stats", "reset_stats", "enable_in_client"):
+    if name in _TENSORFLOW_SIDE:
         from tf_rdma import server
         return getattr(server, name)
     raise AttributeError(f"module 'tf_rdma' has no attribute {name!r}")
 
 __all__ = [
-    "BackendUnavailableError", "CancelledError", "Config", "Server", "ParameterServerStrategy", "stats", "reset_stats",
-    "enable_in_client", "ConfigError", "HandshakeError",
+    "BackendUnavailableError", "CancelledError", "Config", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
     "TransportError", "config", "errors", "load_config",
 ]

@@ -1,12 +1,12 @@
-// tf_rdma._tensorflow: the TensorFlow side of tf_rdma. Loading this module registers the RdmaSend
-// and RdmaRecv kernels and the graph pass with the TensorFlow in the process; its functions start
-// the per-process runtime and read its stats.
+// tf_rdma._tensorflow: the TensorFlow side of tf_rdma. Loading this module registers tf_rdma's
+// server protocol ("grpc+tf_rdma", cc/tf/server/) with the TensorFlow in the process; its functions
+// configure the servers created next and read every server's stats.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "cc/python/status_exception.h"
 #include "cc/tf/runtime/runtime.h"
-#include "cc/transport/config.h"
+#include "cc/tf/server/rdma_server.h"
 
 namespace py = pybind11;
 
@@ -21,6 +21,8 @@ py::dict PeerToDict(const PeerStats& s) {
   d["bytes_sent"] = s.bytes_sent;
   d["tensors_received"] = s.tensors_received;
   d["bytes_received"] = s.bytes_received;
+  d["bytes_sent_by_kind"] = s.bytes_sent_by_kind;
+  d["bytes_received_by_kind"] = s.bytes_received_by_kind;
   d["dead_tensors"] = s.dead_tensors;
   d["grants"] = s.grants;
   d["regrants"] = s.regrants;
@@ -30,44 +32,31 @@ py::dict PeerToDict(const PeerStats& s) {
   return d;
 }
 
+py::dict ServerStats(Runtime& runtime) {
+  const StatsSnapshot s = runtime.stats().Snapshot();
+  py::dict out;
+  out["task"] = runtime.local_task();
+  out["fallback"] = s.fallback;
+  py::dict peers;
+  for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
+  out["peers"] = peers;
+  return out;
+}
+
 }  // namespace
 }  // namespace tf_rdma
 
 PYBIND11_MODULE(_tensorflow, m) {
   using namespace tf_rdma;
   RegisterStatusTranslator();
-  m.def("start_runtime",
-        [](const std::string& local_task, const std::vector<std::tuple<std::string, std::string, int, int>>& tasks,
-           const py::bytes& cluster_key) {
-          RuntimeOptions options;
-          options.config = ValueOrThrow(LoadConfigFromEnvironment());
-          options.local_task = local_task;
-          options.cluster_key = cluster_key;
-          for (const auto& [task, host, grpc_port, rdma_port] : tasks) {
-            options.tasks.push_back(TaskAddress{task, host, static_cast<uint16_t>(grpc_port),
-                                                static_cast<uint16_t>(rdma_port)});
-          }
-          py::gil_scoped_release release;
-          ThrowIfError(Runtime::Start(options));
-        },
-        py::arg("local_task"), py::arg("tasks"), py::arg("cluster_key"));
-  m.def("running", [] { return Runtime::Get() != nullptr; });
-  m.def("stats", [] {
-    py::dict out;
-    Runtime* runtime = Runtime::Get();
-    if (runtime == nullptr) return out;
-    const StatsSnapshot s = runtime->stats().Snapshot();
-    out["task"] = runtime->local_task();
-    out["graphs_rewritten"] = s.graphs_rewritten;
-    out["edges_rewritten"] = s.edges_rewritten;
-    out["receives_planned"] = s.receives_planned;
-    out["edges_fallback"] = s.edges_fallback;
-    py::dict peers;
-    for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
-    out["peers"] = peers;
+  m.attr("PROTOCOL") = kProtocol;
+  m.def("set_address_overrides", &SetAddressOverrides, py::arg("overrides"));
+  m.def("server_stats", [] {
+    py::list out;
+    for (const auto& runtime : Runtime::Running()) out.append(ServerStats(*runtime));
     return out;
   });
   m.def("reset_stats", [] {
-    if (Runtime* runtime = Runtime::Get()) runtime->stats().Reset();
+    for (const auto& runtime : Runtime::Running()) runtime->stats().Reset();
   });
 }

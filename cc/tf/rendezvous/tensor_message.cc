@@ -1,9 +1,8 @@
-#include "cc/tf/kernels/transfer.h"
+#include "cc/tf/rendezvous/tensor_message.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cc/tf/runtime/runtime.h"
 #include "cc/transport/hmac.h"
 
 namespace tf_rdma {
@@ -23,36 +22,23 @@ void Append(std::string& out, uint64_t value, int bytes) {
 
 }  // namespace
 
-std::string TransferKeyPrefix(const std::string& send_device, uint64_t incarnation,
-                              const std::string& recv_device, const std::string& tensor_name) {
-  return absl::StrCat(send_device, ";", incarnation, ";", recv_device, ";", tensor_name);
-}
-
-absl::StatusOr<TransferIdentity> ReadTransferIdentity(tensorflow::OpKernelConstruction* ctx, bool sending) {
-  std::string send_device, recv_device;
-  int64_t incarnation = 0;
-  TransferIdentity identity;
-  for (auto [name, value] : {std::pair{"send_device", &send_device}, {"recv_device", &recv_device},
-                             {"tensor_name", &identity.tensor_name}}) {
-    absl::Status read = ctx->GetAttr(name, value);
-    if (!read.ok()) return read;
-  }
-  absl::Status read = ctx->GetAttr("send_device_incarnation", &incarnation);
-  if (!read.ok()) return read;
-  identity.key_prefix = TransferKeyPrefix(send_device, static_cast<uint64_t>(incarnation), recv_device,
-                                          identity.tensor_name);
-  absl::StatusOr<std::string> peer = TaskOfDevice(sending ? recv_device : send_device);
-  if (!peer.ok()) return peer.status();
-  identity.peer_task = *peer;
-  return identity;
-}
-
-TransferTags TagsFor(const std::string& key_prefix, int64_t step_id, uint64_t frame_id, int64_t iter_id) {
+TransferTags TagsFor(std::string_view transfer, int64_t step_id) {
   // A cryptographic digest: tags of distinct transfers must not collide, whatever the names.
-  const Sha256Digest digest = Sha256(absl::StrCat(key_prefix, ";", frame_id, ":", iter_id, ";", step_id));
+  const Sha256Digest digest = Sha256(absl::StrCat("tensor;", transfer, ";", step_id));
   const uint64_t hi = Load64(digest.data());
   const uint64_t lo = Load64(digest.data() + 8) & ~uint64_t{1};
   return TransferTags{Tag{hi, lo}, Tag{hi, lo | 1}};
+}
+
+Tag CollectiveTag(std::string_view key, int64_t step_id, std::string_view from_device,
+                  std::string_view to_device) {
+  const Sha256Digest digest =
+      Sha256(absl::StrCat("collective;", key, ";", step_id, ";", from_device, ";", to_device));
+  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+}
+
+bool TravelsAsBytes(tensorflow::DataType dtype) {
+  return !tensorflow::IsRefType(dtype) && tensorflow::DataTypeCanUseMemcpy(dtype);
 }
 
 std::string EncodeHeader(const TensorHeader& header) {
@@ -66,7 +52,7 @@ std::string EncodeHeader(const TensorHeader& header) {
   return out;
 }
 
-absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, tensorflow::DataType expected) {
+absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length) {
   const auto* in = reinterpret_cast<const uint8_t*>(bytes);
   auto malformed = [](const std::string& why) {
     return absl::DataLossError(absl::StrCat("malformed tensor header from the peer: ", why));
@@ -79,9 +65,9 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, te
   header.dtype = static_cast<tensorflow::DataType>(Load64(in + 8) & 0xffffffff);
   const uint64_t dims = Load64(in + 12) & 0xffffffff;
   header.data_bytes = Load64(in + 16);
-  if (header.dtype != expected) {
-    return malformed(absl::StrCat("dtype ", tensorflow::DataTypeString(header.dtype), ", expected ",
-                                  tensorflow::DataTypeString(expected)));
+  if (!tensorflow::DataType_IsValid(header.dtype) || header.dtype == tensorflow::DT_INVALID ||
+      tensorflow::IsRefType(header.dtype)) {
+    return malformed(absl::StrCat("dtype ", static_cast<int>(header.dtype)));
   }
   if (dims > static_cast<uint64_t>(tensorflow::TensorShape::MaxDimensions()) || length != 24 + 8 * dims) {
     return malformed(absl::StrCat(dims, " dimensions in ", length, " bytes"));
@@ -91,7 +77,8 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, te
     absl::Status added = header.shape.AddDimWithStatus(size);
     if (!added.ok()) return malformed(std::string(added.message()));
   }
-  const uint64_t element_size = tensorflow::DataTypeSize(expected);
+  if (!TravelsAsBytes(header.dtype)) return header;  // a TensorProto: its parser checks it
+  const uint64_t element_size = tensorflow::DataTypeSize(header.dtype);
   uint64_t total = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(header.shape.num_elements()), element_size, &total) ||
       total != header.data_bytes) {

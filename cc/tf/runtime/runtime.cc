@@ -11,12 +11,16 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/backend_selection.h"
+#include "cc/transport/hmac.h"
 
 namespace tf_rdma {
 namespace {
 
-std::mutex instance_mu;
-Runtime* instance = nullptr;  // lives until the process exits: kernels may run until then
+std::mutex registry_mu;
+// Never destroyed: transfers may complete on transport threads until the process exits.
+auto* registry = new std::vector<std::shared_ptr<Runtime>>();
+
+constexpr size_t kMaxLearnedTransfers = 1 << 16;
 
 // One connection attempt lasts this long before the runtime checks why the peer is not there.
 constexpr absl::Duration kAttempt = absl::Seconds(4);
@@ -56,48 +60,66 @@ absl::StatusOr<std::string> TaskOfDevice(const std::string& device) {
   return device.substr(0, at);
 }
 
-absl::Status Runtime::Start(const RuntimeOptions& options) {
-  std::lock_guard<std::mutex> lock(instance_mu);
-  if (instance != nullptr) {
-    if (instance->options_.local_task == options.local_task &&
-        instance->options_.tasks.size() == options.tasks.size()) {
-      return absl::OkStatus();
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tf_rdma already runs in this process as task '", instance->options_.local_task,
-        "'; one process belongs to one cluster, as one task"));
-  }
-  auto runtime = std::unique_ptr<Runtime>(new Runtime(options));
-  for (const TaskAddress& task : options.tasks) runtime->peers_[task.task].address = task;
-  if (!options.local_task.empty()) {
-    if (!runtime->KnowsTask(options.local_task)) {
-      return absl::InvalidArgumentError(absl::StrCat("task ", options.local_task, " is not in the cluster"));
-    }
-    absl::Status listening = runtime->Listen();
-    if (!listening.ok()) return listening;
-  }
-  instance = runtime.release();
-  return absl::OkStatus();
+std::string ClusterKey(const Config& config) {
+  const Sha256Digest digest = Sha256(absl::StrCat("tf_rdma cluster key", std::string(1, '\0'), config.secret));
+  return std::string(digest.begin(), digest.end());
 }
 
-Runtime* Runtime::Get() {
-  std::lock_guard<std::mutex> lock(instance_mu);
-  return instance;
+Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+  for (const TaskAddress& task : options_.tasks) {
+    Peer& peer = peers_[task.task];
+    peer.address = task;
+    peer.address_known = true;
+  }
 }
 
-absl::StatusOr<Runtime*> Runtime::ForKernels() {
-  Runtime* runtime = Get();
-  if (runtime == nullptr) {
-    return absl::FailedPreconditionError(
-        "a tf_rdma kernel runs in a process where tf_rdma is not started; start every task of the "
-        "cluster with tf_rdma.Server");
+Runtime::~Runtime() = default;
+
+absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Start(const RuntimeOptions& options) {
+  std::shared_ptr<Runtime> runtime(new Runtime(options));
+  auto self = runtime->peers_.find(options.local_task);
+  if (self == runtime->peers_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("task ", options.local_task, " is not in its own cluster"));
   }
+  absl::Status listening = runtime->Listen();
+  if (!listening.ok()) return listening;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  registry->push_back(runtime);
   return runtime;
 }
 
-bool Runtime::KnowsTask(const std::string& task) const {
+std::vector<std::shared_ptr<Runtime>> Runtime::Running() {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  return *registry;
+}
+
+void Runtime::UpdateTasks(const std::vector<TaskAddress>& tasks) {
   std::lock_guard<std::mutex> lock(mu_);
-  return peers_.count(task) > 0;
+  for (const TaskAddress& task : tasks) {
+    if (task.task == options_.local_task) continue;
+    Peer& peer = peers_[task.task];
+    const bool moved = peer.address_known &&
+                       (peer.address.host != task.host || peer.address.rdma_port != task.rdma_port);
+    peer.address = task;
+    peer.address_known = true;
+    if (moved && peer.connection) {
+      peer.connection->Close(absl::UnavailableError(absl::StrCat("task ", task.task, " moved to ", task.host)));
+      peer.connection.reset();
+    }
+  }
+}
+
+uint64_t Runtime::ExpectedBytes(const std::string& transfer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = learned_bytes_.find(transfer);
+  return it == learned_bytes_.end() ? 0 : it->second;
+}
+
+void Runtime::Learn(const std::string& transfer, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Forgetting costs one regrant per transfer; remembering everything could grow without bound.
+  if (learned_bytes_.size() >= kMaxLearnedTransfers && !learned_bytes_.count(transfer)) learned_bytes_.clear();
+  learned_bytes_[transfer] = bytes;
 }
 
 absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
@@ -105,8 +127,8 @@ absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
   auto it = transports_.find(backend);
   if (it != transports_.end()) return it->second.get();
   TransportOptions transport_options;
-  transport_options.local_name = options_.local_task.empty() ? "client" : options_.local_task;
-  transport_options.cluster_key = options_.cluster_key;
+  transport_options.local_name = options_.local_task;
+  transport_options.cluster_key = ClusterKey(options_.config);
   transport_options.peer_timeout = options_.config.peer_timeout;
   transport_options.connect_timeout = std::min(kAttempt, options_.config.connect_timeout);
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(backend, transport_options);
@@ -148,17 +170,19 @@ absl::Status Runtime::Listen() {
 void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   const std::string peer = connection->peer_name();
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || !(peer < options_.local_task)) {
+  // A task this server has not heard of yet may be a client whose cluster reaches us with its first
+  // request (an eager context, a coordinator); it proved the cluster key, so it may connect.
+  if (!TaskOfDevice(peer + "/device:CPU:0").ok() || !(peer < options_.local_task)) {
     connection->Close(absl::PermissionDeniedError(absl::StrCat(
         "task ", options_.local_task, " does not accept connections from '", peer,
-        "': not a task of this cluster, or not the side that connects")));
+        "': not a task name, or not the side that connects")));
     return;
   }
-  if (it->second.connection) it->second.connection->Close(absl::UnavailableError("peer reconnected"));
-  it->second.connection = std::move(connection);
+  Peer& state = peers_[peer];
+  if (state.connection) state.connection->Close(absl::UnavailableError("peer reconnected"));
+  state.connection = std::move(connection);
   stats_.Peer(peer, [&](PeerStats& s) {
-    s.backend = BackendName(it->second.connection->backend());
+    s.backend = BackendName(state.connection->backend());
     s.backend_reason = "chosen by the peer, which connects";
     s.connects++;
   });
@@ -167,20 +191,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
 
 void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback done) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = peers_.find(peer_task);
-  if (it == peers_.end()) {
-    lock.unlock();
-    done(absl::NotFoundError(absl::StrCat("task ", peer_task, " is not in tf_rdma's cluster")));
-    return;
-  }
-  if (options_.local_task.empty()) {
-    lock.unlock();
-    done(absl::FailedPreconditionError(
-        "this process only builds graphs for the cluster (no tf_rdma.Server runs here), so it "
-        "cannot move tensors; run the graph on the cluster's tasks"));
-    return;
-  }
-  Peer& peer = it->second;
+  Peer& peer = peers_[peer_task];
   if (peer.connection && peer.connection->health().ok()) {
     std::shared_ptr<Connection> connection = peer.connection;
     lock.unlock();
@@ -196,12 +207,22 @@ void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback do
 
 void Runtime::Establish(const std::string& peer_task) {
   TaskAddress address;
+  bool address_known;
   {
     std::lock_guard<std::mutex> lock(mu_);
     address = peers_.at(peer_task).address;
+    address_known = peers_.at(peer_task).address_known;
   }
-  absl::StatusOr<std::shared_ptr<Connection>> result =
-      options_.local_task < peer_task ? ConnectTo(address) : AwaitFrom(address);
+  absl::StatusOr<std::shared_ptr<Connection>> result;
+  if (peer_task < options_.local_task) {
+    result = AwaitFrom(peer_task);
+  } else if (address_known) {
+    result = ConnectTo(address);
+  } else {
+    result = absl::NotFoundError(absl::StrCat(
+        "task ", peer_task, " is in no cluster definition this server (", options_.local_task,
+        ") has seen, so its tf_rdma address is unknown"));
+  }
   std::vector<ConnectionCallback> waiters;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -247,22 +268,24 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
   }
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const TaskAddress& peer) {
+absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    Peer& state = peers_.at(peer.task);
+    Peer& state = peers_.at(peer_task);
     if (state.connection && state.connection->health().ok()) return state.connection;
     if (absl::Now() > deadline) {
       return absl::UnavailableError(absl::StrCat(
-          "task ", peer.task, " did not connect to this task's tf_rdma listener within ",
+          "task ", peer_task, " did not connect to this task's tf_rdma listener within ",
           absl::FormatDuration(options_.config.connect_timeout),
-          " (TF_RDMA_CONNECT_TIMEOUT_MS). Is it running with tf_rdma.Server?"));
+          " (TF_RDMA_CONNECT_TIMEOUT_MS). Is it running with tf_rdma?"));
     }
     accepted_.wait_for(lock, absl::ToChronoMilliseconds(kAttempt));
     if (state.connection && state.connection->health().ok()) return state.connection;
+    if (!state.address_known) continue;
+    const TaskAddress address = state.address;
     lock.unlock();
-    absl::Status diagnosis = DiagnoseMissingPeer(peer, absl::UnavailableError("it did not connect"));
+    absl::Status diagnosis = DiagnoseMissingPeer(address, absl::UnavailableError("it did not connect"));
     lock.lock();
     if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
   }
@@ -274,7 +297,7 @@ absl::Status Runtime::DiagnoseMissingPeer(const TaskAddress& peer, const absl::S
     return absl::FailedPreconditionError(absl::StrCat(
         "task ", peer.task, " runs TensorFlow without tf_rdma: its TensorFlow server answers at ",
         peer.host, ":", peer.grpc_port, " but nothing listens on its tf_rdma port ", peer.rdma_port,
-        ". Start every task of the cluster with tf_rdma.Server (and the same TF_RDMA_PORT_OFFSET)."));
+        ". Start every task of the cluster with tf_rdma (tf_rdma.Server, or the strategy's tf_rdma drop-in) and the same TF_RDMA_PORT_OFFSET."));
   }
   return absl::UnavailableError(absl::StrCat("task ", peer.task, " is unreachable at ", peer.host,
                                              ":", peer.rdma_port, ": ", cause.message()));

@@ -1,8 +1,7 @@
-// The per-process side of tf_rdma in a TensorFlow cluster: which tasks exist and where their
-// tf_rdma listeners are, one connection per pair of tasks, receive pools per backend, and stats.
-// The graph pass asks it which edges it may rewrite; the kernels ask it for connections and
-// buffers. Started once per process by tf_rdma.Server (or, in a client that only builds graphs,
-// without listening).
+// One TensorFlow server's side of tf_rdma: where the other tasks' tf_rdma listeners are, one
+// connection per pair of tasks, receive pools per backend, sizes learned per transfer, and stats.
+// Each tf_rdma server (cc/tf/server/) owns one, so several servers in one process each have their
+// own endpoint; the rendezvous and collective transports ask it for connections and buffers.
 #ifndef TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
 #define TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
 
@@ -12,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,30 +26,32 @@ struct TaskAddress {
   std::string task;  // "/job:worker/replica:0/task:1"
   std::string host;
   uint16_t grpc_port = 0;
-  uint16_t rdma_port = 0;
+  uint16_t rdma_port = 0;  // 0 only for this task when its server asked for any free port
 };
 
 struct RuntimeOptions {
-  // This process's task; empty in a client that builds graphs for the cluster but moves no tensor.
   std::string local_task;
-  std::vector<TaskAddress> tasks;
+  std::vector<TaskAddress> tasks;  // must include local_task
   Config config;
-  std::string cluster_key;
   uint64_t slab_bytes = 64ull << 20;
 };
 
 class Runtime {
  public:
-  // Starts the process-wide runtime. Starting again with the same cluster and task is a no-op;
-  // with a different one it is an error (one process, one cluster).
-  static absl::Status Start(const RuntimeOptions& options);
-  static Runtime* Get();  // null until started
-  // The runtime, or the error a kernel reports when it runs in a process that never started it.
-  static absl::StatusOr<Runtime*> ForKernels();
+  // Listens for this task's peers and registers the runtime for stats(). Fails if the listener
+  // cannot bind (e.g. the port is taken by another process).
+  static absl::StatusOr<std::shared_ptr<Runtime>> Start(const RuntimeOptions& options);
+  // Every runtime started in this process, in start order (they live until the process exits:
+  // TensorFlow servers are never torn down, and transfers may run until then).
+  static std::vector<std::shared_ptr<Runtime>> Running();
 
-  // Whether tensors to or from `task` can go over tf_rdma (it is a task of the cluster).
-  bool KnowsTask(const std::string& task) const;
+  ~Runtime();
+
   const std::string& local_task() const { return options_.local_task; }
+  const Config& config() const { return options_.config; }
+  // Adds or updates tasks (a session or an eager context may bring a cluster of a different shape:
+  // a client job, a renamed job). A task whose address changed loses its old connection.
+  void UpdateTasks(const std::vector<TaskAddress>& tasks);
 
   // The connection to `peer_task`, established on first use; `done` runs on a runtime or
   // transport thread. The task with the smaller name connects, the other accepts, so each pair
@@ -60,21 +62,27 @@ class Runtime {
   absl::StatusOr<BufferPool*> PoolFor(Backend backend);
   Stats& stats() { return stats_; }
 
+  // What a transfer (named without its step) carried last time, so a steady shape needs one grant;
+  // 0 when unknown. Bounded: a program with unbounded distinct transfers forgets old ones.
+  uint64_t ExpectedBytes(const std::string& transfer) const;
+  void Learn(const std::string& transfer, uint64_t bytes);
+
  private:
   struct Peer {
     TaskAddress address;
+    bool address_known = false;
     std::shared_ptr<Connection> connection;
     bool connecting = false;
     std::vector<ConnectionCallback> waiters;
   };
 
-  explicit Runtime(RuntimeOptions options) : options_(std::move(options)) {}
+  explicit Runtime(RuntimeOptions options);
   absl::Status Listen();
   absl::StatusOr<Transport*> TransportFor(Backend backend);
   void OnAccepted(std::shared_ptr<Connection> connection);
   void Establish(const std::string& peer_task);
   absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(const TaskAddress& peer);
-  absl::StatusOr<std::shared_ptr<Connection>> AwaitFrom(const TaskAddress& peer);
+  absl::StatusOr<std::shared_ptr<Connection>> AwaitFrom(const std::string& peer_task);
   absl::Status DiagnoseMissingPeer(const TaskAddress& peer, const absl::Status& cause) const;
 
   const RuntimeOptions options_;
@@ -84,11 +92,16 @@ class Runtime {
   std::map<Backend, std::shared_ptr<BufferPool>> pools_;
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<std::string, Peer> peers_;
+  std::unordered_map<std::string, uint64_t> learned_bytes_;
   Stats stats_;
 };
 
 // "/job:worker/replica:0/task:1/device:CPU:0" -> "/job:worker/replica:0/task:1".
 absl::StatusOr<std::string> TaskOfDevice(const std::string& device);
+
+// The key peers prove to each other in the handshake: derived from TF_RDMA_SECRET alone, since a
+// cluster's shape may change while it runs (clients join, jobs are renamed at connect time).
+std::string ClusterKey(const Config& config);
 
 }  // namespace tf_rdma
 

@@ -2,12 +2,9 @@
 
 namespace tf_rdma {
 
-void Stats::GraphRewritten(uint64_t rewritten, uint64_t planned, const std::map<std::string, uint64_t>& fallback) {
+void Stats::Fallback(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  snapshot_.graphs_rewritten++;
-  snapshot_.edges_rewritten += rewritten;
-  snapshot_.receives_planned += planned;
-  for (const auto& [reason, count] : fallback) snapshot_.edges_fallback[reason] += count;
+  snapshot_.fallback[reason]++;
 }
 
 StatsSnapshot Stats::Snapshot() const {

@@ -1,5 +1,5 @@
-// What tf_rdma carried, so users can see it did: rewritten and fallback edges (with reasons), and
-// transfers, bytes, grants and errors per peer and backend. Thread-safe; cheap on the hot path.
+// What tf_rdma carried, so users can see it did: per peer its backend, transfers, bytes by kind,
+// grants and errors, and what stayed on gRPC with the reason. Thread-safe; cheap on the hot path.
 #ifndef TF_RDMA_CC_TF_RUNTIME_STATS_H_
 #define TF_RDMA_CC_TF_RUNTIME_STATS_H_
 
@@ -10,6 +10,11 @@
 
 namespace tf_rdma {
 
+// Kinds of transfer, as stats() reports bytes by kind.
+inline constexpr char kKindGraph[] = "graph";            // a partitioned graph's or function's _Send/_Recv
+inline constexpr char kKindEager[] = "eager";            // an eager copy between tasks
+inline constexpr char kKindCollective[] = "collective";  // a collective's buffer (all-reduce, ...)
+
 struct PeerStats {
   std::string backend;
   std::string backend_reason;
@@ -17,25 +22,24 @@ struct PeerStats {
   uint64_t bytes_sent = 0;
   uint64_t tensors_received = 0;
   uint64_t bytes_received = 0;
+  std::map<std::string, uint64_t> bytes_sent_by_kind;
+  std::map<std::string, uint64_t> bytes_received_by_kind;
   uint64_t dead_tensors = 0;
   uint64_t grants = 0;
-  uint64_t regrants = 0;  // a message outgrew its grant (sizes learned, shapes changed)
+  uint64_t regrants = 0;  // a message outgrew its grant (a transfer's first time, or it grew)
   uint64_t errors = 0;
   uint64_t sends_discarded = 0;  // writes the receiver no longer wanted (its step was cancelled)
   uint64_t connects = 0;
 };
 
 struct StatsSnapshot {
-  uint64_t graphs_rewritten = 0;
-  uint64_t edges_rewritten = 0;
-  uint64_t receives_planned = 0;  // rewritten receives whose buffer size came from static shapes
-  std::map<std::string, uint64_t> edges_fallback;  // reason -> count
-  std::map<std::string, PeerStats> peers;          // peer task -> stats
+  std::map<std::string, uint64_t> fallback;  // reason -> transfers left on gRPC
+  std::map<std::string, PeerStats> peers;    // peer task -> stats
 };
 
 class Stats {
  public:
-  void GraphRewritten(uint64_t rewritten, uint64_t planned, const std::map<std::string, uint64_t>& fallback);
+  void Fallback(const std::string& reason);
   // Runs `update` on the peer's record under the lock.
   template <typename F>
   void Peer(const std::string& task, F update) {

@@ -1,0 +1,424 @@
+#include "cc/tf/rendezvous/rdma_rendezvous_mgr.h"
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "absl/log/log.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cc/tf/rendezvous/tensor_message.h"
+#include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
+#include "tensorflow/core/framework/allocator.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/platform/env.h"
+
+namespace tf_rdma {
+namespace {
+
+using tensorflow::Rendezvous;
+using tensorflow::Tensor;
+
+// A tensor's storage that lives in a pool buffer of a granted region: the received tensor aliases
+// the bytes where they landed, and the buffer returns to the pool when TensorFlow drops it.
+class PoolTensorBuffer : public tensorflow::TensorBuffer {
+ public:
+  PoolTensorBuffer(std::shared_ptr<PoolBuffer> buffer, size_t size)
+      : TensorBuffer(buffer->data()), buffer_(std::move(buffer)), size_(size) {}
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(size_);
+    proto->set_allocator_name("tf_rdma");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  std::shared_ptr<PoolBuffer> buffer_;
+  size_t size_;
+};
+
+std::string TaskName(const tensorflow::DeviceNameUtils::ParsedName& device) {
+  return absl::StrCat("/job:", device.job, "/replica:", device.replica, "/task:", device.task);
+}
+
+// Graph partitions name their transfers edge_<id>_<node>; eager copies do not.
+const char* KindOf(std::string_view tensor_name) {
+  return absl::StartsWith(tensor_name, "edge_") ? kKindGraph : kKindEager;
+}
+
+// The transfer without its frame and iteration: what a loop's iterations have in common, so the
+// size one iteration carried is the grant of the next.
+std::string TransferName(std::string_view full_key) {
+  return std::string(full_key.substr(0, full_key.rfind(';')));
+}
+
+// One receive: the header and data grants, and the tensor they make.
+class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
+ public:
+  using Done = std::function<void(const absl::Status&, const Tensor&, bool is_dead)>;
+
+  TensorReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, std::string transfer,
+                std::string tensor_name, TransferTags tags, Done done)
+      : runtime_(std::move(runtime)), peer_task_(std::move(peer_task)), transfer_(std::move(transfer)),
+        tensor_name_(std::move(tensor_name)), tags_(tags), done_(std::move(done)) {}
+
+  void Start() {
+    runtime_->WithConnection(peer_task_, [self = shared_from_this()](
+                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
+      if (!connection.ok()) return self->Finish(connection.status());
+      self->Grant(std::move(*connection));
+    });
+  }
+
+  // Gives the grants back and tells the sender not to send (the step ended without this tensor).
+  void Abort(const absl::Status& status) {
+    Locked lock(this);
+    if (finished_) return;
+    if (connection_) {
+      connection_->Revoke(header_grant_);
+      connection_->Revoke(data_grant_);
+      // Without this the sender would keep the tensor until the connection closes.
+      connection_->Discard(tags_.header);
+      connection_->Discard(tags_.data);
+    }
+    FinishLocked(status);
+  }
+
+  void Finish(const absl::Status& status) {
+    Locked lock(this);
+    FinishLocked(status);
+  }
+
+ private:
+  void Grant(std::shared_ptr<Connection> connection) {
+    absl::StatusOr<BufferPool*> pool = runtime_->PoolFor(connection->backend());
+    Locked lock(this);
+    if (finished_) return;
+    if (!pool.ok()) return FinishLocked(pool.status());
+    connection_ = std::move(connection);
+    pool_ = *pool;
+    absl::Status granted = GrantLocked(tags_.header, kHeaderCapacity, true);
+    if (granted.ok()) granted = GrantLocked(tags_.data, runtime_->ExpectedBytes(transfer_), false);
+    if (!granted.ok()) FinishLocked(granted);
+  }
+
+  absl::Status GrantLocked(const Tag& tag, uint64_t capacity, bool is_header) {
+    absl::StatusOr<std::unique_ptr<PoolBuffer>> allocated = pool_->Allocate(capacity);
+    if (!allocated.ok()) return allocated.status();
+    std::shared_ptr<PoolBuffer> buffer = std::move(*allocated);
+    uint64_t& id = is_header ? header_grant_ : data_grant_;
+    // The buffer stays with the grant's callback until the grant completes, whatever happens to
+    // the receive meanwhile: nothing else may use it while the peer may still write it.
+    id = connection_->Grant(tag, buffer->region(), buffer->offset(), capacity,
+                            [self = shared_from_this(), buffer, is_header](const GrantResult& r) {
+                              if (is_header) {
+                                self->OnHeader(r, *buffer);
+                              } else {
+                                self->OnData(r, buffer);
+                              }
+                            });
+    runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.grants++; });
+    return absl::OkStatus();
+  }
+
+  void OnHeader(const GrantResult& result, const PoolBuffer& buffer) {
+    Locked lock(this);
+    if (finished_) return;
+    if (!result.status.ok()) return FinishLocked(result.status);
+    absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length);
+    if (!header.ok()) return FinishLocked(header.status());
+    header_ = *header;
+    if (header_->dead) {
+      // The sender writes no data for a dead tensor: take the data grant back.
+      connection_->Revoke(data_grant_);
+      runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.dead_tensors++; });
+      dead_ = true;
+      return FinishLocked(absl::OkStatus());
+    }
+    MaybeOutputLocked();
+  }
+
+  void OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer) {
+    Locked lock(this);
+    if (finished_) return;
+    if (result.status.code() == absl::StatusCode::kResourceExhausted) {
+      // The tensor outgrew what this transfer carried before: grant what the sender needs.
+      runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.regrants++; });
+      absl::Status granted = GrantLocked(tags_.data, result.length, false);
+      if (!granted.ok()) FinishLocked(granted);
+      return;
+    }
+    if (!result.status.ok()) return FinishLocked(result.status);
+    data_ = std::move(buffer);
+    data_length_ = result.length;
+    MaybeOutputLocked();
+  }
+
+  void MaybeOutputLocked() {
+    if (!header_ || !data_) return;
+    if (header_->data_bytes != data_length_) {
+      return FinishLocked(absl::DataLossError(absl::StrCat(
+          "the header announced ", header_->data_bytes, " bytes but ", data_length_, " landed")));
+    }
+    runtime_->Learn(transfer_, data_length_);
+    if (TravelsAsBytes(header_->dtype)) {
+      auto* storage = new PoolTensorBuffer(std::move(data_), data_length_);
+      tensor_ = Tensor(header_->dtype, header_->shape, storage);
+      storage->Unref();  // the tensor holds the only reference now
+    } else {
+      tensorflow::TensorProto proto;
+      if (data_length_ > static_cast<uint64_t>(INT_MAX) ||
+          !proto.ParseFromArray(data_->data(), static_cast<int>(data_length_)) ||
+          !tensor_.FromProto(tensorflow::cpu_allocator(), proto) || tensor_.dtype() != header_->dtype ||
+          tensor_.shape() != header_->shape) {
+        return FinishLocked(absl::DataLossError(absl::StrCat(
+            "the peer's ", tensorflow::DataTypeString(header_->dtype), " tensor does not parse as announced")));
+      }
+      data_.reset();
+    }
+    const uint64_t bytes = data_length_;
+    const char* kind = KindOf(tensor_name_);
+    runtime_->stats().Peer(peer_task_, [bytes, kind](PeerStats& s) {
+      s.tensors_received++;
+      s.bytes_received += bytes;
+      s.bytes_received_by_kind[kind] += bytes;
+    });
+    FinishLocked(absl::OkStatus());
+  }
+
+  void FinishLocked(const absl::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    status_ = status;
+    if (!status.ok() && !absl::IsCancelled(status)) {
+      runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.errors++; });
+      status_ = absl::Status(status.code(), absl::StrCat("tf_rdma: receiving '", tensor_name_, "' from task ",
+                                                         peer_task_, " failed: ", status.message()));
+    }
+    // done_ runs when the outermost Locked lets go; later grant completions only release buffers.
+  }
+
+  // Holds mu_; the outermost one on a thread runs done_ once the receive finished, unlocked:
+  // TensorFlow may run downstream kernels inline in it, on the transport's thread.
+  class Locked {
+   public:
+    explicit Locked(TensorReceive* receive) : receive_(receive) {
+      receive_->mu_.lock();
+      ++receive_->lock_depth_;
+    }
+    ~Locked() {
+      Done done;
+      if (--receive_->lock_depth_ == 0 && receive_->finished_) std::swap(done, receive_->done_);
+      receive_->mu_.unlock();
+      if (done) done(receive_->status_, receive_->tensor_, receive_->dead_);
+    }
+
+   private:
+    TensorReceive* const receive_;
+  };
+
+  const std::shared_ptr<Runtime> runtime_;
+  const std::string peer_task_;
+  const std::string transfer_;
+  const std::string tensor_name_;
+  const TransferTags tags_;
+  Done done_;
+
+  // Recursive: a grant on a connection that already failed completes inside Grant().
+  std::recursive_mutex mu_;
+  int lock_depth_ = 0;
+  bool finished_ = false;
+  absl::Status status_;
+  Tensor tensor_;
+  bool dead_ = false;
+  std::shared_ptr<Connection> connection_;
+  BufferPool* pool_ = nullptr;
+  uint64_t header_grant_ = 0;
+  uint64_t data_grant_ = 0;
+  std::optional<TensorHeader> header_;
+  std::shared_ptr<PoolBuffer> data_;
+  uint64_t data_length_ = 0;
+};
+
+// A receive as the base rendezvous tracks it, so step aborts and cancellation reach it.
+class RdmaRecvCall : public tensorflow::BaseRecvTensorCall {
+ public:
+  explicit RdmaRecvCall(std::function<std::shared_ptr<TensorReceive>(TensorReceive::Done)> make)
+      : make_(std::move(make)) {}
+
+  void Start(std::function<void()> recv_done) override {
+    std::shared_ptr<TensorReceive> receive =
+        make_([this, recv_done](const absl::Status& status, const Tensor& tensor, bool dead) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (status_.ok()) status_ = status;
+            tensor_ = tensor;
+            dead_ = dead;
+          }
+          recv_done();
+        });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      receive_ = receive;
+      if (!status_.ok()) return receive->Finish(status_);
+    }
+    receive->Start();
+  }
+
+  // Called under the rendezvous's locks: the receive finishes on another thread.
+  void StartAbort(const absl::Status& status) override {
+    std::shared_ptr<TensorReceive> receive;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status_.ok()) status_ = status;
+      receive = receive_;
+    }
+    if (receive) tensorflow::Env::Default()->SchedClosure([receive, status] { receive->Abort(status); });
+  }
+
+  absl::Status status() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  const Tensor& tensor() const { return tensor_; }
+  bool dead() const { return dead_; }
+
+ private:
+  const std::function<std::shared_ptr<TensorReceive>(TensorReceive::Done)> make_;
+  mutable std::mutex mu_;
+  absl::Status status_;
+  std::shared_ptr<TensorReceive> receive_;
+  Tensor tensor_;
+  bool dead_ = false;
+};
+
+class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
+ public:
+  RdmaRemoteRendezvous(const tensorflow::WorkerEnv* env, int64_t step_id, std::shared_ptr<Runtime> runtime,
+                       tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc)
+      : BaseRemoteRendezvous(env, step_id), runtime_(std::move(runtime)), grpc_(std::move(grpc)) {}
+
+  absl::Status Initialize(tensorflow::WorkerSession* session) override {
+    absl::Status status = BaseRemoteRendezvous::Initialize(session);
+    if (!status.ok()) return status;
+    return grpc_->Initialize(session);
+  }
+
+  void StartAbort(const absl::Status& status) override {
+    BaseRemoteRendezvous::StartAbort(status);
+    grpc_->StartAbort(status);
+  }
+
+  absl::Status Send(const ParsedKey& parsed, const Rendezvous::Args& args, const Tensor& value,
+                    bool is_dead) override {
+    if (IsSameWorker(parsed.src, parsed.dst)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
+    if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
+    Push(parsed, TaskName(parsed.dst), value, is_dead);
+    return absl::OkStatus();
+  }
+
+ protected:
+  void RecvFromRemoteAsync(const ParsedKey& parsed, const Rendezvous::Args& args, DoneCallback done) override {
+    const std::string peer_task = TaskName(parsed.src);
+    if (!Carried(parsed)) {
+      grpc_->RecvAsync(parsed, args, std::move(done));
+      return;
+    }
+    auto make = [runtime = runtime_, peer_task, parsed, step_id = step_id_](TensorReceive::Done finished) {
+      return std::make_shared<TensorReceive>(runtime, peer_task, TransferName(parsed.FullKey()),
+                                             std::string(parsed.edge_name),
+                                             TagsFor(parsed.FullKey(), step_id), std::move(finished));
+    };
+    auto* call = new RdmaRecvCall(std::move(make));
+    RegisterCall(call, args);
+    if (!call->status().ok()) {
+      DeregisterCall(call, args);
+      done(call->status(), Args(), args, Tensor(), false);
+      delete call;
+      return;
+    }
+    Ref();  // the rendezvous outlives the call
+    call->Start([this, call, args, done = std::move(done)] {
+      DeregisterCall(call, args);
+      done(call->status(), Args(), args, call->tensor(), call->dead());
+      delete call;
+      Unref();
+    });
+  }
+
+ private:
+  // Both ends decide alike, from the key alone: CPU to CPU goes over tf_rdma, anything with a GPU
+  // end stays on gRPC (counted).
+  bool Carried(const ParsedKey& parsed) {
+    if (parsed.src.type == "CPU" && parsed.dst.type == "CPU") return true;
+    runtime_->stats().Fallback("a GPU end (gRPC copies device memory)");
+    return false;
+  }
+
+  void Push(const ParsedKey& parsed, const std::string& peer_task, const Tensor& value, bool is_dead) {
+    TensorHeader header;
+    header.dead = is_dead;
+    // Where the bytes come from: the tensor's own memory, or its TensorProto for the types whose
+    // memory is not their value; either is kept alive by the write's callback.
+    std::shared_ptr<std::string> proto;
+    if (!is_dead) {
+      header.dtype = value.dtype();
+      header.shape = value.shape();
+      if (TravelsAsBytes(value.dtype())) {
+        header.data_bytes = value.TotalBytes();
+      } else {
+        tensorflow::TensorProto message;
+        value.AsProtoTensorContent(&message);
+        proto = std::make_shared<std::string>(message.SerializeAsString());
+        header.data_bytes = proto->size();
+      }
+    }
+    auto encoded = std::make_shared<std::string>(EncodeHeader(header));
+    const TransferTags tags = TagsFor(parsed.FullKey(), step_id_);
+    const std::string tensor_name(parsed.edge_name);
+    runtime_->WithConnection(peer_task, [runtime = runtime_, peer_task, tensor_name, tags, encoded, proto,
+                                         value, is_dead](absl::StatusOr<std::shared_ptr<Connection>> connection) {
+      // Failures surface on the receiving side, whose step waits for these bytes; the sending
+      // step, like TensorFlow's own Send, has already moved on.
+      auto report = [runtime, peer_task, tensor_name](const absl::Status& status) {
+        if (status.ok()) return;
+        if (status == DiscardedWrite()) {
+          runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
+          return;
+        }
+        LOG(WARNING) << "tf_rdma: sending '" << tensor_name << "' to task " << peer_task << " failed: " << status;
+        runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
+      };
+      if (!connection.ok()) return report(connection.status());
+      (*connection)->Write(tags.header, encoded->data(), encoded->size(),
+                           [encoded, report](const absl::Status& status) { report(status); });
+      if (is_dead) return;
+      const char* data = proto ? proto->data() : value.tensor_data().data();
+      const uint64_t bytes = proto ? proto->size() : value.TotalBytes();
+      (*connection)->Write(tags.data, data, bytes,
+                           [value, proto, report](const absl::Status& status) { report(status); });
+      const char* kind = KindOf(tensor_name);
+      runtime->stats().Peer(peer_task, [bytes, kind](PeerStats& s) {
+        s.tensors_sent++;
+        s.bytes_sent += bytes;
+        s.bytes_sent_by_kind[kind] += bytes;
+      });
+    });
+  }
+
+  const std::shared_ptr<Runtime> runtime_;
+  const tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc_;
+};
+
+}  // namespace
+
+tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> RdmaRendezvousMgr::Create(
+    int64_t step_id, const tensorflow::WorkerEnv* worker_env) {
+  return tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous>(new RdmaRemoteRendezvous(
+      worker_env, step_id, runtime_, RpcRendezvousMgr::Create(step_id, worker_env)));
+}
+
+}  // namespace tf_rdma
