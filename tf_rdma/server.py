@@ -46,6 +46,19 @@ def _route_eager_copies_through_rendezvous():
     os.environ[_SEND_TENSOR_RPC] = "0"
 
 
+def cluster_tasks(cluster_spec, rdma_addresses=None):
+    """[(task, host, grpc_port, rdma_port)] of every task, as tf_rdma's servers derive them: the
+    TensorFlow port + TF_RDMA_PORT_OFFSET, unless `rdma_addresses` says otherwise."""
+    cluster_spec = tf.train.ClusterSpec(cluster_spec)
+    overrides = dict(rdma_addresses or {})
+    names = {f"/job:{job}/replica:0/task:{index}" for job in cluster_spec.jobs
+             for index in cluster_spec.task_indices(job)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"rdma_addresses names tasks not in the cluster: {unknown}")
+    return _extension().tasks_of(cluster_spec.as_cluster_def().SerializeToString(), overrides)
+
+
 class Server(tf.distribute.Server):
     """tf.distribute.Server on tf_rdma's protocol: every cross-task tensor of this task (TF1 sessions,
     TF2 functions and eager copies, collectives) moves over tf_rdma.
@@ -57,6 +70,10 @@ class Server(tf.distribute.Server):
 
     def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
                  config=None, start=True, rdma_addresses=None):
+        if rdma_addresses:
+            cluster = (server_or_cluster_def.cluster
+                       if isinstance(server_or_cluster_def, tf.train.ServerDef) else server_or_cluster_def)
+            cluster_tasks(cluster, rdma_addresses)  # checks them, with a clear error
         _extension().set_address_overrides(dict(rdma_addresses or {}))
         super().__init__(server_or_cluster_def, job_name=job_name, task_index=task_index,
                          protocol=_checked_protocol(protocol), config=config, start=start)

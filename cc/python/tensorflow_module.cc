@@ -51,6 +51,20 @@ PYBIND11_MODULE(_tensorflow, m) {
   RegisterStatusTranslator();
   m.attr("PROTOCOL") = kProtocol;
   m.def("set_address_overrides", &SetAddressOverrides, py::arg("overrides"));
+  m.def("tasks_of",
+        [](const py::bytes& serialized_cluster_def, const AddressOverrides& overrides) {
+          tensorflow::ClusterDef cluster;
+          if (!cluster.ParseFromString(std::string(serialized_cluster_def))) {
+            ThrowIfError(absl::InvalidArgumentError("not a serialized ClusterDef"));
+          }
+          std::vector<std::tuple<std::string, std::string, int, int>> out;
+          const Config config = ValueOrThrow(LoadConfigFromEnvironment());
+          for (const TaskAddress& t : ValueOrThrow(TasksOf(cluster, config, overrides))) {
+            out.emplace_back(t.task, t.host, t.grpc_port, t.rdma_port);
+          }
+          return out;
+        },
+        py::arg("serialized_cluster_def"), py::arg("overrides"));
   m.def("server_stats", [] {
     py::list out;
     for (const auto& runtime : Runtime::Running()) out.append(ServerStats(*runtime));

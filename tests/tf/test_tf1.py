@@ -51,8 +51,8 @@ def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, t
     assert peer["bytes_received"] > 256 << 20
     assert peer["dead_tensors"] > 0, "the untaken cond branch must arrive as a dead tensor"
     assert peer["regrants"] > 0, "changing shapes must have grown a grant"
-    assert stats["edges_rewritten"] > 0
-    assert set(stats["edges_fallback"]) <= {"fed or fetched by the client"}
+    assert stats["fallback"] == {}, "CPU tensors of every dtype, strings included, cross over tf_rdma"
+    assert peer["bytes_received_by_kind"]["graph"] == peer["bytes_received"]
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +70,10 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     assert losses[-1] < losses[0]
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
     assert ps["bytes_sent"] > 0 and ps["bytes_received"] > 0
-    # Every shape here is static, so the master's plan sized every receive buffer in advance: the
-    # worker's first grant of each edge already fit.
-    assert stats["receives_planned"] > 0, stats
-    assert ps["regrants"] == 0, ps
+    # A transfer's size is learned the first time it crosses, and the steps after need no regrant:
+    # w1 and w2 cross in the training graph (8 times each) and once more in the final fetch's graph.
+    assert ps["tensors_received"] == 18, ps
+    assert ps["regrants"] == 4, ps
 
 
 def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):

@@ -1,6 +1,6 @@
-"""TF2 ParameterServerStrategy: training through tf_rdma's strategy wrapper, with the ps<->worker
-variable and gradient traffic carried by tf_rdma (read from the worker's and the ps's stats), into
-receive buffers planned from static shapes."""
+"""TF2 ParameterServerStrategy: training through tf_rdma's strategy, with the ps<->worker variable
+and gradient traffic carried by tf_rdma (read from the worker's and the ps's stats), each transfer
+sized once and then granted ahead of its bytes."""
 import json
 import time
 
@@ -24,16 +24,14 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     with open(output) as f:
         losses = json.load(f)["losses"]
     assert losses[-1] < losses[0] * 0.8, losses
-    assert stats["edges_rewritten"] > 0, stats
+    assert stats["fallback"] == {}, stats
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
     # Variables come from the ps, gradient updates go to it: 64x256 floats and more every step.
     assert ps["bytes_received"] >= 30 * 64 * 256 * 4, ps
     assert ps["bytes_sent"] >= 30 * 64 * 256 * 4, ps
 
-    # The worker instantiates each step function, whose static shapes size every receive buffer on
-    # both sides in advance: the first grant of every edge already fits (no TOO_SMALL, no regrant).
-    assert stats["receives_planned"] > 0, stats
-    assert ps["regrants"] == 0, ps
+    # A transfer's size is learned the first time it crosses: of 30 steps, only the first regrants.
+    assert ps["regrants"] * 10 <= ps["tensors_received"], ps
     worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
     assert worker["bytes_received"] >= 30 * 64 * 256 * 4, worker
-    assert worker["regrants"] == 0, worker
+    assert worker["regrants"] * 10 <= worker["tensors_received"], worker

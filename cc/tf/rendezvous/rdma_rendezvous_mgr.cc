@@ -379,11 +379,14 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     auto encoded = std::make_shared<std::string>(EncodeHeader(header));
     const TransferTags tags = TagsFor(parsed.FullKey(), step_id_);
     const std::string tensor_name(parsed.edge_name);
-    runtime_->WithConnection(peer_task, [runtime = runtime_, peer_task, tensor_name, tags, encoded, proto,
+    // A failed send fails this task's step too: the receiver may be a task that waits on its own
+    // (it runs without tf_rdma, or died), and the step's owner must hear why.
+    Ref();
+    tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
+    auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
+    runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, tensor_name, tags, encoded, proto,
                                          value, is_dead](absl::StatusOr<std::shared_ptr<Connection>> connection) {
-      // Failures surface on the receiving side, whose step waits for these bytes; the sending
-      // step, like TensorFlow's own Send, has already moved on.
-      auto report = [runtime, peer_task, tensor_name](const absl::Status& status) {
+      auto report = [runtime, step, peer_task, tensor_name](const absl::Status& status) {
         if (status.ok()) return;
         if (status == DiscardedWrite()) {
           runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
@@ -391,6 +394,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         }
         LOG(WARNING) << "tf_rdma: sending '" << tensor_name << "' to task " << peer_task << " failed: " << status;
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
+        (*step)->StartAbort(absl::Status(status.code(), absl::StrCat("tf_rdma: sending '", tensor_name, "' to task ",
+                                                                     peer_task, " failed: ", status.message())));
       };
       if (!connection.ok()) return report(connection.status());
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),

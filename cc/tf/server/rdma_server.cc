@@ -15,9 +15,14 @@ namespace tf_rdma {
 namespace {
 
 std::mutex overrides_mu;
-std::map<std::string, std::string>& Overrides() {
-  static auto* overrides = new std::map<std::string, std::string>();
+AddressOverrides& Overrides() {
+  static auto* overrides = new AddressOverrides();
   return *overrides;
+}
+
+AddressOverrides CurrentOverrides() {
+  std::lock_guard<std::mutex> lock(overrides_mu);
+  return Overrides();
 }
 
 std::string TaskName(const std::string& job, int replica, int index) {
@@ -30,7 +35,7 @@ class RdmaServer : public tensorflow::GrpcServer {
                              std::unique_ptr<tensorflow::ServerInterface>* out) {
     absl::StatusOr<Config> config = LoadConfigFromEnvironment();
     if (!config.ok()) return config.status();
-    absl::StatusOr<std::vector<TaskAddress>> tasks = TasksOf(server_def.cluster(), *config);
+    absl::StatusOr<std::vector<TaskAddress>> tasks = TasksOf(server_def.cluster(), *config, CurrentOverrides());
     if (!tasks.ok()) return tasks.status();
     RuntimeOptions options;
     options.local_task = TaskName(server_def.job_name(), server_def.replica(), server_def.task_index());
@@ -63,7 +68,7 @@ class RdmaServer : public tensorflow::GrpcServer {
   // context's), so the runtime learns where tasks it was not started with listen.
   absl::Status WorkerCacheFactory(const tensorflow::WorkerCacheFactoryOptions& options,
                                   tensorflow::WorkerCacheInterface** worker_cache) override {
-    absl::StatusOr<std::vector<TaskAddress>> tasks = TasksOf(options.cluster_def, runtime_->config());
+    absl::StatusOr<std::vector<TaskAddress>> tasks = TasksOf(options.cluster_def, runtime_->config(), CurrentOverrides());
     if (!tasks.ok()) return tasks.status();
     runtime_->UpdateTasks(*tasks);
     return GrpcServer::WorkerCacheFactory(options, worker_cache);
@@ -108,17 +113,13 @@ const bool registered = [] {
 
 }  // namespace
 
-void SetAddressOverrides(std::map<std::string, std::string> overrides) {
+void SetAddressOverrides(AddressOverrides overrides) {
   std::lock_guard<std::mutex> lock(overrides_mu);
   Overrides() = std::move(overrides);
 }
 
-absl::StatusOr<std::vector<TaskAddress>> TasksOf(const tensorflow::ClusterDef& cluster, const Config& config) {
-  std::map<std::string, std::string> overrides;
-  {
-    std::lock_guard<std::mutex> lock(overrides_mu);
-    overrides = Overrides();
-  }
+absl::StatusOr<std::vector<TaskAddress>> TasksOf(const tensorflow::ClusterDef& cluster, const Config& config,
+                                                 const AddressOverrides& overrides) {
   std::vector<TaskAddress> tasks;
   for (const tensorflow::JobDef& job : cluster.job()) {
     for (const auto& [index, address] : job.tasks()) {

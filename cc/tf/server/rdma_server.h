@@ -18,13 +18,16 @@ namespace tf_rdma {
 
 inline constexpr char kProtocol[] = "grpc+tf_rdma";
 
-// Tasks whose tf_rdma listener is not at their TensorFlow port + TF_RDMA_PORT_OFFSET
-// (tf_rdma.Server's rdma_addresses): task name -> "host:port". Applies to servers created after.
-void SetAddressOverrides(std::map<std::string, std::string> overrides);
+// Task name -> "host:port", for tasks whose tf_rdma listener is not at their TensorFlow port +
+// TF_RDMA_PORT_OFFSET (tf_rdma.Server's rdma_addresses).
+using AddressOverrides = std::map<std::string, std::string>;
+// The overrides every server created afterwards in this process applies.
+void SetAddressOverrides(AddressOverrides overrides);
 
 // Every task of `cluster` with its tf_rdma endpoint: its TensorFlow port + TF_RDMA_PORT_OFFSET,
 // unless overridden; a task on port 0 (any free port) listens on any free port too.
-absl::StatusOr<std::vector<TaskAddress>> TasksOf(const tensorflow::ClusterDef& cluster, const Config& config);
+absl::StatusOr<std::vector<TaskAddress>> TasksOf(const tensorflow::ClusterDef& cluster, const Config& config,
+                                                 const AddressOverrides& overrides);
 
 }  // namespace tf_rdma
 
