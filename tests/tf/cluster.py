@@ -47,10 +47,11 @@ class Cluster:
         self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
         self.processes = {}
 
-    def start(self, job, index, function, env=None, **kwargs):
+    def start(self, job, index, function, env=None, program=PROGRAMS, **kwargs):
+        """Runs `function` of `program` (a file with programs.py's command line) as the task."""
         log = open(self.tmp_path / f"{job}{index}.log", "w")
         args = json.dumps({"cluster": self.spec, "job": job, "index": index, "kwargs": kwargs})
-        process = subprocess.Popen([sys.executable, str(PROGRAMS), function, args],
+        process = subprocess.Popen([sys.executable, str(program), function, args],
                                    stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
         self.processes[(job, index)] = process
         return process
