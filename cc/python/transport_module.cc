@@ -195,7 +195,7 @@ PYBIND11_MODULE(_transport, m) {
       .def("done", [](WriteHandle& w) { return w.pending->done(); });
 
   py::class_<PyConnection>(m, "Connection")
-      .def_property_readonly("peer_name", [](PyConnection& c) { return c.get().peer_name(); })
+      .def_property_readonly("peer_name", [](PyConnection& c) { return ToPython(c.get().peer_name()); })
       .def_property_readonly("backend", [](PyConnection& c) { return BackendName(c.get().backend()); })
       .def("check", [](PyConnection& c) { ThrowIfError(c.get().health()); },
            "Raises the error that ended the connection, if any.")

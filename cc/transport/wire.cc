@@ -30,6 +30,23 @@ class ByteWriter {
   std::string out_;
 };
 
+// A peer's text (its name, a REJECT's reason) ends up in logs, errors and Python strings: bytes
+// outside printable ASCII become \xNN, so a peer can neither forge log lines (newlines) nor make
+// the text invalid UTF-8. Task names and our own messages are printable ASCII and pass unchanged.
+std::string EscapeUnprintable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
 // Reads fields off an untrusted body; after the first short read every later read fails too.
 class ByteReader {
  public:
@@ -51,7 +68,7 @@ class ByteReader {
       return {};
     }
     if (!Have(length)) return {};
-    std::string s(in_.substr(0, length));
+    std::string s = EscapeUnprintable(in_.substr(0, length));
     in_.remove_prefix(length);
     return s;
   }
