@@ -115,7 +115,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   mutable std::mutex mu_;
   std::condition_variable writer_wakeup_;
   absl::Status status_;
-  GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max()};
+  GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max(),
+                               options_.limits.max_grants_per_peer};
   std::deque<Outgoing> outgoing_;
   bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
   bool send_broken_ = false;  // a send failed; the reader is about to end the connection

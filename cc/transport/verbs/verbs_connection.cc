@@ -350,7 +350,7 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
     }
     // The peer never saw it: nothing to ask back.
     unwritten_grants_.erase(unwritten);
-    unseen = book_.TakeReturned(grant_id, std::nullopt);
+    unseen = book_.Withdraw(grant_id);
   }
   if (unseen.ok()) unseen->done({absl::CancelledError("grant revoked"), 0});
 }
