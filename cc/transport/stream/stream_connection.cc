@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,8 +39,16 @@ void StreamConnection::Start() {
     CloseInternal(status, false);
     return;
   }
-  std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
-  std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
+  // Under a pids limit or without address space for a stack, a peer's connection fails, not the
+  // process. A reader already started ends once CloseInternal shut the socket down.
+  try {
+    std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
+    std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
+  } catch (const std::system_error& error) {
+    CloseInternal(absl::ResourceExhaustedError(
+                      absl::StrCat("cannot start a thread for the connection: ", error.what())),
+                  true);
+  }
 }
 
 absl::Status StreamConnection::health() const {
