@@ -168,12 +168,29 @@ void StreamConnection::ReadLoop() {
       CloseInternal(PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message), false);
       return;
     }
-    absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : frame.status();
+    absl::Status status = frame.status();
+    if (status.ok()) {
+      const char* type = wire::FrameTypeName(frame->type);
+      status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
+      if (status.ok()) status = Dispatch(std::move(*frame));
+      // A payload read off the stream (tcp DATA) must not bring any either.
+      if (status.ok()) status = RefuseStrayDescriptors(0, type);
+    }
     if (!status.ok()) {
       CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
       return;
     }
   }
+}
+
+absl::Status StreamConnection::RefuseStrayDescriptors(size_t allowed, const char* frame_type) {
+  if (received_fds_.size() <= allowed) return absl::OkStatus();
+  const size_t count = received_fds_.size();
+  for (int fd : received_fds_) close(fd);
+  received_fds_.clear();
+  return absl::DataLossError(absl::StrCat("the peer passed ", count, " file descriptor",
+                                          count == 1 ? "" : "s", " with a ", frame_type,
+                                          " frame; only SHM_REGION carries one"));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {

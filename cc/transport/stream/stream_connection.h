@@ -67,6 +67,7 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   // For ReceiveMessage: reads payload bytes off the stream.
   absl::Status ReceiveRaw(char* dst, uint64_t length);
   const std::string& peer_address() const { return peer_address_; }
+  const TransportOptions& options() const { return options_; }
 
  private:
   struct PendingWrite {
@@ -85,6 +86,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
 
   void ReadLoop();
   void WriteLoop();
+  // Descriptors ride only on SHM_REGION frames, one each: past `allowed`, every descriptor the
+  // peer passed is closed and the connection fails, so a peer cannot make us hold any.
+  absl::Status RefuseStrayDescriptors(size_t allowed, const char* frame_type);
   absl::Status Dispatch(wire::Frame frame);
   absl::Status OnRemoteGrant(const wire::Grant& grant);
   absl::Status OnData(const wire::Data& data);
