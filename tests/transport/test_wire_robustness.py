@@ -1,6 +1,10 @@
 """Hostile and broken peers on the stream backends' wire: every malformed, truncated or out-of-bounds
 frame closes that one connection with a ProtocolError naming the problem; no memory is touched,
 the process survives and the listener keeps serving."""
+import struct
+import threading
+import time
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -54,6 +58,8 @@ CASES = {
     "DATA of 1000 bytes for a grant of 100": [w.data(1, 1000) + b"\1" * 1000],
     "fits the grant": [w.too_small(1, 50)],
     "unexpected HELLO": [w.frame(w.HELLO, w.greeting(1, "tcp", b"\0" * 32, "again"))],
+    # The grant (id 1) is outstanding, but the receiver never asked for it back.
+    "REVOKED for grant 1, which was never revoked": [w.revoked(1)],
 }
 
 
@@ -89,6 +95,135 @@ def test_peer_that_connects_and_says_nothing_does_not_block_others(backend):
     assert listener.accept(5).peer_name == "member"
     silent.receive_until_closed()  # refused once the handshake deadline passes
     silent.close()
+
+
+def test_handshake_deadline_covers_the_whole_handshake_not_each_frame(backend):
+    """A client that trickles its HELLO a byte at a time must not hold a handshake (a thread and a
+    descriptor) past the connect timeout."""
+    receiver = transport(backend, "receiver", connect_timeout=1.0)
+    listener = receiver.listen(f"{HOST}:0")
+    raw = w.RawPeer(backend, listener.endpoint)
+    hello = w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, b"\0" * 32, "x" * 200))
+    stop = threading.Event()
+
+    def trickle():
+        for byte in hello:
+            if stop.wait(0.2):
+                return
+            try:
+                raw.send(bytes([byte]))
+            except OSError:
+                return
+
+    sender = threading.Thread(target=trickle)
+    started = time.monotonic()
+    sender.start()
+    try:
+        raw.receive_until_closed()
+        assert time.monotonic() - started < 4, "the handshake outlived its 1 s deadline"
+    finally:
+        stop.set()
+        sender.join()
+        raw.close()
+
+
+def test_grants_a_peer_leaves_unused_are_bounded(backend):
+    sender_side = transport(backend, "sender", max_grants_per_peer=50)
+    listener = sender_side.listen(f"{HOST}:0")
+    raw = w.RawPeer(backend, listener.endpoint)
+    raw.handshake(KEY)
+    connection = listener.accept(10)
+    if backend == "shm":
+        raw.share_region(1, 4096)
+    raw.send(b"".join(w.grant(i, 0, i, 1, 0, 10) for i in range(1, 51)))
+    time.sleep(0.3)
+    connection.check()  # 50 unused grants are within the limit
+    raw.send(w.grant(51, 0, 51, 1, 0, 10))
+    reason = raw.receive_until_closed()
+    assert reason is not None and "TF_RDMA_MAX_GRANTS_PER_PEER" in reason
+    with pytest.raises(errors.ProtocolError, match=r"more than 50 .*TF_RDMA_MAX_GRANTS_PER_PEER"):
+        connection.check()
+    raw.close()
+
+
+def test_concurrent_handshakes_beyond_the_limit_are_refused_at_once(backend):
+    receiver = transport(backend, "receiver", connect_timeout=30, max_concurrent_handshakes=2)
+    listener = receiver.listen(f"{HOST}:0")
+    silent = [w.RawPeer(backend, listener.endpoint) for _ in range(2)]
+    time.sleep(0.3)  # both are in their handshakes
+    extra = w.RawPeer(backend, listener.endpoint)
+    started = time.monotonic()
+    reason = extra.receive_until_closed()
+    assert time.monotonic() - started < 5, "refused only when the silent ones gave up"
+    assert reason is not None and "TF_RDMA_MAX_CONCURRENT_HANDSHAKES" in reason, reason
+    extra.close()
+    for peer in silent:
+        peer.close()
+    # Their handshakes end with them, and the listener serves members again.
+    time.sleep(0.3)
+    transport(backend, "member").connect(listener.endpoint)
+    assert listener.accept(10).peer_name == "member"
+
+
+def test_peer_name_that_is_not_utf8_reaches_python_escaped(backend, server):
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    raw.handshake(KEY, name=b"task-\xff\xfe")
+    assert listener.accept(10).peer_name == "task-\\xff\\xfe"
+    raw.close()
+
+
+@pytest.fixture
+def raw_listener(backend):
+    """A socket listening where a tf_rdma listener would, for tests that play a hostile listener."""
+    import socket
+    if backend == "shm":
+        import random
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        port = random.randrange(20000, 60000)
+        sock.bind(f"\0tf_rdma-shm-{port}")
+    else:
+        sock = socket.socket()
+        sock.bind((HOST, 0))
+        port = sock.getsockname()[1]
+    sock.listen(4)
+    sock.settimeout(10)
+    yield sock, f"{HOST}:{port}"
+    sock.close()
+
+
+def test_reject_message_that_is_not_utf8_is_raised_as_the_real_error(backend, raw_listener):
+    sock, endpoint = raw_listener
+
+    def refuse():
+        client, _ = sock.accept()
+        with client:
+            client.recv(4096)  # the HELLO
+            client.sendall(w.reject(9, b"go away \xff\nE0000 forged"))
+            time.sleep(0.5)
+
+    refuser = threading.Thread(target=refuse)
+    refuser.start()
+    try:
+        with pytest.raises(errors.HandshakeError, match=r"go away \\xff\\x0aE0000 forged"):
+            transport(backend, "client", connect_timeout=5).connect(endpoint)
+    finally:
+        refuser.join()
+
+
+def test_an_unauthenticated_name_cannot_forge_log_lines(backend, server, capfd):
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    forged = "E1130 00:00:00.000000 1 fake.cc:1] forged entry"
+    raw.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, b"\0" * 32, f"intruder\n{forged}")))
+    raw.receive()  # the listener's answer; then a proof that is wrong
+    raw.send(w.frame(w.PROOF, b"\0" * 32))
+    raw.receive_until_closed()
+    raw.close()
+    time.sleep(0.2)
+    logged = capfd.readouterr().err
+    assert "intruder\\x0aE1130" in logged, logged
+    assert not any(line.startswith(forged) for line in logged.splitlines())
 
 
 # ---- Properties of the decoder itself ----

@@ -16,7 +16,8 @@ def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
 
 
 def string(text):
-    data = text.encode()
+    """A u16-length-prefixed string; bytes go as they are (peers may send anything)."""
+    data = text if isinstance(text, bytes) else text.encode()
     return struct.pack("<H", len(data)) + data
 
 
@@ -34,6 +35,14 @@ def data(grant_id, length):
 
 def too_small(grant_id, needed):
     return frame(TOO_SMALL, struct.pack("<QQ", grant_id, needed))
+
+
+def revoked(grant_id):
+    return frame(REVOKED, struct.pack("<Q", grant_id))
+
+
+def reject(code, message):
+    return frame(REJECT, struct.pack("<I", code) + string(message))
 
 
 def proof_mac(key, role, backend, first, second):
