@@ -103,21 +103,19 @@ class ByteReader {
   std::string error_;
 };
 
-void EncodeBody(const Greeting& g, FrameType type, ByteWriter& w) {
+void EncodeBody(const Greeting& g, ByteWriter& w) {
   w.U32(g.protocol_version);
   w.U8(g.backend);
   w.Bytes(g.nonce);
-  if (type == FrameType::kChallenge) w.Bytes(g.mac);
   w.String(g.name.substr(0, kMaxNameLength));
   w.String(g.build.substr(0, kMaxNameLength));
 }
 
-Greeting DecodeGreeting(FrameType type, ByteReader& r) {
+Greeting DecodeGreeting(ByteReader& r) {
   Greeting g;
   g.protocol_version = r.U32();
   g.backend = r.U8();
   r.Bytes(g.nonce);
-  if (type == FrameType::kChallenge) r.Bytes(g.mac);
   g.name = r.String(kMaxNameLength);
   g.build = r.String(kMaxNameLength);
   return g;
@@ -172,7 +170,7 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
   switch (type) {
     case FrameType::kHello:
     case FrameType::kChallenge:
-      frame.body = DecodeGreeting(type, r);
+      frame.body = DecodeGreeting(r);
       break;
     case FrameType::kProof: {
       Proof p;
@@ -180,9 +178,12 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
       frame.body = p;
       break;
     }
-    case FrameType::kAccept:
-      frame.body = Accept{};
+    case FrameType::kAccept: {
+      Accept a;
+      r.Bytes(a.mac);
+      frame.body = a;
       break;
+    }
     case FrameType::kReject: {
       Reject rej;
       rej.code = r.U32();
@@ -252,8 +253,8 @@ std::string Encode(const Frame& frame) {
       [&](const auto& b) {
         using T = std::decay_t<decltype(b)>;
         if constexpr (std::is_same_v<T, Greeting>) {
-          EncodeBody(b, frame.type, body);
-        } else if constexpr (std::is_same_v<T, Proof>) {
+          EncodeBody(b, body);
+        } else if constexpr (std::is_same_v<T, Proof> || std::is_same_v<T, Accept>) {
           body.Bytes(b.mac);
         } else if constexpr (std::is_same_v<T, Reject>) {
           body.U32(b.code);

@@ -1,7 +1,7 @@
 """Hostile and broken peers on the stream backends' wire: every malformed, truncated or out-of-bounds
 frame closes that one connection with a ProtocolError naming the problem; no memory is touched,
 the process survives and the listener keeps serving."""
-import struct
+import os
 import threading
 import time
 
@@ -262,3 +262,54 @@ def test_valid_frames_decode_and_any_corruption_is_caught_or_harmless(encoded, d
             _transport.decode_frame(candidate)
         except errors.ProtocolError:
             pass
+
+
+# ---- Who proves first ----
+
+def test_a_listener_proves_nothing_to_a_client_that_has_not(backend, server):
+    """Whatever a listener sends before the client proved the key must not depend on the key, or
+    one unauthenticated exchange would let anyone test guesses of TF_RDMA_SECRET offline."""
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    nonce = os.urandom(32)
+    raw.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, nonce, "guesser")))
+    kind, challenge = raw.receive()
+    assert kind == w.CHALLENGE
+    server_nonce = challenge[5:37]
+    for role in ("server", "client"):
+        for first, second in ((nonce, server_nonce), (server_nonce, nonce)):
+            assert w.proof_mac(KEY, role, backend, first, second) not in challenge
+    # Nothing but version, backend, nonce, then the listener's name and build as strings.
+    name_length = int.from_bytes(challenge[37:39], "little")
+    assert challenge[39:39 + name_length] == b"receiver"
+    build_length = int.from_bytes(challenge[39 + name_length:41 + name_length], "little")
+    assert len(challenge) == 41 + name_length + build_length
+    raw.send(w.frame(w.PROOF, b"\0" * 32))  # a guess
+    reason = raw.receive_until_closed()
+    assert reason is not None and "cluster key mismatch" in reason
+    raw.close()
+
+
+def test_a_client_does_not_trust_a_listener_that_cannot_prove_the_key(backend, raw_listener):
+    """The listener proves the key in its ACCEPT, after the client did: a listener that accepts
+    any proof without holding the key is refused."""
+    sock, endpoint = raw_listener
+
+    def accept_anything():
+        client, _ = sock.accept()
+        with client:
+            client.settimeout(10)
+            client.recv(4096)  # HELLO
+            client.sendall(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                          "impostor")))
+            client.recv(4096)  # PROOF
+            client.sendall(w.frame(w.ACCEPT, b"\0" * 32))
+            client.recv(4096)  # the client's REJECT, or its closing
+
+    impostor = threading.Thread(target=accept_anything)
+    impostor.start()
+    try:
+        with pytest.raises(errors.HandshakeError, match="cluster key mismatch with impostor"):
+            transport(backend, "client", connect_timeout=5).connect(endpoint)
+    finally:
+        impostor.join()
