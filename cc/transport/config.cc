@@ -26,11 +26,11 @@ absl::StatusOr<absl::Duration> ParseMilliseconds(const std::string& name, const 
   return absl::Milliseconds(ms);
 }
 
-// A count or size in [minimum, maximum]; `unit_suffixes` also takes K, M, G, T (powers of 1024),
-// so that sizes such as 64G need no arithmetic.
-absl::StatusOr<uint64_t> ParseLimit(const std::string& name, const std::string& value,
-                                    uint64_t minimum, uint64_t maximum, bool unit_suffixes,
-                                    const char* example) {
+// A count or size in [minimum, maximum] into `*limit`; `unit_suffixes` also takes K, M, G, T
+// (powers of 1024), so that sizes such as 64G need no arithmetic.
+template <typename Limit>
+absl::Status ParseLimit(const std::string& name, const std::string& value, uint64_t minimum,
+                        uint64_t maximum, bool unit_suffixes, const char* example, Limit* limit) {
   std::string digits = value;
   int shift = 0;
   if (unit_suffixes && !digits.empty()) {
@@ -44,7 +44,8 @@ absl::StatusOr<uint64_t> ParseLimit(const std::string& name, const std::string& 
   if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos &&
       absl::SimpleAtoi(digits, &number) && number <= (maximum >> shift) &&
       (number << shift) >= minimum) {
-    return number << shift;
+    *limit = static_cast<Limit>(number << shift);
+    return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       name, "='", value, "' is not a whole number", unit_suffixes ? " of bytes (K, M, G, T allowed)" : "",
@@ -147,18 +148,18 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       }
       config.verbs_gid_index = index;
     } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
-      absl::StatusOr<uint64_t> limit = ParseLimit(name, value, 1, 100000, false, "64");
-      if (!limit.ok()) return limit.status();
-      config.limits.max_concurrent_handshakes = *limit;
+      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
+                                       &config.limits.max_concurrent_handshakes);
+      if (!parsed.ok()) return parsed;
     } else if (name == "TF_RDMA_MAX_GRANTS_PER_PEER") {
-      absl::StatusOr<uint64_t> limit = ParseLimit(name, value, 1, uint64_t{1} << 32, false, "65536");
-      if (!limit.ok()) return limit.status();
-      config.limits.max_grants_per_peer = *limit;
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{1} << 32, false, "65536",
+                                       &config.limits.max_grants_per_peer);
+      if (!parsed.ok()) return parsed;
     } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER") {
       // At most 64 TiB, half of x86-64's user address space: more could never be mapped.
-      absl::StatusOr<uint64_t> limit = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G");
-      if (!limit.ok()) return limit.status();
-      config.limits.shm_max_mapped_bytes_per_peer = *limit;
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G",
+                                       &config.limits.shm_max_mapped_bytes_per_peer);
+      if (!parsed.ok()) return parsed;
     } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&](const ConfigVariable& v) { return name == v.name; })) {
       // The tools' and tests' variables in the table are read where they are used; any other

@@ -121,6 +121,14 @@ Greeting DecodeGreeting(ByteReader& r) {
   return g;
 }
 
+// PROOF and ACCEPT: a MAC and nothing else.
+template <typename Body>
+Body DecodeMac(ByteReader& r) {
+  Body body;
+  r.Bytes(body.mac);
+  return body;
+}
+
 }  // namespace
 
 const char* FrameTypeName(FrameType type) {
@@ -172,18 +180,12 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
     case FrameType::kChallenge:
       frame.body = DecodeGreeting(r);
       break;
-    case FrameType::kProof: {
-      Proof p;
-      r.Bytes(p.mac);
-      frame.body = p;
+    case FrameType::kProof:
+      frame.body = DecodeMac<Proof>(r);
       break;
-    }
-    case FrameType::kAccept: {
-      Accept a;
-      r.Bytes(a.mac);
-      frame.body = a;
+    case FrameType::kAccept:
+      frame.body = DecodeMac<Accept>(r);
       break;
-    }
     case FrameType::kReject: {
       Reject rej;
       rej.code = r.U32();

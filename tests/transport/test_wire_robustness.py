@@ -1,6 +1,7 @@
 """Hostile and broken peers on the stream backends' wire: every malformed, truncated or out-of-bounds
 frame closes that one connection with a ProtocolError naming the problem; no memory is touched,
 the process survives and the listener keeps serving."""
+import contextlib
 import os
 import threading
 import time
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import wire_client as w
-from helpers import HOST, KEY, transport
+from helpers import HOST, KEY, raw_peer_connected, transport
 from tf_rdma import _transport, errors
 
 pytestmark = pytest.mark.stream_backends_only
@@ -128,11 +129,7 @@ def test_handshake_deadline_covers_the_whole_handshake_not_each_frame(backend):
 
 
 def test_grants_a_peer_leaves_unused_are_bounded(backend):
-    sender_side = transport(backend, "sender", max_grants_per_peer=50)
-    listener = sender_side.listen(f"{HOST}:0")
-    raw = w.RawPeer(backend, listener.endpoint)
-    raw.handshake(KEY)
-    connection = listener.accept(10)
+    _sender_side, _listener, raw, connection = raw_peer_connected(backend, "sender", max_grants_per_peer=50)
     if backend == "shm":
         raw.share_region(1, 4096)
     raw.send(b"".join(w.grant(i, 0, i, 1, 0, 10) for i in range(1, 51)))
@@ -175,7 +172,8 @@ def test_peer_name_that_is_not_utf8_reaches_python_escaped(backend, server):
 
 @pytest.fixture
 def raw_listener(backend):
-    """A socket listening where a tf_rdma listener would, for tests that play a hostile listener."""
+    """Plays a hostile listener where a tf_rdma listener would be: yields its endpoint and
+    `serving(play)`, a context in which `play(client_socket)` answers the next client on a thread."""
     import socket
     if backend == "shm":
         import random
@@ -188,27 +186,37 @@ def raw_listener(backend):
         port = sock.getsockname()[1]
     sock.listen(4)
     sock.settimeout(10)
-    yield sock, f"{HOST}:{port}"
+
+    @contextlib.contextmanager
+    def serving(play):
+        def serve():
+            client, _ = sock.accept()
+            with client:
+                client.settimeout(10)
+                play(client)
+                client.recv(4096)  # until the tf_rdma client closed, so it reads all we sent
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+
+    yield f"{HOST}:{port}", serving
     sock.close()
 
 
 def test_reject_message_that_is_not_utf8_is_raised_as_the_real_error(backend, raw_listener):
-    sock, endpoint = raw_listener
+    endpoint, serving = raw_listener
 
-    def refuse():
-        client, _ = sock.accept()
-        with client:
-            client.recv(4096)  # the HELLO
-            client.sendall(w.reject(9, b"go away \xff\nE0000 forged"))
-            time.sleep(0.5)
+    def refuse(client):
+        client.recv(4096)  # the HELLO
+        client.sendall(w.reject(9, b"go away \xff\nE0000 forged"))
 
-    refuser = threading.Thread(target=refuse)
-    refuser.start()
-    try:
-        with pytest.raises(errors.HandshakeError, match=r"go away \\xff\\x0aE0000 forged"):
-            transport(backend, "client", connect_timeout=5).connect(endpoint)
-    finally:
-        refuser.join()
+    with serving(refuse), pytest.raises(errors.HandshakeError,
+                                        match=r"go away \\xff\\x0aE0000 forged"):
+        transport(backend, "client", connect_timeout=5).connect(endpoint)
 
 
 def test_an_unauthenticated_name_cannot_forge_log_lines(backend, server, capfd):
@@ -293,23 +301,15 @@ def test_a_listener_proves_nothing_to_a_client_that_has_not(backend, server):
 def test_a_client_does_not_trust_a_listener_that_cannot_prove_the_key(backend, raw_listener):
     """The listener proves the key in its ACCEPT, after the client did: a listener that accepts
     any proof without holding the key is refused."""
-    sock, endpoint = raw_listener
+    endpoint, serving = raw_listener
 
-    def accept_anything():
-        client, _ = sock.accept()
-        with client:
-            client.settimeout(10)
-            client.recv(4096)  # HELLO
-            client.sendall(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
-                                                          "impostor")))
-            client.recv(4096)  # PROOF
-            client.sendall(w.frame(w.ACCEPT, b"\0" * 32))
-            client.recv(4096)  # the client's REJECT, or its closing
+    def accept_anything(client):
+        client.recv(4096)  # HELLO
+        client.sendall(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                      "impostor")))
+        client.recv(4096)  # PROOF
+        client.sendall(w.frame(w.ACCEPT, b"\0" * 32))
 
-    impostor = threading.Thread(target=accept_anything)
-    impostor.start()
-    try:
-        with pytest.raises(errors.HandshakeError, match="cluster key mismatch with impostor"):
-            transport(backend, "client", connect_timeout=5).connect(endpoint)
-    finally:
-        impostor.join()
+    with serving(accept_anything), pytest.raises(errors.HandshakeError,
+                                                 match="cluster key mismatch with impostor"):
+        transport(backend, "client", connect_timeout=5).connect(endpoint)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import wire_client as w
-from helpers import HOST, KEY, connected_pair, transport
+from helpers import KEY, connected_pair, raw_peer_connected, transport
 from tf_rdma import errors
 
 
@@ -22,11 +22,7 @@ def hostile_receiver_factory():
     peers = []
 
     def make(**options):
-        sender_side = transport("shm", "sender", **options)
-        listener = sender_side.listen(f"{HOST}:0")
-        raw = w.RawPeer("shm", listener.endpoint)
-        raw.handshake(KEY)
-        connection = listener.accept(10)
+        sender_side, listener, raw, connection = raw_peer_connected("shm", "sender", **options)
         peers.append((sender_side, listener, raw))
         return raw, connection
 
