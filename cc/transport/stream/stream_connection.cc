@@ -33,11 +33,11 @@ StreamConnection::~StreamConnection() {
   close(fd_);
 }
 
-void StreamConnection::Start() {
+absl::Status StreamConnection::Start() {
   absl::Status status = SetReceiveTimeout(fd_, options_.peer_timeout);
   if (!status.ok()) {
     CloseInternal(status, false);
-    return;
+    return status;
   }
   // Under a pids limit or without address space for a stack, a peer's connection fails, not the
   // process. A reader already started ends once CloseInternal shut the socket down.
@@ -45,10 +45,12 @@ void StreamConnection::Start() {
     std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
     std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
   } catch (const std::system_error& error) {
-    CloseInternal(absl::ResourceExhaustedError(
-                      absl::StrCat("cannot start a thread for the connection: ", error.what())),
-                  true);
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a thread for the connection to ", peer_name_, " at ",
+                     peer_address_, ": ", error.what()));
+    CloseInternal(status, true);
   }
+  return status;
 }
 
 absl::Status StreamConnection::health() const {

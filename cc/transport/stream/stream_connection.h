@@ -26,7 +26,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
                    const TransportOptions& options);
   ~StreamConnection() override;
   // Starts the reader and writer threads; they keep the connection alive until it is closed.
-  void Start();
+  // When they cannot start, the connection is closed and this says why.
+  absl::Status Start();
 
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;

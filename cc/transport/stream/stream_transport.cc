@@ -22,13 +22,13 @@ namespace tf_rdma {
 namespace {
 
 // Tells a client refused before its handshake started why, and closes it; never blocks the
-// accept loop. What the client sent already is read first (a HELLO is small), since closing a
-// socket with unread data resets it and the client would lose the reason.
+// accept loop. What the client sent already is read first, a bounded amount (a HELLO is small),
+// since closing a socket with unread data resets it and the client would lose the reason.
 void RefuseBeforeHandshake(int client, const absl::Status& why) {
   const std::string reject = wire::Encode(
       {wire::FrameType::kReject, wire::Reject{static_cast<uint32_t>(why.code()), std::string(why.message())}});
   char sink[2 * wire::kMaxBodyLength];
-  while (recv(client, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  for (int round = 0; round < 4 && recv(client, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++round) {
   }
   send(client, reject.data(), reject.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   close(client);
@@ -165,10 +165,11 @@ StreamTransport::~StreamTransport() {
   }
 }
 
-std::shared_ptr<StreamConnection> StreamTransport::StartConnection(int fd, const PeerIdentity& peer,
-                                                                   const std::string& peer_address) {
+absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnection(
+    int fd, const PeerIdentity& peer, const std::string& peer_address) {
   std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
-  connection->Start();
+  absl::Status started = connection->Start();
+  if (!started.ok()) return started;
   std::lock_guard<std::mutex> lock(mu_);
   connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
                                     [](const auto& weak) { return weak.expired(); }),
@@ -195,7 +196,14 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
       close(client);
       return;
     }
-    on_accept(StartConnection(client, *peer, address));
+    absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(client, *peer, address);
+    if (!connection.ok()) {
+      LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: dropped a " << BackendName(backend())
+                                   << " connection accepted on " << bound.ToString() << ": "
+                                   << connection.status();
+      return;
+    }
+    on_accept(*std::move(connection));
   };
   return std::make_unique<StreamListener>(*fd, bound, options_.limits.max_concurrent_handshakes,
                                           std::move(handshake));
@@ -213,7 +221,10 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
         close(*fd);
         return peer.status();
       }
-      return StartConnection(*fd, *peer, endpoint.ToString());
+      absl::StatusOr<std::shared_ptr<StreamConnection>> connection =
+          StartConnection(*fd, *peer, endpoint.ToString());
+      if (!connection.ok()) return connection.status();
+      return std::shared_ptr<Connection>(*std::move(connection));
     }
     // Peers start in any order: a peer that is not listening yet is retried until the deadline.
     if (fd.status().code() != absl::StatusCode::kUnavailable) return fd.status();
