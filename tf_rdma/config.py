@@ -17,6 +17,10 @@ class Config:
     verbs_device: str = ""   # TF_RDMA_VERBS_DEVICE; "" = the device rdma_cm resolves
     verbs_port: int = 0      # TF_RDMA_VERBS_PORT; 0 = the port rdma_cm resolves
     verbs_gid_index: int = -1  # TF_RDMA_VERBS_GID_INDEX; -1 = the RoCE v2 GID rdma_cm resolves
+    # Bounds on what peers can make this process spend (defaults: cc/transport/transport.h).
+    max_concurrent_handshakes: int = 64              # TF_RDMA_MAX_CONCURRENT_HANDSHAKES
+    max_grants_per_peer: int = 65536                 # TF_RDMA_MAX_GRANTS_PER_PEER
+    shm_max_mapped_bytes_per_peer: int = 64 << 30    # TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER
 
     def cluster_key(self, cluster_description: str) -> bytes:
         """The key peers prove to each other: derived from what defines the cluster and the secret."""

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,6 +30,15 @@ T ValueOrThrow(absl::StatusOr<T> value) {
   return *std::move(value);
 }
 
+// Text that may hold bytes a peer chose, as a Python str: invalid UTF-8 is escaped (\xNN) rather
+// than raising UnicodeDecodeError in place of the real result or error.
+inline pybind11::str ToPython(std::string_view text) {
+  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()),
+                                           "backslashreplace");
+  if (decoded == nullptr) throw pybind11::error_already_set();
+  return pybind11::reinterpret_steal<pybind11::str>(decoded);
+}
+
 inline void RegisterStatusTranslator() {
   pybind11::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -36,8 +46,8 @@ inline void RegisterStatusTranslator() {
     } catch (const StatusException& e) {
       pybind11::object errors = pybind11::module_::import("tf_rdma.errors");
       pybind11::object error = errors.attr("from_status")(
-          static_cast<int>(e.status.code()), std::string(e.status.message()), e.needed);
-      PyErr_SetObject(error.get_type().ptr(), error.ptr());
+          static_cast<int>(e.status.code()), ToPython(e.status.message()), e.needed);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     }
   });
 }

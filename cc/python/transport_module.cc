@@ -134,8 +134,10 @@ class PyListener {
 };
 
 TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_key,
-                             double peer_timeout, double connect_timeout, uint32_t protocol_version) {
+                             double peer_timeout, double connect_timeout, uint32_t protocol_version,
+                             const TransportLimits& limits = {}) {
   TransportOptions options;
+  options.limits = limits;
   options.local_name = name;
   options.cluster_key = cluster_key;
   options.peer_timeout = absl::Seconds(peer_timeout);
@@ -154,6 +156,9 @@ py::dict ConfigToDict(const Config& config) {
   d["verbs_device"] = config.verbs_device;
   d["verbs_port"] = config.verbs_port;
   d["verbs_gid_index"] = config.verbs_gid_index;
+  d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
+  d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
+  d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
   return d;
 }
 
@@ -190,7 +195,7 @@ PYBIND11_MODULE(_transport, m) {
       .def("done", [](WriteHandle& w) { return w.pending->done(); });
 
   py::class_<PyConnection>(m, "Connection")
-      .def_property_readonly("peer_name", [](PyConnection& c) { return c.get().peer_name(); })
+      .def_property_readonly("peer_name", [](PyConnection& c) { return ToPython(c.get().peer_name()); })
       .def_property_readonly("backend", [](PyConnection& c) { return BackendName(c.get().backend()); })
       .def("check", [](PyConnection& c) { ThrowIfError(c.get().health()); },
            "Raises the error that ended the connection, if any.")
@@ -229,14 +234,21 @@ PYBIND11_MODULE(_transport, m) {
 
   py::class_<Transport>(m, "Transport")
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
-                       double peer_timeout, double connect_timeout, uint32_t protocol_version) {
+                       double peer_timeout, double connect_timeout, uint32_t protocol_version,
+                       size_t max_concurrent_handshakes, size_t max_grants_per_peer,
+                       uint64_t shm_max_mapped_bytes_per_peer) {
+             const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
+                                          shm_max_mapped_bytes_per_peer};
              return ValueOrThrow(CreateTransport(
                  ValueOrThrow(ParseBackend(backend)),
-                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version)));
+                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits)));
            }),
            py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
            py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,
-           py::arg("protocol_version") = 0)
+           py::arg("protocol_version") = 0,
+           py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
+           py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
+           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer)
       .def_property_readonly("backend", [](Transport& t) { return BackendName(t.backend()); })
       .def("allocate_region", [](Transport& t, size_t bytes) { return ValueOrThrow(t.AllocateRegion(bytes)); })
       .def("listen", [](Transport& t, const std::string& endpoint) {

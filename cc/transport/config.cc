@@ -26,6 +26,32 @@ absl::StatusOr<absl::Duration> ParseMilliseconds(const std::string& name, const 
   return absl::Milliseconds(ms);
 }
 
+// A count or size in [minimum, maximum] into `*limit`; `unit_suffixes` also takes K, M, G, T
+// (powers of 1024), so that sizes such as 64G need no arithmetic.
+template <typename Limit>
+absl::Status ParseLimit(const std::string& name, const std::string& value, uint64_t minimum,
+                        uint64_t maximum, bool unit_suffixes, const char* example, Limit* limit) {
+  std::string digits = value;
+  int shift = 0;
+  if (unit_suffixes && !digits.empty()) {
+    const size_t unit = std::string("KMGT").find(digits.back());
+    if (unit != std::string::npos) {
+      shift = 10 * static_cast<int>(unit + 1);
+      digits.pop_back();
+    }
+  }
+  uint64_t number = 0;
+  if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos &&
+      absl::SimpleAtoi(digits, &number) && number <= (maximum >> shift) &&
+      (number << shift) >= minimum) {
+    *limit = static_cast<Limit>(number << shift);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, "='", value, "' is not a whole number", unit_suffixes ? " of bytes (K, M, G, T allowed)" : "",
+      " between ", minimum, " and ", maximum, "; set it to e.g. ", example, " or unset it"));
+}
+
 }  // namespace
 
 const std::vector<ConfigVariable>& ConfigVariables() {
@@ -50,6 +76,13 @@ const std::vector<ConfigVariable>& ConfigVariables() {
       {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
        "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
        "of the local IP address, as rdma_cm resolves it."},
+      {"TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "64",
+       "Handshakes a listener runs at once (a thread and a descriptor each); clients beyond it are "
+       "refused at once."},
+      {"TF_RDMA_MAX_GRANTS_PER_PEER", "65536",
+       "Grants a peer may have outstanding here that no write used yet; more close its connection."},
+      {"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER", "64G",
+       "shm: bytes of a peer's shared regions this process maps; more close its connection."},
       {"TF_RDMA_TEST_HOST", "127.0.0.1",
        "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
       {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
@@ -114,6 +147,19 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
       }
       config.verbs_gid_index = index;
+    } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
+      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
+                                       &config.limits.max_concurrent_handshakes);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_MAX_GRANTS_PER_PEER") {
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{1} << 32, false, "65536",
+                                       &config.limits.max_grants_per_peer);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER") {
+      // At most 64 TiB, half of x86-64's user address space: more could never be mapped.
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G",
+                                       &config.limits.shm_max_mapped_bytes_per_peer);
+      if (!parsed.ok()) return parsed;
     } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&](const ConfigVariable& v) { return name == v.name; })) {
       // The tools' and tests' variables in the table are read where they are used; any other

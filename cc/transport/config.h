@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/transport/transport.h"
 
 namespace tf_rdma {
 
@@ -25,6 +26,9 @@ struct Config {
   std::string verbs_device;
   int verbs_port = 0;
   int verbs_gid_index = -1;
+  // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
+  // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
+  TransportLimits limits;
 };
 
 struct ConfigVariable {

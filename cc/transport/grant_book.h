@@ -48,8 +48,11 @@ constexpr size_t kDiscardMemory = 16384;
 template <typename Write>
 class GrantBook {
  public:
-  // Grant ids run from 1 to `max_id` and wrap, skipping ids still outstanding.
-  explicit GrantBook(uint64_t max_id) : max_id_(max_id) {}
+  // Grant ids run from 1 to `max_id` and wrap, skipping ids still outstanding. The peer may have
+  // at most `max_peer_grants` grants outstanding here unused (TransportLimits::max_grants_per_peer):
+  // each costs memory until a write uses it, and nothing else bounds how many a peer sends.
+  GrantBook(uint64_t max_id, size_t max_peer_grants)
+      : max_id_(max_id), max_peer_grants_(max_peer_grants) {}
 
   // What the sender does next for a write or a grant that arrived.
   struct Pairing {
@@ -88,12 +91,10 @@ class GrantBook {
       return absl::DataLossError(
           absl::StrCat("DATA of ", length, " bytes for a grant of ", it->second.capacity));
     }
-    IssuedGrant grant = std::move(it->second);
-    issued_.erase(it);
-    return grant;
+    return Take(it);
   }
   // The peer gave grant `id` back unused: TOO_SMALL (`needed` bytes, which must exceed the
-  // grant) or REVOKED (no `needed`).
+  // grant) or REVOKED (no `needed`), which only a grant we asked back (StartRevoke) may get.
   absl::StatusOr<IssuedGrant> TakeReturned(uint64_t id, std::optional<uint64_t> needed) {
     auto it = issued_.find(id);
     if (it == issued_.end()) {
@@ -103,9 +104,18 @@ class GrantBook {
       return absl::DataLossError(absl::StrCat("TOO_SMALL for a message of ", *needed,
                                               " bytes that fits the grant of ", it->second.capacity));
     }
-    IssuedGrant grant = std::move(it->second);
-    issued_.erase(it);
-    return grant;
+    if (!needed && !it->second.revoking) {
+      return absl::DataLossError(absl::StrCat("REVOKED for grant ", id, ", which was never revoked"));
+    }
+    return Take(it);
+  }
+  // Takes back grant `id`, which the peer has not seen yet (verbs: its grant is not written yet).
+  absl::StatusOr<IssuedGrant> Withdraw(uint64_t id) {
+    auto it = issued_.find(id);
+    if (it == issued_.end()) {
+      return absl::InternalError(absl::StrCat("grant ", id, " withdrawn but not outstanding"));
+    }
+    return Take(it);
   }
   // The connection failed: every grant still outstanding.
   std::vector<IssuedGrant> TakeAllIssued() {
@@ -125,6 +135,11 @@ class GrantBook {
     Pairing pairing;
     auto writes = waiting_.find(grant.tag);
     if (writes == waiting_.end()) {
+      if (peer_grant_ids_.size() >= max_peer_grants_) {
+        return absl::DataLossError(absl::StrCat(
+            "GRANT ", grant.grant_id, " would leave more than ", max_peer_grants_,
+            " of the peer's grants unused here, the limit TF_RDMA_MAX_GRANTS_PER_PEER sets"));
+      }
       peer_grant_ids_.insert(grant.grant_id);
       peer_grants_[grant.tag].push_back(grant);
       return pairing;
@@ -211,7 +226,14 @@ class GrantBook {
     return true;
   }
 
+  IssuedGrant Take(typename std::unordered_map<uint64_t, IssuedGrant>::iterator it) {
+    IssuedGrant grant = std::move(it->second);
+    issued_.erase(it);
+    return grant;
+  }
+
   const uint64_t max_id_;
+  const size_t max_peer_grants_;
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, IssuedGrant> issued_;
   std::unordered_map<Tag, std::deque<Write>, TagHash> waiting_;

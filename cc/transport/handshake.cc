@@ -92,6 +92,9 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
 
 const char* BuildVersion() { return TF_RDMA_VERSION; }
 
+// The client proves first: a listener answers anyone who connects, so anything it sent that
+// depends on the key before the client proved it would let one unauthenticated exchange test
+// guesses of the secret offline. The listener's proof comes in its ACCEPT.
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
@@ -113,15 +116,15 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   if (challenge.protocol_version != AnnouncedVersion(options)) {
     return Refuse(channel, VersionMismatch(challenge, channel.PeerAddress(), options));
   }
-  const wire::Mac expected = Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend);
-  if (!DigestsEqual(expected, challenge.mac)) {
-    return Refuse(channel, KeyMismatch(challenge.name, channel.PeerAddress()));
-  }
   wire::Proof proof{Prove(options.cluster_key, "client", challenge.nonce, hello.nonce, backend)};
   sent = channel.Send(wire::Frame{wire::FrameType::kProof, proof});
   if (!sent.ok()) return sent;
   frame = Expect(channel, wire::FrameType::kAccept, deadline);
   if (!frame.ok()) return frame.status();
+  const wire::Mac expected = Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend);
+  if (!DigestsEqual(expected, std::get<wire::Accept>(frame->body).mac)) {
+    return Refuse(channel, KeyMismatch(challenge.name, channel.PeerAddress()));
+  }
   return PeerIdentity{challenge.name, challenge.build};
 }
 
@@ -145,7 +148,6 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
   challenge.protocol_version = AnnouncedVersion(options);
   challenge.backend = hello.backend;
   challenge.nonce = *nonce;
-  challenge.mac = Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend);
   challenge.name = options.local_name;
   challenge.build = BuildVersion();
   absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kChallenge, challenge});
@@ -157,7 +159,8 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
   if (!DigestsEqual(expected, std::get<wire::Proof>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(hello.name, channel.PeerAddress()));
   }
-  sent = channel.Send(wire::Frame{wire::FrameType::kAccept, wire::Accept{}});
+  wire::Accept accept{Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend)};
+  sent = channel.Send(wire::Frame{wire::FrameType::kAccept, accept});
   if (!sent.ok()) return sent;
   return PeerIdentity{hello.name, hello.build};
 }

@@ -118,6 +118,19 @@ class Listener {
   virtual Endpoint endpoint() const = 0;
 };
 
+// Bounds on what peers can make this process spend. Each is a TF_RDMA_* variable (config.h); a
+// peer that goes past one fails with an error naming the limit and its variable.
+struct TransportLimits {
+  // Handshakes a listener runs at once, a thread and a descriptor each
+  // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES). Clients beyond it are refused at once.
+  size_t max_concurrent_handshakes = 64;
+  // Grants a peer may have outstanding here that no write has used yet
+  // (TF_RDMA_MAX_GRANTS_PER_PEER). tf_rdma's receivers keep two per transfer in flight.
+  size_t max_grants_per_peer = 65536;
+  // shm: bytes of a peer's shared regions this process maps (TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER).
+  uint64_t shm_max_mapped_bytes_per_peer = uint64_t{64} << 30;
+};
+
 struct TransportOptions {
   // Who this process is, for the peer's error messages (e.g. "/job:worker/replica:0/task:1").
   std::string local_name;
@@ -130,6 +143,7 @@ struct TransportOptions {
   // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
   // mismatch between two builds is reported.
   uint32_t protocol_version_override = 0;
+  TransportLimits limits;
 };
 
 // One backend's view of this process: the memory it can grant, and its connections.

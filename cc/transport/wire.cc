@@ -30,6 +30,23 @@ class ByteWriter {
   std::string out_;
 };
 
+// A peer's text (its name, a REJECT's reason) ends up in logs, errors and Python strings: bytes
+// outside printable ASCII become \xNN, so a peer can neither forge log lines (newlines) nor make
+// the text invalid UTF-8. Task names and our own messages are printable ASCII and pass unchanged.
+std::string EscapeUnprintable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
 // Reads fields off an untrusted body; after the first short read every later read fails too.
 class ByteReader {
  public:
@@ -51,7 +68,7 @@ class ByteReader {
       return {};
     }
     if (!Have(length)) return {};
-    std::string s(in_.substr(0, length));
+    std::string s = EscapeUnprintable(in_.substr(0, length));
     in_.remove_prefix(length);
     return s;
   }
@@ -86,24 +103,30 @@ class ByteReader {
   std::string error_;
 };
 
-void EncodeBody(const Greeting& g, FrameType type, ByteWriter& w) {
+void EncodeBody(const Greeting& g, ByteWriter& w) {
   w.U32(g.protocol_version);
   w.U8(g.backend);
   w.Bytes(g.nonce);
-  if (type == FrameType::kChallenge) w.Bytes(g.mac);
   w.String(g.name.substr(0, kMaxNameLength));
   w.String(g.build.substr(0, kMaxNameLength));
 }
 
-Greeting DecodeGreeting(FrameType type, ByteReader& r) {
+Greeting DecodeGreeting(ByteReader& r) {
   Greeting g;
   g.protocol_version = r.U32();
   g.backend = r.U8();
   r.Bytes(g.nonce);
-  if (type == FrameType::kChallenge) r.Bytes(g.mac);
   g.name = r.String(kMaxNameLength);
   g.build = r.String(kMaxNameLength);
   return g;
+}
+
+// PROOF and ACCEPT: a MAC and nothing else.
+template <typename Body>
+Body DecodeMac(ByteReader& r) {
+  Body body;
+  r.Bytes(body.mac);
+  return body;
 }
 
 }  // namespace
@@ -155,16 +178,13 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
   switch (type) {
     case FrameType::kHello:
     case FrameType::kChallenge:
-      frame.body = DecodeGreeting(type, r);
+      frame.body = DecodeGreeting(r);
       break;
-    case FrameType::kProof: {
-      Proof p;
-      r.Bytes(p.mac);
-      frame.body = p;
+    case FrameType::kProof:
+      frame.body = DecodeMac<Proof>(r);
       break;
-    }
     case FrameType::kAccept:
-      frame.body = Accept{};
+      frame.body = DecodeMac<Accept>(r);
       break;
     case FrameType::kReject: {
       Reject rej;
@@ -235,8 +255,8 @@ std::string Encode(const Frame& frame) {
       [&](const auto& b) {
         using T = std::decay_t<decltype(b)>;
         if constexpr (std::is_same_v<T, Greeting>) {
-          EncodeBody(b, frame.type, body);
-        } else if constexpr (std::is_same_v<T, Proof>) {
+          EncodeBody(b, body);
+        } else if constexpr (std::is_same_v<T, Proof> || std::is_same_v<T, Accept>) {
           body.Bytes(b.mac);
         } else if constexpr (std::is_same_v<T, Reject>) {
           body.U32(b.code);

@@ -19,7 +19,7 @@
 namespace tf_rdma::wire {
 
 // Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;
@@ -28,9 +28,9 @@ constexpr size_t kMacLength = 32;
 
 enum class FrameType : uint8_t {
   kHello = 1,      // client -> server: who I am, my nonce
-  kChallenge = 2,  // server -> client: who I am, my nonce, proof that I hold the cluster key
+  kChallenge = 2,  // server -> client: who I am, my nonce
   kProof = 3,      // client -> server: proof that I hold the cluster key
-  kAccept = 4,     // server -> client: handshake done
+  kAccept = 4,     // server -> client: handshake done, and proof that I hold the key too
   kReject = 5,     // either way: why the connection is refused or ended
   kGrant = 6,      // receiver -> sender: a destination for one tagged message
   kData = 7,       // sender -> receiver: a granted message landed (tcp: payload follows)
@@ -50,17 +50,16 @@ struct Header {
   uint32_t body_length;
 };
 
-// kHello and kChallenge; `mac` only travels in kChallenge.
+// kHello and kChallenge.
 struct Greeting {
   uint32_t protocol_version = kProtocolVersion;
   uint8_t backend = 0;
   Nonce nonce{};
-  Mac mac{};
   std::string name;   // the sender's TransportOptions::local_name
   std::string build;  // the sender's tf_rdma version, for error messages
 };
 struct Proof { Mac mac{}; };
-struct Accept {};
+struct Accept { Mac mac{}; };
 struct Reject {
   uint32_t code = 0;  // absl::StatusCode
   std::string message;

@@ -32,6 +32,18 @@ def connected_pair(backend, receiver_options=None, sender_options=None):
         from_sender.close()
 
 
+def raw_peer_connected(backend, name="local", **options):
+    """A tf_rdma listener (transport `options` as given) with a raw wire peer (wire_client.RawPeer)
+    handshaken into it: (transport, listener, raw_peer, connection). The caller keeps the
+    transport and listener alive while it uses the connection."""
+    import wire_client
+    local = transport(backend, name, **options)
+    listener = local.listen(f"{HOST}:0")
+    raw = wire_client.RawPeer(backend, listener.endpoint)
+    raw.handshake(KEY)
+    return local, listener, raw, listener.accept(10)
+
+
 def pattern(size, seed=0):
     """Bytes that vary along a 65521-byte (prime) period and with the seed, so misplaced or stale
     bytes show; built by repetition, so hundreds of MiB cost little."""

@@ -1,11 +1,16 @@
 """Hostile and broken peers on the stream backends' wire: every malformed, truncated or out-of-bounds
 frame closes that one connection with a ProtocolError naming the problem; no memory is touched,
 the process survives and the listener keeps serving."""
+import contextlib
+import os
+import threading
+import time
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import wire_client as w
-from helpers import HOST, KEY, transport
+from helpers import HOST, KEY, raw_peer_connected, transport
 from tf_rdma import _transport, errors
 
 pytestmark = pytest.mark.stream_backends_only
@@ -54,6 +59,8 @@ CASES = {
     "DATA of 1000 bytes for a grant of 100": [w.data(1, 1000) + b"\1" * 1000],
     "fits the grant": [w.too_small(1, 50)],
     "unexpected HELLO": [w.frame(w.HELLO, w.greeting(1, "tcp", b"\0" * 32, "again"))],
+    # The grant (id 1) is outstanding, but the receiver never asked for it back.
+    "REVOKED for grant 1, which was never revoked": [w.revoked(1)],
 }
 
 
@@ -89,6 +96,142 @@ def test_peer_that_connects_and_says_nothing_does_not_block_others(backend):
     assert listener.accept(5).peer_name == "member"
     silent.receive_until_closed()  # refused once the handshake deadline passes
     silent.close()
+
+
+def test_handshake_deadline_covers_the_whole_handshake_not_each_frame(backend):
+    """A client that trickles its HELLO a byte at a time must not hold a handshake (a thread and a
+    descriptor) past the connect timeout."""
+    receiver = transport(backend, "receiver", connect_timeout=1.0)
+    listener = receiver.listen(f"{HOST}:0")
+    raw = w.RawPeer(backend, listener.endpoint)
+    hello = w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, b"\0" * 32, "x" * 200))
+    stop = threading.Event()
+
+    def trickle():
+        for byte in hello:
+            if stop.wait(0.2):
+                return
+            try:
+                raw.send(bytes([byte]))
+            except OSError:
+                return
+
+    sender = threading.Thread(target=trickle)
+    started = time.monotonic()
+    sender.start()
+    try:
+        raw.receive_until_closed()
+        assert time.monotonic() - started < 4, "the handshake outlived its 1 s deadline"
+    finally:
+        stop.set()
+        sender.join()
+        raw.close()
+
+
+def test_grants_a_peer_leaves_unused_are_bounded(backend):
+    _sender_side, _listener, raw, connection = raw_peer_connected(backend, "sender", max_grants_per_peer=50)
+    if backend == "shm":
+        raw.share_region(1, 4096)
+    raw.send(b"".join(w.grant(i, 0, i, 1, 0, 10) for i in range(1, 51)))
+    time.sleep(0.3)
+    connection.check()  # 50 unused grants are within the limit
+    raw.send(w.grant(51, 0, 51, 1, 0, 10))
+    reason = raw.receive_until_closed()
+    assert reason is not None and "TF_RDMA_MAX_GRANTS_PER_PEER" in reason
+    with pytest.raises(errors.ProtocolError, match=r"more than 50 .*TF_RDMA_MAX_GRANTS_PER_PEER"):
+        connection.check()
+    raw.close()
+
+
+def test_concurrent_handshakes_beyond_the_limit_are_refused_at_once(backend):
+    receiver = transport(backend, "receiver", connect_timeout=30, max_concurrent_handshakes=2)
+    listener = receiver.listen(f"{HOST}:0")
+    silent = [w.RawPeer(backend, listener.endpoint) for _ in range(2)]
+    time.sleep(0.3)  # both are in their handshakes
+    extra = w.RawPeer(backend, listener.endpoint)
+    started = time.monotonic()
+    reason = extra.receive_until_closed()
+    assert time.monotonic() - started < 5, "refused only when the silent ones gave up"
+    assert reason is not None and "TF_RDMA_MAX_CONCURRENT_HANDSHAKES" in reason, reason
+    extra.close()
+    for peer in silent:
+        peer.close()
+    # Their handshakes end with them, and the listener serves members again.
+    time.sleep(0.3)
+    transport(backend, "member").connect(listener.endpoint)
+    assert listener.accept(10).peer_name == "member"
+
+
+def test_peer_name_that_is_not_utf8_reaches_python_escaped(backend, server):
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    raw.handshake(KEY, name=b"task-\xff\xfe")
+    assert listener.accept(10).peer_name == "task-\\xff\\xfe"
+    raw.close()
+
+
+@pytest.fixture
+def raw_listener(backend):
+    """Plays a hostile listener where a tf_rdma listener would be: yields its endpoint and
+    `serving(play)`, a context in which `play(client_socket)` answers the next client on a thread."""
+    import socket
+    if backend == "shm":
+        import random
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        port = random.randrange(20000, 60000)
+        sock.bind(f"\0tf_rdma-shm-{port}")
+    else:
+        sock = socket.socket()
+        sock.bind((HOST, 0))
+        port = sock.getsockname()[1]
+    sock.listen(4)
+    sock.settimeout(10)
+
+    @contextlib.contextmanager
+    def serving(play):
+        def serve():
+            client, _ = sock.accept()
+            with client:
+                client.settimeout(10)
+                play(client)
+                client.recv(4096)  # until the tf_rdma client closed, so it reads all we sent
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+
+    yield f"{HOST}:{port}", serving
+    sock.close()
+
+
+def test_reject_message_that_is_not_utf8_is_raised_as_the_real_error(backend, raw_listener):
+    endpoint, serving = raw_listener
+
+    def refuse(client):
+        client.recv(4096)  # the HELLO
+        client.sendall(w.reject(9, b"go away \xff\nE0000 forged"))
+
+    with serving(refuse), pytest.raises(errors.HandshakeError,
+                                        match=r"go away \\xff\\x0aE0000 forged"):
+        transport(backend, "client", connect_timeout=5).connect(endpoint)
+
+
+def test_an_unauthenticated_name_cannot_forge_log_lines(backend, server, capfd):
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    forged = "E1130 00:00:00.000000 1 fake.cc:1] forged entry"
+    raw.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, b"\0" * 32, f"intruder\n{forged}")))
+    raw.receive()  # the listener's answer; then a proof that is wrong
+    raw.send(w.frame(w.PROOF, b"\0" * 32))
+    raw.receive_until_closed()
+    raw.close()
+    time.sleep(0.2)
+    logged = capfd.readouterr().err
+    assert "intruder\\x0aE1130" in logged, logged
+    assert not any(line.startswith(forged) for line in logged.splitlines())
 
 
 # ---- Properties of the decoder itself ----
@@ -127,3 +270,46 @@ def test_valid_frames_decode_and_any_corruption_is_caught_or_harmless(encoded, d
             _transport.decode_frame(candidate)
         except errors.ProtocolError:
             pass
+
+
+# ---- Who proves first ----
+
+def test_a_listener_proves_nothing_to_a_client_that_has_not(backend, server):
+    """Whatever a listener sends before the client proved the key must not depend on the key, or
+    one unauthenticated exchange would let anyone test guesses of TF_RDMA_SECRET offline."""
+    _, listener = server
+    raw = w.RawPeer(backend, listener.endpoint)
+    nonce = os.urandom(32)
+    raw.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, nonce, "guesser")))
+    kind, challenge = raw.receive()
+    assert kind == w.CHALLENGE
+    server_nonce = challenge[5:37]
+    for role in ("server", "client"):
+        for first, second in ((nonce, server_nonce), (server_nonce, nonce)):
+            assert w.proof_mac(KEY, role, backend, first, second) not in challenge
+    # Nothing but version, backend, nonce, then the listener's name and build as strings.
+    name_length = int.from_bytes(challenge[37:39], "little")
+    assert challenge[39:39 + name_length] == b"receiver"
+    build_length = int.from_bytes(challenge[39 + name_length:41 + name_length], "little")
+    assert len(challenge) == 41 + name_length + build_length
+    raw.send(w.frame(w.PROOF, b"\0" * 32))  # a guess
+    reason = raw.receive_until_closed()
+    assert reason is not None and "cluster key mismatch" in reason
+    raw.close()
+
+
+def test_a_client_does_not_trust_a_listener_that_cannot_prove_the_key(backend, raw_listener):
+    """The listener proves the key in its ACCEPT, after the client did: a listener that accepts
+    any proof without holding the key is refused."""
+    endpoint, serving = raw_listener
+
+    def accept_anything(client):
+        client.recv(4096)  # HELLO
+        client.sendall(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                      "impostor")))
+        client.recv(4096)  # PROOF
+        client.sendall(w.frame(w.ACCEPT, b"\0" * 32))
+
+    with serving(accept_anything), pytest.raises(errors.HandshakeError,
+                                                 match="cluster key mismatch with impostor"):
+        transport(backend, "client", connect_timeout=5).connect(endpoint)

@@ -8,7 +8,7 @@ import struct
 
 HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD = range(1, 14)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
@@ -16,12 +16,13 @@ def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
 
 
 def string(text):
-    data = text.encode()
+    """A u16-length-prefixed string; bytes go as they are (peers may send anything)."""
+    data = text if isinstance(text, bytes) else text.encode()
     return struct.pack("<H", len(data)) + data
 
 
-def greeting(version, backend, nonce, name, build="test", mac=None):
-    return struct.pack("<IB", version, BACKEND_IDS[backend]) + nonce + (mac or b"") + string(name) + string(build)
+def greeting(version, backend, nonce, name, build="test"):
+    return struct.pack("<IB", version, BACKEND_IDS[backend]) + nonce + string(name) + string(build)
 
 
 def grant(grant_id, tag_hi, tag_lo, region_id, offset, capacity):
@@ -34,6 +35,14 @@ def data(grant_id, length):
 
 def too_small(grant_id, needed):
     return frame(TOO_SMALL, struct.pack("<QQ", grant_id, needed))
+
+
+def revoked(grant_id):
+    return frame(REVOKED, struct.pack("<Q", grant_id))
+
+
+def reject(code, message):
+    return frame(REJECT, struct.pack("<I", code) + string(message))
 
 
 def proof_mac(key, role, backend, first, second):
@@ -60,10 +69,11 @@ class RawPeer:
         kind, body = self.receive()
         assert kind == CHALLENGE, (kind, body)
         server_nonce = body[5:37]
-        assert body[37:69] == proof_mac(key, "server", self.backend, nonce, server_nonce)
+        # The client proves first; the listener's proof comes with its ACCEPT.
         self.send(frame(PROOF, proof_mac(key, "client", self.backend, server_nonce, nonce)))
-        kind, _ = self.receive()
-        assert kind == ACCEPT
+        kind, body = self.receive()
+        assert kind == ACCEPT, (kind, body)
+        assert body == proof_mac(key, "server", self.backend, nonce, server_nonce)
 
     def send(self, data):
         self.sock.sendall(data)

@@ -26,6 +26,10 @@ namespace {
 // A peer maps our region: once the size is sealed, it can rely on every mapped page existing.
 constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+// Regions one peer may share with us, whatever their sizes: each mapping costs one of the process's
+// memory map entries (about 65530, vm.max_map_count). tf_rdma's buffer pools share a few slabs.
+constexpr size_t kMaxRegionsPerPeer = 4096;
+
 class SharedRegion : public MemoryRegion {
  public:
   SharedRegion(uint32_t id, char* data, size_t size, int fd)
@@ -44,7 +48,7 @@ class ShmConnection : public StreamConnection {
  public:
   using StreamConnection::StreamConnection;
   ~ShmConnection() override {
-    for (auto& [id, mapping] : mappings_) munmap(mapping.base, mapping.size);
+    for (auto& [id, mapping] : mappings_) munmap(mapping.base, mapping.length);
   }
 
  protected:
@@ -68,6 +72,7 @@ class ShmConnection : public StreamConnection {
       return absl::DataLossError(absl::StrCat("GRANT in region ", grant.region_id,
                                               ", which the peer never shared"));
     }
+    // Against the region's real size: an empty region is mapped as a page that does not exist.
     if (grant.offset > it->second.size || grant.capacity > it->second.size - grant.offset) {
       return absl::DataLossError(absl::StrCat("GRANT of [", grant.offset, ", +", grant.capacity,
                                               ") outside region ", grant.region_id, " of ",
@@ -90,6 +95,11 @@ class ShmConnection : public StreamConnection {
 
   absl::Status OnShmRegion(const wire::ShmRegion& region, int fd) override {
     if (fd < 0) return absl::DataLossError("SHM_REGION frame without a file descriptor");
+    absl::Status within_limits = CheckMappingLimits(region);
+    if (!within_limits.ok()) {
+      close(fd);
+      return within_limits;
+    }
     struct stat info {};
     const int seals = fcntl(fd, F_GET_SEALS);
     if (fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) != region.size ||
@@ -107,21 +117,42 @@ class ShmConnection : public StreamConnection {
           absl::StrCat("cannot map the peer's region of ", region.size, " bytes: ", std::strerror(errno)));
     }
     std::lock_guard<std::mutex> lock(mappings_mu_);
-    if (!mappings_.emplace(region.region_id, Mapping{static_cast<char*>(base), length}).second) {
+    if (!mappings_.emplace(region.region_id, Mapping{static_cast<char*>(base), length, region.size}).second) {
       munmap(base, length);
       return absl::DataLossError(absl::StrCat("region ", region.region_id, " shared twice"));
     }
+    mapped_bytes_ += region.size;
     return absl::OkStatus();
   }
 
  private:
   struct Mapping {
     char* base;
-    size_t size;
+    size_t length;  // mapped: at least a page's worth of address space
+    uint64_t size;  // the region's: what grants must lie in
   };
+
+  // Whether mapping `region` keeps this peer within its share of our address space; checked on
+  // the declared size, before anything is mapped (a sparse memfd costs its sender nothing).
+  absl::Status CheckMappingLimits(const wire::ShmRegion& region) {
+    const uint64_t limit = options().limits.shm_max_mapped_bytes_per_peer;
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    if (mappings_.size() >= kMaxRegionsPerPeer) {
+      return absl::DataLossError(absl::StrCat("SHM_REGION ", region.region_id, ": the peer shared more than ",
+                                              kMaxRegionsPerPeer, " regions, the most one peer may"));
+    }
+    if (region.size > limit - mapped_bytes_) {
+      return absl::DataLossError(absl::StrCat(
+          "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
+          limit, " bytes of the peer's regions, the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets"));
+    }
+    return absl::OkStatus();
+  }
+
   std::unordered_set<uint32_t> shared_regions_;  // guarded by the connection's lock
   std::mutex mappings_mu_;
   std::unordered_map<uint32_t, Mapping> mappings_;
+  uint64_t mapped_bytes_ = 0;  // sum of the mapped regions' sizes; guarded by mappings_mu_
 };
 
 sockaddr_un AbstractAddress(const std::string& name, socklen_t* length) {

@@ -77,10 +77,18 @@ absl::Status SetReceiveTimeout(int fd, absl::Duration limit) {
   return absl::OkStatus();
 }
 
-absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds) {
+absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds,
+                          absl::Time deadline) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   size_t done = 0;
   while (done < length) {
+    if (deadline != absl::InfiniteFuture()) {
+      // The receive timeout restarts with every byte; what is left of the deadline does not.
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
+      absl::Status status = SetReceiveTimeout(fd, left);
+      if (!status.ok()) return status;
+    }
     iovec iov{dst + done, length - done};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -119,14 +127,14 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* rec
   return absl::OkStatus();
 }
 
-absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds) {
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds, absl::Time deadline) {
   char header_bytes[wire::kHeaderLength];
-  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), received_fds);
+  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), received_fds, deadline);
   if (!status.ok()) return status;
   absl::StatusOr<wire::Header> header = wire::DecodeHeader({header_bytes, sizeof(header_bytes)});
   if (!header.ok()) return header.status();
   std::string body(header->body_length, '\0');
-  status = ReceiveExact(fd, body.data(), body.size(), received_fds);
+  status = ReceiveExact(fd, body.data(), body.size(), received_fds, deadline);
   if (!status.ok()) return status;
   return wire::DecodeBody(header->type, body);
 }
@@ -137,11 +145,7 @@ absl::Status SocketFrameChannel::Send(const wire::Frame& frame) {
 }
 
 absl::StatusOr<wire::Frame> SocketFrameChannel::Receive(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
-  absl::Status status = SetReceiveTimeout(fd_, left);
-  if (!status.ok()) return status;
-  return ReceiveFrame(fd_, nullptr);
+  return ReceiveFrame(fd_, nullptr, deadline);
 }
 
 }  // namespace tf_rdma

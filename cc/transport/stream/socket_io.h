@@ -28,12 +28,15 @@ absl::StatusOr<size_t> SendWithoutBlocking(int fd, const std::vector<iovec>& iov
 absl::Status SetReceiveTimeout(int fd, absl::Duration limit);
 
 // Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
-// kDeadlineExceeded when no byte arrived within the receive timeout. Descriptors passed by the
-// peer are appended to `received_fds` (owned by the caller) when it is not null, else closed.
-absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds);
+// kDeadlineExceeded when no byte arrived within the receive timeout, or when `deadline` (if not
+// infinite) passed: a peer that trickles bytes cannot stretch it. Descriptors passed by the peer
+// are appended to `received_fds` (owned by the caller) when it is not null, else closed.
+absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds,
+                          absl::Time deadline = absl::InfiniteFuture());
 
 // Reads one frame header and body.
-absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds);
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds,
+                                         absl::Time deadline = absl::InfiniteFuture());
 
 // The handshake's view of a connected socket.
 class SocketFrameChannel : public FrameChannel {

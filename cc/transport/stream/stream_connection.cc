@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -32,14 +33,24 @@ StreamConnection::~StreamConnection() {
   close(fd_);
 }
 
-void StreamConnection::Start() {
+absl::Status StreamConnection::Start() {
   absl::Status status = SetReceiveTimeout(fd_, options_.peer_timeout);
   if (!status.ok()) {
     CloseInternal(status, false);
-    return;
+    return status;
   }
-  std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
-  std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
+  // Under a pids limit or without address space for a stack, a peer's connection fails, not the
+  // process. A reader already started ends once CloseInternal shut the socket down.
+  try {
+    std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
+    std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
+  } catch (const std::system_error& error) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a thread for the connection to ", peer_name_, " at ",
+                     peer_address_, ": ", error.what()));
+    CloseInternal(status, true);
+  }
+  return status;
 }
 
 absl::Status StreamConnection::health() const {
@@ -159,12 +170,29 @@ void StreamConnection::ReadLoop() {
       CloseInternal(PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message), false);
       return;
     }
-    absl::Status status = frame.ok() ? Dispatch(std::move(*frame)) : frame.status();
+    absl::Status status = frame.status();
+    if (status.ok()) {
+      const char* type = wire::FrameTypeName(frame->type);
+      status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
+      if (status.ok()) status = Dispatch(std::move(*frame));
+      // A payload read off the stream (tcp DATA) must not bring any either.
+      if (status.ok()) status = RefuseStrayDescriptors(0, type);
+    }
     if (!status.ok()) {
       CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
       return;
     }
   }
+}
+
+absl::Status StreamConnection::RefuseStrayDescriptors(size_t allowed, const char* frame_type) {
+  if (received_fds_.size() <= allowed) return absl::OkStatus();
+  const size_t count = received_fds_.size();
+  for (int fd : received_fds_) close(fd);
+  received_fds_.clear();
+  return absl::DataLossError(absl::StrCat("the peer passed ", count, " file descriptor",
+                                          count == 1 ? "" : "s", " with a ", frame_type,
+                                          " frame; only SHM_REGION carries one"));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {

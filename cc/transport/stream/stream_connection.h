@@ -26,7 +26,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
                    const TransportOptions& options);
   ~StreamConnection() override;
   // Starts the reader and writer threads; they keep the connection alive until it is closed.
-  void Start();
+  // When they cannot start, the connection is closed and this says why.
+  absl::Status Start();
 
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;
@@ -67,6 +68,7 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   // For ReceiveMessage: reads payload bytes off the stream.
   absl::Status ReceiveRaw(char* dst, uint64_t length);
   const std::string& peer_address() const { return peer_address_; }
+  const TransportOptions& options() const { return options_; }
 
  private:
   struct PendingWrite {
@@ -85,6 +87,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
 
   void ReadLoop();
   void WriteLoop();
+  // Descriptors ride only on SHM_REGION frames, one each: past `allowed`, every descriptor the
+  // peer passed is closed and the connection fails, so a peer cannot make us hold any.
+  absl::Status RefuseStrayDescriptors(size_t allowed, const char* frame_type);
   absl::Status Dispatch(wire::Frame frame);
   absl::Status OnRemoteGrant(const wire::Grant& grant);
   absl::Status OnData(const wire::Data& data);
@@ -115,7 +120,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   mutable std::mutex mu_;
   std::condition_variable writer_wakeup_;
   absl::Status status_;
-  GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max()};
+  GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max(),
+                               options_.limits.max_grants_per_peer};
   std::deque<Outgoing> outgoing_;
   bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
   bool send_broken_ = false;  // a send failed; the reader is about to end the connection

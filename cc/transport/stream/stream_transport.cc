@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -18,17 +21,36 @@
 namespace tf_rdma {
 namespace {
 
+// Tells a client refused before its handshake started why, and closes it; never blocks the
+// accept loop. What the client sent already is read first, a bounded amount (a HELLO is small),
+// since closing a socket with unread data resets it and the client would lose the reason.
+void RefuseBeforeHandshake(int client, const absl::Status& why) {
+  const std::string reject = wire::Encode(
+      {wire::FrameType::kReject, wire::Reject{static_cast<uint32_t>(why.code()), std::string(why.message())}});
+  char sink[2 * wire::kMaxBodyLength];
+  for (int round = 0; round < 4 && recv(client, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++round) {
+  }
+  send(client, reject.data(), reject.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close(client);
+}
+
 // Accepts on its own thread and handshakes each client on a thread of its own; joins them all when
-// destroyed, so nothing it started outlives it.
+// destroyed, so nothing it started outlives it. Running out of descriptors, threads or memory
+// refuses clients for a while, never for good.
 class StreamListener : public Listener {
  public:
   using Handshake = std::function<void(int fd)>;
-  StreamListener(int fd, Endpoint endpoint, Handshake handshake)
-      : fd_(fd), endpoint_(std::move(endpoint)), handshake_(std::move(handshake)) {
+  StreamListener(int fd, Endpoint endpoint, size_t max_concurrent_handshakes, Handshake handshake)
+      : fd_(fd), endpoint_(std::move(endpoint)), handshake_(std::move(handshake)),
+        handshakes_(std::in_place, max_concurrent_handshakes) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~StreamListener() override {
-    stopping_ = true;
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      stopping_ = true;
+    }
+    stop_cv_.notify_all();
     shutdown(fd_, SHUT_RDWR);
     accept_thread_.join();
     handshakes_.reset();
@@ -38,22 +60,68 @@ class StreamListener : public Listener {
 
  private:
   void AcceptLoop() {
+    absl::Duration backoff = kFirstBackoff;
     while (!stopping_) {
       const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (!stopping_) LOG(ERROR) << "tf_rdma: accept on " << endpoint_.ToString() << ": " << std::strerror(errno);
+        const int error = errno;
+        if (stopping_) return;
+        if (ResourceShortage(error)) {
+          // What frees descriptors or memory (connections closing, handshakes timing out) takes
+          // time; clients wait in the backlog meanwhile. Retrying at once would only spin.
+          LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: cannot accept on " << endpoint_.ToString() << ": "
+                                       << std::strerror(error) << "; retrying in "
+                                       << absl::FormatDuration(backoff);
+          WaitUnlessStopping(backoff);
+          backoff = std::min(backoff * 2, kLastBackoff);
+          continue;
+        }
+        if (ClientError(error)) continue;
+        LOG(ERROR) << "tf_rdma: accept on " << endpoint_.ToString() << " failed: " << std::strerror(error)
+                   << "; this listener stops accepting";
         return;
       }
-      handshakes_->Start([this, client] { handshake_(client); });
+      backoff = kFirstBackoff;
+      absl::Status started = handshakes_->Start([this, client] { handshake_(client); });
+      if (!started.ok()) {
+        LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a connection on " << endpoint_.ToString()
+                                     << ": " << started;
+        RefuseBeforeHandshake(client, started);
+      }
     }
   }
+
+  // accept errors that pass once descriptors, buffers or memory are freed.
+  static bool ResourceShortage(int error) {
+    return error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
+  }
+  // accept errors that concern one client only: Linux reports the new connection's pending network
+  // errors through accept (see accept(2)), and a firewall may deny one (EPERM).
+  static bool ClientError(int error) {
+    switch (error) {
+      case EINTR: case ECONNABORTED: case EPROTO: case ENOPROTOOPT: case EHOSTDOWN: case ENONET:
+      case EHOSTUNREACH: case EOPNOTSUPP: case ENETDOWN: case ENETUNREACH: case EPERM: case ETIMEDOUT:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  void WaitUnlessStopping(absl::Duration duration) {
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(duration), [this] { return stopping_.load(); });
+  }
+
+  static constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
+  static constexpr absl::Duration kLastBackoff = absl::Seconds(1);
 
   const int fd_;
   const Endpoint endpoint_;
   const Handshake handshake_;
   std::atomic<bool> stopping_{false};
-  std::optional<HandshakeThreads> handshakes_{std::in_place};  // reset: joined before fd_ closes
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  std::optional<HandshakeThreads> handshakes_;  // reset: joined before fd_ closes
   std::thread accept_thread_;
 };
 
@@ -97,10 +165,11 @@ StreamTransport::~StreamTransport() {
   }
 }
 
-std::shared_ptr<StreamConnection> StreamTransport::StartConnection(int fd, const PeerIdentity& peer,
-                                                                   const std::string& peer_address) {
+absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnection(
+    int fd, const PeerIdentity& peer, const std::string& peer_address) {
   std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
-  connection->Start();
+  absl::Status started = connection->Start();
+  if (!started.ok()) return started;
   std::lock_guard<std::mutex> lock(mu_);
   connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
                                     [](const auto& weak) { return weak.expired(); }),
@@ -127,9 +196,17 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
       close(client);
       return;
     }
-    on_accept(StartConnection(client, *peer, address));
+    absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(client, *peer, address);
+    if (!connection.ok()) {
+      LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: dropped a " << BackendName(backend())
+                                   << " connection accepted on " << bound.ToString() << ": "
+                                   << connection.status();
+      return;
+    }
+    on_accept(*std::move(connection));
   };
-  return std::make_unique<StreamListener>(*fd, bound, std::move(handshake));
+  return std::make_unique<StreamListener>(*fd, bound, options_.limits.max_concurrent_handshakes,
+                                          std::move(handshake));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpoint& endpoint) {
@@ -144,7 +221,10 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
         close(*fd);
         return peer.status();
       }
-      return StartConnection(*fd, *peer, endpoint.ToString());
+      absl::StatusOr<std::shared_ptr<StreamConnection>> connection =
+          StartConnection(*fd, *peer, endpoint.ToString());
+      if (!connection.ok()) return connection.status();
+      return std::shared_ptr<Connection>(*std::move(connection));
     }
     // Peers start in any order: a peer that is not listening yet is retried until the deadline.
     if (fd.status().code() != absl::StatusCode::kUnavailable) return fd.status();

@@ -37,8 +37,8 @@ class StreamTransport : public Transport {
   const TransportOptions& options() const { return options_; }
 
  private:
-  std::shared_ptr<StreamConnection> StartConnection(int fd, const PeerIdentity& peer,
-                                                    const std::string& peer_address);
+  absl::StatusOr<std::shared_ptr<StreamConnection>> StartConnection(int fd, const PeerIdentity& peer,
+                                                                    const std::string& peer_address);
 
   const Backend backend_;
   const TransportOptions options_;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "absl/log/log.h"
@@ -244,7 +245,14 @@ void VerbsConnection::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     last_receive_ = last_send_ = absl::Now();
   }
-  std::thread([self = shared_from_this()] { self->ProgressLoop(); }).detach();
+  // Under a pids limit or without address space for a stack, a peer's connection fails, not the
+  // process; its handshake then fails on the closed connection.
+  try {
+    std::thread([self = shared_from_this()] { self->ProgressLoop(); }).detach();
+  } catch (const std::system_error& error) {
+    Close(absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a thread for the connection: ", error.what())));
+  }
 }
 
 void VerbsConnection::Established(const PeerIdentity& peer) {
@@ -350,7 +358,7 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
     }
     // The peer never saw it: nothing to ask back.
     unwritten_grants_.erase(unwritten);
-    unseen = book_.TakeReturned(grant_id, std::nullopt);
+    unseen = book_.Withdraw(grant_id);
   }
   if (unseen.ok()) unseen->done({absl::CancelledError("grant revoked"), 0});
 }

@@ -226,7 +226,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::deque<Outgoing> data_queue_;
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
   // Grant ids travel as immediates below kGrantImmBit.
-  GrantBook<PendingWrite> book_{kGrantImmBit - 1};
+  GrantBook<PendingWrite> book_{kGrantImmBit - 1, options_.limits.max_grants_per_peer};
   // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
   // slot in it, a send buffer, or the control messages queued before them.
   std::deque<wire::Grant> unwritten_grants_;

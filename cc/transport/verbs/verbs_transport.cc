@@ -105,9 +105,10 @@ class VerbsTransport;
 class VerbsListener : public Listener {
  public:
   VerbsListener(VerbsTransport* transport, rdma_event_channel* channel, rdma_cm_id* id, Endpoint endpoint,
-                AcceptCallback on_accept)
+                size_t max_concurrent_handshakes, AcceptCallback on_accept)
       : transport_(transport), channel_(channel), id_(id), endpoint_(std::move(endpoint)),
-        on_accept_(std::move(on_accept)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+        on_accept_(std::move(on_accept)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        handshakes_(std::in_place, max_concurrent_handshakes) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~VerbsListener() override {
@@ -133,7 +134,7 @@ class VerbsListener : public Listener {
   const AcceptCallback on_accept_;
   const int stop_fd_;
   std::atomic<bool> stopping_{false};
-  std::optional<HandshakeThreads> handshakes_{std::in_place};  // reset: joined before id_ goes
+  std::optional<HandshakeThreads> handshakes_;  // reset: joined before id_ goes
   std::thread thread_;
 };
 
@@ -197,7 +198,9 @@ class VerbsTransport : public Transport {
     }
     if (rdma_listen(cm.id, 128) != 0) return CmError("rdma_listen on", endpoint.ToString());
     Endpoint bound{endpoint.host.empty() ? "0.0.0.0" : endpoint.host, ntohs(rdma_get_src_port(cm.id))};
-    auto listener = std::make_unique<VerbsListener>(this, cm.channel, cm.id, bound, std::move(on_accept));
+    auto listener = std::make_unique<VerbsListener>(this, cm.channel, cm.id, bound,
+                                                    options_.limits.max_concurrent_handshakes,
+                                                    std::move(on_accept));
     cm.Release();
     return listener;
   }
@@ -350,7 +353,13 @@ void VerbsListener::Loop() {
       rdma_cm_id* child = event->id;
       rdma_ack_cm_event(event);
       if (type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
-      handshakes_->Start([this, child] { Accept(child); });
+      absl::Status started = handshakes_->Start([this, child] { Accept(child); });
+      if (!started.ok()) {
+        rdma_reject(child, nullptr, 0);
+        rdma_destroy_id(child);
+        LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a verbs connection on " << endpoint_.ToString()
+                                     << ": " << started;
+      }
     }
   }
 }

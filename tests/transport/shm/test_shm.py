@@ -1,24 +1,39 @@
 """shm-specific: a receiver shares its regions as sealed memfds; a hostile receiver cannot make the
 sender write outside what it mapped, or crash it by shrinking a region under it."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 import wire_client as w
-from helpers import HOST, KEY, connected_pair, transport
+from helpers import KEY, connected_pair, raw_peer_connected, transport
 from tf_rdma import errors
 
 
 @pytest.fixture
-def hostile_receiver():
-    """A tf_rdma sender connected to a raw peer that plays a (broken) shm receiver."""
-    sender_side = transport("shm", "sender")
-    listener = sender_side.listen(f"{HOST}:0")
-    raw = w.RawPeer("shm", listener.endpoint)
-    raw.handshake(KEY)
-    connection = listener.accept(10)
-    yield raw, connection
-    raw.close()
+def hostile_receiver_factory():
+    """Makes tf_rdma senders (transport options as given) connected to a raw peer that plays a
+    (broken) shm receiver."""
+    peers = []
+
+    def make(**options):
+        sender_side, listener, raw, connection = raw_peer_connected("shm", "sender", **options)
+        peers.append((sender_side, listener, raw))
+        return raw, connection
+
+    yield make
+    for _, _, raw in peers:
+        raw.close()
+
+
+@pytest.fixture
+def hostile_receiver(hostile_receiver_factory):
+    return hostile_receiver_factory()
 
 
 def expect_refused(raw, connection, expected):
@@ -73,3 +88,101 @@ def test_regions_from_another_backend_cannot_be_granted():
         foreign = transport("tcp", "other").allocate_region(100)
         with pytest.raises(errors.ConfigError, match="allocated by the shm transport"):
             from_sender.grant(1, foreign, 0, 100).wait(1)
+
+
+def sender_in_child(script_body):
+    """Runs a tf_rdma shm sender in a child process, so that a crash (SIGBUS) fails the test instead
+    of killing the test run. The child listens, prints its endpoint, accepts one raw peer, runs
+    `script_body` (with `connection` bound) and prints what it reports."""
+    script = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, {helpers!r})
+        from helpers import HOST, transport
+        from tf_rdma import errors
+        sender_side = transport("shm", "sender")
+        listener = sender_side.listen(f"{{HOST}}:0")
+        print(listener.endpoint, flush=True)
+        connection = listener.accept(10)
+    ''').format(helpers=str(Path(__file__).parents[1])) + textwrap.dedent(script_body)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_an_empty_region_cannot_be_granted_a_byte():
+    """A sealed 0-byte memfd is mapped as one page, but none of it exists: writing there would
+    raise SIGBUS. The grant must be refused against the region's real size."""
+    child = sender_in_child('''
+        try:
+            connection.write(1, b"x").wait(10)
+            print("written")
+        except errors.TransportError as e:
+            print(type(e).__name__, e)
+    ''')
+    raw = w.RawPeer("shm", child.stdout.readline().strip())
+    raw.handshake(KEY)
+    raw.share_region(1, 0)
+    raw.send(w.grant(1, 0, 1, 1, 0, 1))
+    out, err = child.communicate(timeout=30)
+    raw.close()
+    assert child.returncode == 0, f"sender died with {child.returncode}: {err}"
+    assert out.startswith("ProtocolError") and "outside region 1 of 0 bytes" in out, out
+
+
+def test_a_peer_cannot_make_us_map_more_than_the_per_peer_limit(hostile_receiver_factory):
+    raw, connection = hostile_receiver_factory(shm_max_mapped_bytes_per_peer=1 << 20)
+    raw.share_region(1, 512 << 10)
+    raw.share_region(2, 512 << 10)  # exactly the limit
+    time.sleep(0.2)
+    connection.check()
+    raw.share_region(3, 1)
+    expect_refused(raw, connection,
+                   r"more than 1048576 .*TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER")
+
+
+def test_a_sparse_region_the_size_of_the_address_space_is_refused_before_mapping(hostile_receiver):
+    raw, connection = hostile_receiver
+    raw.share_region(1, 64 << 40)  # 64 TiB, sparse: costs the peer nothing
+    expect_refused(raw, connection, "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER")
+
+
+def test_the_number_of_regions_a_peer_shares_is_bounded(hostile_receiver):
+    raw, connection = hostile_receiver
+    for region_id in range(1, 4097):
+        raw.share_region(region_id, 0)
+    time.sleep(0.5)
+    connection.check()
+    raw.share_region(4097, 0)
+    expect_refused(raw, connection, "more than 4096 regions")
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_descriptors_passed_with_other_frames_are_closed_and_refused(hostile_receiver):
+    raw, connection = hostile_receiver
+    before = open_descriptors()
+    spares = [os.memfd_create("spare") for _ in range(4)]
+    try:
+        for _ in range(50):
+            socket.send_fds(raw.sock, [w.frame(w.PING)], spares)
+            time.sleep(0.005)
+    except OSError:
+        pass  # the connection was closed under the flood, as it should be
+    finally:
+        for fd in spares:
+            os.close(fd)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and connection_is_healthy(connection):
+        time.sleep(0.05)
+    with pytest.raises(errors.ProtocolError, match="4 file descriptors with a PING frame"):
+        connection.check()
+    assert open_descriptors() <= before, "descriptors a peer passed stayed open"
+
+
+def connection_is_healthy(connection):
+    try:
+        connection.check()
+        return True
+    except errors.TransportError:
+        return False

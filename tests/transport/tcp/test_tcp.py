@@ -4,16 +4,12 @@ import struct
 import pytest
 
 import wire_client as w
-from helpers import HOST, KEY, transport
+from helpers import HOST, raw_peer_connected, transport
 from tf_rdma import errors
 
 
 def test_shm_region_frame_on_tcp_is_a_protocol_error():
-    receiver = transport("tcp", "receiver")
-    listener = receiver.listen(f"{HOST}:0")
-    raw = w.RawPeer("tcp", listener.endpoint)
-    raw.handshake(KEY)
-    connection = listener.accept(10)
+    receiver, _listener, raw, connection = raw_peer_connected("tcp", "receiver")
     grant = connection.grant(1, receiver.allocate_region(10), 0, 10)
     raw.send(w.frame(w.SHM_REGION, struct.pack("<IQ", 1, 4096)))
     with pytest.raises(errors.ProtocolError, match="SHM_REGION frame on a tcp connection"):
