@@ -418,6 +418,42 @@ def serve_until_stopped(transport, cluster, job, task, events):
         time.sleep(3600)
 
 
+def run_local_cluster(transport, start, until, on_event, missing, timeout, log_dir=None,
+                      log_prefix="tf_rdma_", out=sys.stdout, stall_timeout=180):
+    """A launcher's whole run: `start(lc)` starts the tasks in a LocalCluster, which is awaited
+    until the children named in `until` exited (events go to `on_event`) and then stopped.
+    `missing()` says what result is missing after that (None when complete). Stops report
+    themselves; a failed run keeps its logs (in `log_dir`, else a temporary directory) and says
+    where. Returns the events the tasks printed while being stopped, or None if the run failed."""
+    import shutil
+    import tempfile
+
+    raise_on_termination_signals()
+    keep = log_dir or tempfile.mkdtemp(prefix=log_prefix)
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    left = None
+    try:
+        with reporting_stops():
+            with LocalCluster(keep, env) as lc:
+                start(lc)
+                lc.wait(until=until, timeout=timeout, stall_timeout=stall_timeout,
+                        on_event=on_event)
+            problem = missing()
+            if problem:
+                print(f"[{transport}] FAILED: {problem}", file=out)
+            else:
+                left = lc.drain()
+    except ClusterFailed as e:
+        print(f"[{transport}] FAILED: {e}", file=out, flush=True)
+    finally:
+        if left is None:
+            print(f"logs kept in {keep}", file=out)
+        elif not log_dir:
+            shutil.rmtree(keep, ignore_errors=True)
+    return left
+
+
 def python_argv(script, *args):
     return [sys.executable, "-u", script, *map(str, args)]
 

@@ -145,17 +145,9 @@ def run_client(args, cluster):
 
 
 def launch_local(args):
-    import shutil
-    import tempfile
-
-    cu.raise_on_termination_signals()
     out = sys.stderr if args.json else sys.stdout
     cluster = {"worker": cu.local_cluster(0, 1, transport=args.transport)["worker"]}
-    spec = cu.format_cluster(cluster)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="tf_rdma_eager_")
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    common = ["--cluster", spec, "--transport", args.transport, "--events"]
+    common = ["--cluster", cu.format_cluster(cluster), "--transport", args.transport, "--events"]
     client_argv = common + ["--rounds", args.rounds, "--mib", args.mib,
                             "--local-to-remote", args.local_to_remote]
     if args.save:
@@ -170,30 +162,21 @@ def launch_local(args):
         elif ev.get("kind") == "result":
             results[name] = ev
 
-    ok = False
+    def start(lc):
+        lc.start("worker0", cu.python_argv(__file__, "--job", "worker", "--task", 0, *common),
+                 daemon=True)
+        lc.start("client", cu.python_argv(__file__, "--job", "client", *client_argv))
+        pids.update(worker0=lc.pid("worker0"), client=lc.pid("client"))
+
     t0 = time.monotonic()
-    try:
-        with cu.reporting_stops():
-            with cu.LocalCluster(log_dir, env) as lc:
-                lc.start("worker0", cu.python_argv(__file__, "--job", "worker", "--task", 0,
-                                                   *common), daemon=True)
-                lc.start("client", cu.python_argv(__file__, "--job", "client", *client_argv))
-                pids.update(worker0=lc.pid("worker0"), client=lc.pid("client"))
-                lc.wait(until=["client"], timeout=args.timeout, stall_timeout=180,
-                        on_event=on_event)
-            for name, ev in lc.drain():       # the worker's tf_rdma stats, printed as it stopped
-                if ev.get("kind") == "rdma_stats" and ev.get("stats"):
-                    rdma_stats[name] = ev["stats"]
-            ok = "client" in results
-            if not ok:
-                print("FAILED: the client exited without a result", file=out)
-    except cu.ClusterFailed as e:
-        print(f"[{args.transport}] FAILED: {e}", file=out, flush=True)
-    finally:
-        if not ok:
-            print(f"logs kept in {log_dir}", file=out)
-        elif not args.log_dir:
-            shutil.rmtree(log_dir, ignore_errors=True)
+    left = cu.run_local_cluster(
+        args.transport, start, ["client"], on_event, timeout=args.timeout, log_dir=args.log_dir,
+        log_prefix="tf_rdma_eager_", out=out,
+        missing=lambda: "client" not in results and "the client exited without a result")
+    ok = left is not None
+    for name, ev in left or []:        # the worker's tf_rdma stats, printed as it stopped
+        if ev.get("kind") == "rdma_stats" and ev.get("stats"):
+            rdma_stats[name] = ev["stats"]
     if ok:
         r = results["client"]
         if r.get("rdma_stats"):

@@ -189,17 +189,10 @@ def run_worker(args):
 # --launch-local: every worker as a local process.
 
 def launch_local(args):
-    import shutil
-    import tempfile
-
-    cu.raise_on_termination_signals()
     out = sys.stderr if args.json else sys.stdout
     # MultiWorkerMirroredStrategy's cluster has only workers (an empty "ps" job would be a job
     # without tasks).
     cluster = {"worker": cu.local_cluster(0, args.num_workers, transport=args.transport)["worker"]}
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="tf_rdma_mwms_")
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     argv = ["--transport", args.transport, "--loop", args.loop, "--steps", args.steps,
             "--warmup-steps", args.warmup_steps, "--batch-size", args.batch_size,
             "--hidden", ",".join(map(str, args.hidden)), "--learning-rate", args.learning_rate,
@@ -216,28 +209,21 @@ def launch_local(args):
         elif ev.get("kind") == "result":
             results[name] = ev
 
-    ok = False
+    def start(lc):
+        print(f"[{args.transport}] {args.num_workers} workers: {cluster['worker']}", file=out,
+              flush=True)
+        for i, name in enumerate(names):
+            lc.start(name, cu.python_argv(__file__, *argv),
+                     env={"TF_CONFIG": cu.tf_config(cluster, "worker", i)})
+            pids[name] = lc.pid(name)
+
     t0 = time.monotonic()
-    try:
-        with cu.reporting_stops():
-            print(f"[{args.transport}] {args.num_workers} workers: {cluster['worker']}", file=out,
-                  flush=True)
-            with cu.LocalCluster(log_dir, env) as lc:
-                for i, name in enumerate(names):
-                    lc.start(name, cu.python_argv(__file__, *argv),
-                             env={"TF_CONFIG": cu.tf_config(cluster, "worker", i)})
-                    pids[name] = lc.pid(name)
-                lc.wait(until=names, timeout=args.timeout, stall_timeout=300, on_event=on_event)
-            ok = set(results) == set(names)
-            if not ok:
-                print(f"FAILED: no result from {sorted(set(names) - set(results))}", file=out)
-    except cu.ClusterFailed as e:
-        print(f"[{args.transport}] FAILED: {e}", file=out, flush=True)
-    finally:
-        if not ok:
-            print(f"logs kept in {log_dir}", file=out)
-        elif not args.log_dir:
-            shutil.rmtree(log_dir, ignore_errors=True)
+    ok = cu.run_local_cluster(
+        args.transport, start, names, on_event, timeout=args.timeout, log_dir=args.log_dir,
+        log_prefix="tf_rdma_mwms_", out=out, stall_timeout=300,
+        missing=lambda: set(names) != set(results) and f"no result from "
+                                                       f"{sorted(set(names) - set(results))}"
+    ) is not None
     wall = time.monotonic() - t0
     if ok:
         r = results["worker0"]
