@@ -151,18 +151,19 @@ def digits():
     return (data.data / 16.0).astype(np.float32), data.target.astype(np.int64)
 
 
-def ps_strategy(cluster, transport):
+def ps_strategy(cluster, transport, variable_partitioner=None):
     """The coordinator's ParameterServerStrategy: tf_rdma's one-line wrapper, or TensorFlow's own."""
     import tensorflow as tf
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
     if transport == "rdma":
         import tf_rdma
-        return tf_rdma.ParameterServerStrategy(resolver)
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+        return tf_rdma.ParameterServerStrategy(resolver, variable_partitioner=variable_partitioner)
+    return tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=variable_partitioner)
 
 
-def train_worker(cluster, job, index, transport, output, steps=8):
+def train_worker(cluster, job, index, transport, output, steps=8, hidden=512, learning_rate=0.5):
     """A synchronous single-worker PS training run, losses and variables saved step by step."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
@@ -173,11 +174,11 @@ def train_worker(cluster, job, index, transport, output, steps=8):
         images = tf.compat.v1.placeholder(tf.float32, (None, 64))
         targets = tf.compat.v1.placeholder(tf.int64, (None,))
         init = tf.compat.v1.glorot_uniform_initializer(seed=7)
-        w1 = tf.compat.v1.get_variable("w1", (64, 512), initializer=init)
-        w2 = tf.compat.v1.get_variable("w2", (512, 10), initializer=init)
+        w1 = tf.compat.v1.get_variable("w1", (64, hidden), initializer=init)
+        w2 = tf.compat.v1.get_variable("w2", (hidden, 10), initializer=init)
         logits = tf.matmul(tf.nn.relu(tf.matmul(images, w1)), w2)
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        train = tf.compat.v1.train.GradientDescentOptimizer(learning_rate).minimize(loss)
     results = {}
     with tf.compat.v1.Session(server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -260,6 +261,60 @@ def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
     with open(output, "w") as f:
         json.dump({"losses": values}, f)
     print("done", flush=True)
+    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
+
+
+def embedding_coordinator(cluster, job, index, transport, output, steps=10, vocab=200_000, dim=64,
+                          batch=1024, ids_per_example=32, learning_rate=0.5):
+    """TF2: ClusterCoordinator loop over an embedding table partitioned across the ps tasks:
+    sparse lookups (ps->worker rows) and sparse SGD updates (worker->ps IndexedSlices). Run with
+    one worker, so steps apply in order; saves losses and weights. It is a traffic workload: its
+    labels (the first id mod 10) are not learnable in a few steps, the loss stays near ln 10."""
+    import tensorflow as tf
+    # The table (51 MB) splits across every ps; the small head stays one variable.
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=1 << 20, max_shards=len(cluster["ps"]))
+    strategy = ps_strategy(cluster, transport, variable_partitioner=partitioner)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+    def dataset_fn():
+        # Ids come from stateless random ops on the worker: no data rides inside the dataset's
+        # function (it would travel over gRPC with the function's definition).
+        def example(i):
+            ids = tf.random.stateless_uniform([ids_per_example], seed=tf.stack([i, 0]), minval=0,
+                                              maxval=vocab, dtype=tf.int64)
+            return ids, ids[0] % 10
+        return tf.data.Dataset.range(1 << 40).map(example).batch(batch)
+
+    with strategy.scope():
+        table = tf.Variable(tf.random.stateless_normal((vocab, dim), seed=(5, 6)) * 0.05)
+        head = tf.Variable(tf.random.stateless_normal((dim, 10), seed=(7, 8)) * 0.1)
+    shards = list(table.variables)
+    assert len(shards) == len(cluster["ps"]) and not hasattr(head, "variables"), (shards, head)
+
+    @tf.function
+    def step(iterator):
+        def replica(batch):
+            ids, labels = batch
+            with tf.GradientTape() as tape:
+                rows = tf.nn.embedding_lookup(table, ids)         # gathers on each ps
+                logits = tf.matmul(tf.reduce_mean(rows, 1), head)
+                loss = tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+            grads = tape.gradient(loss, shards + [head])
+            for variable, grad in zip(shards, grads):
+                # IndexedSlices: only the looked-up rows go back, scattered into the ps's shard.
+                variable.scatter_sub(tf.IndexedSlices(grad.values * learning_rate, grad.indices))
+            head.assign_sub(learning_rate * grads[-1])
+            return loss
+        return strategy.run(replica, args=(next(iterator),))
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    results = {f"loss/{s}": np.asarray(r.fetch()) for s, r in enumerate(losses)}
+    results.update({f"table/{i}": v.numpy() for i, v in enumerate(shards)}, head=head.numpy())
+    _save(output, results, transport)
     os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
 
 
