@@ -24,14 +24,19 @@ def main(argv=None):
     info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
     info.add_argument("--json", action="store_true")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport"])
+    bench.add_argument("what", choices=["transport", "collective"],
+                       help="transport: each backend against a socket, memcpy (and perftest for "
+                            "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
-        p.add_argument("--sizes", type=_sizes, default=[4 << 20, 64 << 20], help="e.g. 4M,64M")
+        p.add_argument("--sizes", type=_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
+                                                    "4K,256K,4M,64M)")
         p.add_argument("--latency-sizes", type=_sizes, default=[8, 4096])
         p.add_argument("--bytes-per-size", type=_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")],
+                       help="collective: worker counts (default 2,3)")
     bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
                                                   "reported as medians (default 3)")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
@@ -47,13 +52,23 @@ def main(argv=None):
             print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
         elif args.command == "bench-peer":
             from tf_rdma import bench as bench_module
-            bench_module.serve(args.backend, args.sizes, args.latency_sizes, args.bytes_per_size,
+            bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
                                args.round_trips)
+        elif args.what == "collective":
+            from tf_rdma import bench_collective
+            from tf_rdma.transport import BACKENDS
+            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+            results = bench_collective.run(
+                backends, args.sizes or bench_collective.DEFAULT_SIZES,
+                args.workers or bench_collective.DEFAULT_WORKERS,
+                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+            print(json.dumps(results, indent=2) if args.json else bench_collective.render(results))
         else:
             from tf_rdma import bench as bench_module
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            results = bench_module.run(backends, args.sizes, args.latency_sizes, args.bytes_per_size,
+            results = bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
+                                       args.latency_sizes, args.bytes_per_size,
                                        args.round_trips, host=args.host,
                                        rounds=args.rounds or bench_module.DEFAULT_ROUNDS)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))

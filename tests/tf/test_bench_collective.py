@@ -1,0 +1,37 @@
+"""`python -m tf_rdma bench collective`: a short real run (one size, two workers, gRPC and shm in
+the same run), and the table's arithmetic on canned figures."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tf_rdma import bench_collective
+
+
+def test_a_short_run_measures_grpc_and_tf_rdma_side_by_side():
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "collective", "--backend", "shm",
+                             "--workers", "2", "--sizes", "64K", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["unavailable"] == {}
+    [row] = report["rows"]
+    assert row["workers"] == 2 and row["size"] == 64 << 10
+    assert row["grpc_seconds"] > 0 and row["shm_seconds"] > 0 and row["memcpy_seconds"] > 0
+    assert row["vs_grpc_shm"] == row["grpc_seconds"] / row["shm_seconds"]
+    assert "all-reduce, 2 workers, grpc" in result.stderr and "all-reduce, 2 workers, shm" in result.stderr
+
+
+def test_the_table_shows_milliseconds_and_the_ratio_to_grpc():
+    report = {"unavailable": {"verbs": "no RDMA device"}, "rows": [
+        {"workers": 2, "size": 64 << 20, "memcpy_seconds": 0.0125, "grpc_seconds": 0.6,
+         "tcp_seconds": 0.3, "vs_grpc_tcp": 2.0, "shm_seconds": 0.2, "vs_grpc_shm": 3.0}]}
+    text = bench_collective.render(report)
+    assert "verbs: unavailable: no RDMA device" in text
+    assert "       2   64 MiB   12.500   600.00   300.00   2.00   200.00   3.00" in text
+
+
+def test_ratio_is_grpc_time_over_tf_rdma_time():
+    assert bench_collective.ratios(0.6, 0.2) == pytest.approx(3.0)
+    assert bench_collective.ratios(0.6, 0.0) is None
