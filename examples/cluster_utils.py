@@ -469,9 +469,7 @@ def rdma_stats_summary():
     keys = ("tensors_sent", "bytes_sent", "tensors_received", "bytes_received", "errors")
     summary = {k: sum(int(p.get(k, 0)) for p in peers.values()) for k in keys}
     summary["backends"] = sorted({str(p.get("backend")) for p in peers.values()})
-    for k in ("edges_rewritten", "edges_fallback", "graphs_rewritten"):
-        if k in stats:
-            summary[k] = stats[k]
+    summary["left_on_grpc"] = stats.get("fallback", {})
     return summary
 
 

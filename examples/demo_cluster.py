@@ -1,14 +1,17 @@
-"""tf_rdma's main demo: one real training job, run once over gRPC and once over tf_rdma.
+"""tf_rdma's main demo: two real training jobs, each run once over gRPC and once over tf_rdma.
 
-Starts a whole cluster on this host as separate processes (1 ps, 2 workers, free ports), trains an
-MLP (64 -> 2048 -> 2048 -> 10, 4.35 M float32 parameters) on scikit-learn's digits with TF1
-between-graph replication (examples/tf1_ps_training.py: variables and Adam updates on the ps, each
-worker a tf.compat.v1.Session(server.target)), so every step moves 16.6 MiB of weights ps->worker
-and 16.6 MiB of gradients worker->ps per worker. It shows progress while training, then both runs'
-throughput side by side.
+1. Parameter server: a whole cluster on this host as separate processes (1 ps, 2 workers, free
+   ports) trains an MLP (64 -> 2048 -> 2048 -> 10, 4.35 M float32 parameters) on scikit-learn's
+   digits with TF1 between-graph replication (examples/tf1_ps_training.py: variables and Adam
+   updates on the ps, each worker a tf.compat.v1.Session(server.target)), so every step moves
+   16.6 MiB of weights ps->worker and 16.6 MiB of gradients worker->ps per worker.
+2. Synchronous data parallel: the same MLP with TF2 MultiWorkerMirroredStrategy and Keras
+   model.fit on 2 worker processes (examples/tf2_mwms_keras.py), all-reducing 16.6 MiB of
+   gradients every step.
+It shows progress while training, then each job's throughput side by side.
 
     python examples/demo_cluster.py                       # grpc, then rdma
-    python examples/demo_cluster.py --transports grpc --steps 50 --json
+    python examples/demo_cluster.py --transports grpc --steps 50 --mwms-steps 0 --json
 """
 import argparse
 import json
@@ -21,6 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cluster_utils as cu  # noqa: E402
+import tf2_mwms_keras  # noqa: E402
 
 TRAINER = os.path.join(HERE, "tf1_ps_training.py")
 NUM_PS, NUM_WORKERS = 1, 2
@@ -30,6 +34,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="training steps per worker (default 150)")
+    p.add_argument("--mwms-steps", type=int, default=60,
+                   help="MultiWorkerMirroredStrategy training steps (default 60; 0 skips that job)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--transports", default="grpc,rdma",
                    help="comma-separated, run in this order (default grpc,rdma)")
@@ -95,8 +101,7 @@ class Progress:
                          f"({stats['bytes_sent'] / 2**20:.0f} MiB) out and "
                          f"{stats['tensors_received']} ({stats['bytes_received'] / 2**20:.0f} MiB) "
                          f"in, backend {'/'.join(stats['backends']) or '-'}, "
-                         f"{cu.count(stats.get('edges_rewritten', '?'))} edges rewritten, "
-                         f"{cu.count(stats.get('edges_fallback', '?'))} left on gRPC")
+                         f"{cu.count(stats.get('left_on_grpc', {}))} transfers left on gRPC")
 
 
 def run_once(transport, args, out, pids):
@@ -151,7 +156,17 @@ def run_once(transport, args, out, pids):
     return run
 
 
-def summary_table(args, runs):
+PS_ROWS = [("examples/s (2 workers)", "examples_per_sec", "{:.0f}"),
+           ("steps/s (2 workers)", "steps_per_sec", "{:.2f}"),
+           ("final test accuracy", "final_test_accuracy", "{:.4f}"),
+           ("wall time incl. startup (s)", "wall_seconds", "{:.1f}")]
+MWMS_ROWS = [("examples/s (global batch)", "examples_per_sec", "{:.0f}"),
+             ("steps/s", "steps_per_sec", "{:.2f}"),
+             ("final test accuracy", "final_test_accuracy", "{:.4f}"),
+             ("wall time incl. startup (s)", "wall_seconds", "{:.1f}")]
+
+
+def summary_table(args, runs, rows=PS_ROWS):
     ok = [t for t in args.transports if "error" not in runs[t]]
     lines = []
     header = f"{'':28s}" + "".join(f"{t:>14s}" for t in args.transports)
@@ -168,11 +183,24 @@ def summary_table(args, runs):
             cells.append(f"{runs[t][key] / runs[base][key]:>13.2f}x")
         lines.append(f"{label:28s}" + "".join(cells))
 
-    row("examples/s (2 workers)", "examples_per_sec", "{:.0f}")
-    row("steps/s (2 workers)", "steps_per_sec", "{:.2f}")
-    row("final test accuracy", "final_test_accuracy", "{:.4f}")
-    row("wall time incl. startup (s)", "wall_seconds", "{:.1f}")
+    for label, key, fmt in rows:
+        row(label, key, fmt)
     return "\n".join(lines)
+
+
+def run_mwms(transport, args, out):
+    """The MultiWorkerMirroredStrategy job over `transport`: examples/tf2_mwms_keras.py's run."""
+    mwms_args = tf2_mwms_keras.parse_args([
+        "--launch-local", "--transport", transport, "--steps", str(args.mwms_steps),
+        "--batch-size", str(args.batch_size), "--hidden", args.hidden, "--timeout", str(args.timeout),
+        "--log-dir", os.path.join(args.log_root, f"mwms-{transport}")])
+    summary = tf2_mwms_keras.run_local(mwms_args, out)
+    if not summary["ok"]:
+        return {"transport": transport, "error": "the MultiWorkerMirroredStrategy run failed"}
+    result = summary["result"]
+    return {"transport": transport, "wall_seconds": summary["wall_seconds"],
+            "examples_per_sec": result["examples_per_sec"], "steps_per_sec": result["steps_per_sec"],
+            "final_test_accuracy": result["final_test_accuracy"], "rdma_stats": summary["rdma_stats"]}
 
 
 def main(argv=None):
@@ -181,7 +209,7 @@ def main(argv=None):
     out = sys.stderr if args.json else sys.stdout
     keep_logs = bool(args.log_dir)
     args.log_root = args.log_dir or tempfile.mkdtemp(prefix="tf_rdma_demo_")
-    runs = {}
+    runs, mwms_runs = {}, {}
     try:
         with cu.reporting_stops():
             for transport in args.transports:
@@ -192,6 +220,10 @@ def main(argv=None):
                     keep_logs = True
                     runs[transport] = {"transport": transport, "error": str(e), "pids": pids}
                     print(f"[{transport}] FAILED: {e}", file=out, flush=True)
+            if args.mwms_steps:
+                for transport in args.transports:
+                    mwms_runs[transport] = run_mwms(transport, args, out)
+                    keep_logs = keep_logs or "error" in mwms_runs[transport]
     finally:
         if not keep_logs:
             shutil.rmtree(args.log_root, ignore_errors=True)
@@ -202,12 +234,18 @@ def main(argv=None):
           f"{args.batch_size}; each step moves {4 * params / 2**20:.1f} MiB ps->worker and "
           f"{4 * params / 2**20:.1f} MiB worker->ps per worker", file=out)
     print(summary_table(args, runs), file=out)
+    if mwms_runs:
+        print(f"\nThe same MLP with MultiWorkerMirroredStrategy (Keras model.fit, 2 workers, "
+              f"{args.mwms_steps} steps, batch {args.batch_size} per worker); each step all-reduces "
+              f"{4 * params / 2**20:.1f} MiB of gradients", file=out)
+        print(summary_table(args, mwms_runs, rows=MWMS_ROWS), file=out)
     failed = [t for t in args.transports if "error" in runs[t]]
+    failed += [f"mwms-{t}" for t in mwms_runs if "error" in mwms_runs[t]]
     if failed:
         print(f"FAILED: {', '.join(failed)} (logs kept in {args.log_root})", file=out)
     if args.json:
         doc = {"steps": args.steps, "batch_size": args.batch_size, "hidden": args.hidden,
-               "parameters": params, "runs": runs, "ok": not failed}
+               "parameters": params, "runs": runs, "mwms_runs": mwms_runs, "ok": not failed}
         if "grpc" in runs and not failed and len(runs) > 1:
             doc["ratio_vs_grpc"] = {
                 t: {k: runs[t][k] / runs["grpc"][k] for k in ("examples_per_sec", "steps_per_sec")}

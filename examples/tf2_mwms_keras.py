@@ -188,8 +188,9 @@ def run_worker(args):
 # ---------------------------------------------------------------------------------------------
 # --launch-local: every worker as a local process.
 
-def launch_local(args):
-    out = sys.stderr if args.json else sys.stdout
+def run_local(args, out):
+    """Runs every worker as a local process; returns the run's summary ("ok", "result": worker
+    0's result event, "results", "rdma_stats" per worker, "wall_seconds", ...)."""
     # MultiWorkerMirroredStrategy's cluster has only workers (an empty "ps" job would be a job
     # without tasks).
     cluster = {"worker": cu.local_cluster(0, args.num_workers, transport=args.transport)["worker"]}
@@ -236,12 +237,16 @@ def launch_local(args):
             if st:
                 print(f"[{args.transport}] {name}: tf_rdma carried {st['bytes_sent'] / 2**20:.0f} "
                       f"MiB out, {st['bytes_received'] / 2**20:.0f} MiB in", file=out, flush=True)
+    return {"ok": ok, "wall_seconds": wall, "cluster": cluster, "pids": pids,
+            "result": results.get("worker0"), "results": results,
+            "rdma_stats": {n: r.get("rdma_stats") for n, r in results.items()}}
+
+
+def launch_local(args):
+    summary = run_local(args, sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps({"ok": ok, "wall_seconds": wall, "cluster": cluster, "pids": pids,
-                          "result": results.get("worker0"), "results": results,
-                          "rdma_stats": {n: r.get("rdma_stats") for n, r in results.items()}},
-                         indent=2))
-    return 0 if ok else 1
+        print(json.dumps(summary, indent=2))
+    return 0 if summary["ok"] else 1
 
 
 def main(argv=None):
