@@ -63,10 +63,10 @@ def assert_rdma_carried(stats):
     assert stats["errors"] == 0, stats
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(260)
 def test_demo_cluster_trains_and_reports_throughput(transport):
     proc = run_example("demo_cluster.py", "--transports", transport, "--steps", 30,
-                       "--eval-every", 10, "--json", timeout=140)
+                       "--eval-every", 10, "--mwms-steps", 8, "--json", timeout=250)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     run = doc["runs"][transport]
@@ -82,6 +82,13 @@ def test_demo_cluster_trains_and_reports_throughput(transport):
     assert run["final_test_accuracy"] >= 0.8
     assert "examples/s" in proc.stderr              # the side-by-side table
     assert_all_gone(run["pids"])
+    mwms = doc["mwms_runs"][transport]
+    assert "error" not in mwms and mwms["examples_per_sec"] > 0, mwms
+    assert mwms["final_test_accuracy"] >= 0.5, mwms
+    if transport == "rdma":
+        for stats in mwms["rdma_stats"].values():
+            assert_rdma_carried(stats)
+    assert "MultiWorkerMirroredStrategy" in proc.stderr
 
 
 @pytest.mark.timeout(120)
@@ -90,7 +97,7 @@ def test_demo_fails_fast_and_cleans_up_when_a_task_dies(transport, tmp_path):
     # naming the dead task, well before the steps could finish, and leave no process behind.
     t0 = time.monotonic()
     proc = run_example("demo_cluster.py", "--transports", transport, "--steps", 5000,
-                       "--hidden", "256,256", "--inject-failure", "ps0@10", "--json",
+                       "--hidden", "256,256", "--inject-failure", "ps0@10", "--mwms-steps", 0, "--json",
                        "--log-dir", tmp_path, timeout=110)
     assert proc.returncode == 1, proc.stderr[-3000:]
     run = json.loads(proc.stdout)["runs"][transport]
@@ -157,4 +164,20 @@ def test_tf2_parameter_server_strategy_launch_local(transport):
     if transport == "rdma":
         for name in ("ps0", "worker0", "worker1"):
             assert_rdma_carried(doc["rdma_stats"][name])
+    assert_all_gone(doc["pids"])
+
+
+@pytest.mark.timeout(150)
+def test_tf2_multi_worker_mirrored_custom_loop_launch_local(transport):
+    proc = run_example("tf2_mwms_keras.py", "--launch-local", "--transport", transport, "--loop", "custom",
+                       "--steps", 12, "--json", timeout=140)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["ok"], proc.stderr[-3000:]
+    result = doc["result"]
+    assert result["last_loss"] < 0.5 * result["first_loss"] and result["final_test_accuracy"] >= 0.5, result
+    assert result["optimizer_iterations"] == 12, result
+    if transport == "rdma":
+        for stats in doc["rdma_stats"].values():
+            assert_rdma_carried(stats)
     assert_all_gone(doc["pids"])
