@@ -1,6 +1,7 @@
-"""Runs in the Soft-RoCE guest: a ps and a worker process, TF_RDMA_BACKEND=verbs over rxe0, the
-worker running tests/tf/programs.py's compare_worker. Prints the results' digest and tf_rdma's
-stats as one JSON line, for tests/softroce/test_tf_over_verbs.py to compare with a gRPC run."""
+"""Runs in the Soft-RoCE guest, TF_RDMA_BACKEND=verbs over rxe0: a ps and a worker process running
+tests/tf/programs.py's compare_worker (a TF1 session), then two MultiWorkerMirroredStrategy workers
+running tests/tf/collective_programs.py's all-reduces. Prints both results' digests and tf_rdma's
+stats as one JSON line, for tests/softroce/test_tf_over_verbs.py to compare with gRPC runs."""
 import json
 import os
 import sys
@@ -10,22 +11,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
 from cluster import Cluster, digest  # noqa: E402
 
+COLLECTIVE_PROGRAM = Path(__file__).resolve().parents[1] / "tf" / "collective_programs.py"
+VERBS = {"TF_RDMA_BACKEND": "verbs"}
+TIMEOUT = float(os.environ.get("TF_OVER_VERBS_TIMEOUT", "1500"))
 
-def main(host, big_mib):
-    tmp = Path(tempfile.mkdtemp())
-    output = str(tmp / "verbs.npz")
-    with Cluster(tmp, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "verbs"}, host=host) as cluster:
+
+def session(tmp, host, big_mib):
+    output = str(tmp / "session.npz")
+    with Cluster(tmp, {"ps": 1, "worker": 1}, VERBS, host=host) as cluster:
         cluster.start("ps", 0, "serve", transport="rdma")
         cluster.start("worker", 0, "compare_worker", transport="rdma", output=output, big_mib=big_mib)
-        code = cluster.wait("worker", 0, timeout=float(os.environ.get("TF_OVER_VERBS_TIMEOUT", "1500")))
-        if code != 0:
-            print(cluster.log("worker", 0)[-5000:], "\n--- ps ---\n", cluster.log("ps", 0)[-3000:])
-            return code
+        if cluster.wait("worker", 0, timeout=TIMEOUT) != 0:
+            raise SystemExit(cluster.log("worker", 0)[-5000:] + "\n--- ps ---\n" + cluster.log("ps", 0)[-3000:])
     with open(output + ".stats.json") as f:
-        stats = json.load(f)
-    print("RESULT " + json.dumps({"digest": digest(output), "stats": stats}), flush=True)
+        return {"digest": digest(output), "stats": json.load(f)}
+
+
+def all_reduce(tmp, host, steps, elements):
+    outputs = [str(tmp / f"all-reduce-{i}.npz") for i in range(2)]
+    with Cluster(tmp, {"worker": 2}, VERBS, host=host) as cluster:
+        for i in range(2):
+            cluster.start("worker", i, "all_reduce_worker", program=COLLECTIVE_PROGRAM, transport="rdma",
+                          output=outputs[i], steps=steps, elements=elements)
+        for i in range(2):
+            if cluster.wait("worker", i, timeout=TIMEOUT) != 0:
+                raise SystemExit(cluster.log("worker", i)[-5000:])
+    with open(outputs[0] + ".stats.json") as f:
+        return {"digests": [digest(o) for o in outputs], "stats": json.load(f)}
+
+
+def main(host, big_mib, steps, elements):
+    tmp = Path(tempfile.mkdtemp())
+    result = {"session": session(tmp, host, big_mib), "all_reduce": all_reduce(tmp, host, steps, elements)}
+    print("RESULT " + json.dumps(result), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], *map(int, sys.argv[2:])))
