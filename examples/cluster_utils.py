@@ -22,6 +22,22 @@ EVENT_PREFIX = "@@event "
 # ---------------------------------------------------------------------------------------------
 # The transport switch: the only line that differs between a gRPC and a tf_rdma cluster.
 
+def launcher_parser(doc, launch_help, timeout=600.0):
+    """The command line every example shares: run one task, or `--launch-local` every task of a
+    local cluster, over `--transport`; each example adds its own options."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--launch-local", action="store_true", help=launch_help)
+    p.add_argument("--transport", choices=TRANSPORTS, default="grpc")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help="--launch-local: seconds allowed for the whole run")
+    p.add_argument("--events", action="store_true", help="machine-readable progress lines")
+    p.add_argument("--json", action="store_true", help="--launch-local: print a JSON summary")
+    p.add_argument("--log-dir", help="--launch-local: keep the tasks' logs here")
+    return p
+
+
 def server_class(transport):
     """The class to build this task's server with: `tf.distribute.Server` or `tf_rdma.Server`.
 

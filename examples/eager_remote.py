@@ -23,7 +23,6 @@ worker fetches them through the rendezvous like any remote copy.
 Every value is deterministic (stateless random ops): `--save PATH` writes each copied tensor's
 SHA-256 and sum, and the last round's tensors, so runs over both transports compare bit by bit.
 """
-import argparse
 import hashlib
 import json
 import os
@@ -38,25 +37,16 @@ LOCAL_TO_REMOTE = {"enqueue": None, "rendezvous": "0"}   # -> TF_EAGER_REMOTE_US
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--launch-local", action="store_true",
-                   help="start the worker and the client as local processes")
+    p = cu.launcher_parser(__doc__, "start the worker and the client as local processes", timeout=300.0)
     p.add_argument("--job", choices=("worker", "client"))
     p.add_argument("--task", type=int, default=0)
     p.add_argument("--cluster", help="'worker=h:p' (the tasks that serve; default: TF_CONFIG)")
-    p.add_argument("--transport", choices=cu.TRANSPORTS, default="grpc")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--mib", type=float, default=8.0, help="size of each copied tensor")
     p.add_argument("--local-to-remote", choices=sorted(LOCAL_TO_REMOTE), default="enqueue",
                    help="enqueue: TensorFlow's default; rendezvous: "
                         "TF_EAGER_REMOTE_USE_SEND_TENSOR_RPC=0 in the client")
     p.add_argument("--save", help="client: write the results here (.npz)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="--launch-local: seconds allowed for the whole run")
-    p.add_argument("--events", action="store_true", help="machine-readable progress lines")
-    p.add_argument("--json", action="store_true", help="--launch-local: print a JSON summary")
-    p.add_argument("--log-dir", help="--launch-local: keep the tasks' logs here")
     return p.parse_args(argv)
 
 

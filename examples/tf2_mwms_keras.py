@@ -21,7 +21,6 @@ runs (over either transport) give bit-identical weights; `--save PATH` writes wo
 weights and per-step losses to an .npz. Keras 2 (`tf_keras`, `pip install --no-deps
 tf-keras==2.21.0`), as in tf2_ps_keras.py.
 """
-import argparse
 import json
 import os
 import sys
@@ -34,12 +33,9 @@ from tf2_ps_keras import build_model  # noqa: E402  (the same MLP as the PS exam
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--launch-local", action="store_true",
-                   help="start every worker as a local process (otherwise: run the task TF_CONFIG names)")
+    p = cu.launcher_parser(__doc__, "start every worker as a local process (otherwise: run the task "
+                                    "TF_CONFIG names)")
     p.add_argument("--num-workers", type=int, default=2, help="with --launch-local")
-    p.add_argument("--transport", choices=cu.TRANSPORTS, default="grpc")
     p.add_argument("--loop", choices=("fit", "custom"), default="fit",
                    help="Keras model.fit, or a custom loop (strategy.run + GradientTape)")
     p.add_argument("--steps", type=int, default=100, help="training steps (every worker runs each)")
@@ -50,11 +46,6 @@ def parse_args(argv=None):
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", help="worker 0 writes its final weights and per-step losses here (.npz)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="--launch-local: seconds allowed for the whole run")
-    p.add_argument("--events", action="store_true", help="machine-readable progress lines")
-    p.add_argument("--json", action="store_true", help="--launch-local: print a JSON summary")
-    p.add_argument("--log-dir", help="--launch-local: keep the workers' logs here")
     args = p.parse_args(argv)
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     if args.warmup_steps >= args.steps:

@@ -33,7 +33,6 @@ tasks need no Keras at all. Under the strategy, fit takes a DatasetCreator and `
 fit epoch here is the stretch of steps up to the next evaluation (`--eval-every`), after
 `--warmup-steps` untimed ones, and the evaluation runs on the coordinator.
 """
-import argparse
 import os
 import signal
 import sys
@@ -45,16 +44,12 @@ import cluster_utils as cu  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--launch-local", action="store_true",
-                   help="start ps, workers and the coordinator as local processes")
+    p = cu.launcher_parser(__doc__, "start ps, workers and the coordinator as local processes")
     p.add_argument("--num-workers", type=int, default=2, help="with --launch-local")
     p.add_argument("--num-ps", type=int, default=1, help="with --launch-local")
     p.add_argument("--job", choices=("ps", "worker", "chief"))
     p.add_argument("--task", type=int)
     p.add_argument("--cluster", help="'ps=h:p;worker=h:p,h:p;chief=h:p' (default: TF_CONFIG)")
-    p.add_argument("--transport", choices=cu.TRANSPORTS, default="grpc")
     p.add_argument("--steps", type=int, default=200, help="training steps over all workers")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--hidden", default="2048,2048")
@@ -62,12 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--warmup-steps", type=int, default=4,
                    help="scheduled and joined before timing starts (tracing, graph registration)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="--launch-local: seconds allowed for the whole run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--events", action="store_true", help="machine-readable progress lines")
-    p.add_argument("--json", action="store_true", help="--launch-local: print a JSON summary")
-    p.add_argument("--log-dir", help="--launch-local: keep the tasks' logs here")
     args = p.parse_args(argv)
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     return args
