@@ -37,6 +37,7 @@ py::dict ServerStats(Runtime& runtime) {
   py::dict out;
   out["task"] = runtime.local_task();
   out["fallback"] = s.fallback;
+  out["receives_planned"] = s.receives_planned;
   py::dict peers;
   for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
   out["peers"] = peers;

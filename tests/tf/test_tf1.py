@@ -70,10 +70,12 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     assert losses[-1] < losses[0]
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
     assert ps["bytes_sent"] > 0 and ps["bytes_received"] > 0
-    # A transfer's size is learned the first time it crosses, and the steps after need no regrant:
-    # w1 and w2 cross in the training graph (8 times each) and once more in the final fetch's graph.
+    # Every shape here is static, so the master's plan sized every receive buffer in advance: even
+    # the first grant of each transfer fits (w1 and w2, 8 times in the training graph and once in
+    # the final fetch's graph), and the steps after reuse the size learned.
     assert ps["tensors_received"] == 18, ps
-    assert ps["regrants"] == 4, ps
+    assert stats["receives_planned"] >= 4, stats
+    assert ps["regrants"] == 0, ps
 
 
 def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):

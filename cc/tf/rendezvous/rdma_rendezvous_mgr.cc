@@ -8,6 +8,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cc/tf/planning/static_sizes.h"
 #include "cc/tf/rendezvous/tensor_message.h"
 #include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
@@ -101,8 +102,18 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     connection_ = std::move(connection);
     pool_ = *pool;
     absl::Status granted = GrantLocked(tags_.header, kHeaderCapacity, true);
-    if (granted.ok()) granted = GrantLocked(tags_.data, runtime_->ExpectedBytes(transfer_), false);
+    if (granted.ok()) granted = GrantLocked(tags_.data, FirstGrantBytes(), false);
     if (!granted.ok()) FinishLocked(granted);
+  }
+
+  // What this transfer carried last time; for its first crossing, what the static shapes planned.
+  uint64_t FirstGrantBytes() {
+    const uint64_t learned = runtime_->ExpectedBytes(transfer_);
+    if (learned != 0) return learned;
+    const std::optional<uint64_t> planned = PlannedBytes(transfer_);
+    if (!planned) return 0;
+    runtime_->stats().ReceivePlanned();
+    return *planned;
   }
 
   absl::Status GrantLocked(const Tag& tag, uint64_t capacity, bool is_header) {

@@ -7,6 +7,11 @@ void Stats::Fallback(const std::string& reason) {
   snapshot_.fallback[reason]++;
 }
 
+void Stats::ReceivePlanned() {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_.receives_planned++;
+}
+
 StatsSnapshot Stats::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return snapshot_;

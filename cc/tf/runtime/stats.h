@@ -33,6 +33,7 @@ struct PeerStats {
 };
 
 struct StatsSnapshot {
+  uint64_t receives_planned = 0;  // receives whose first grant was sized from static shapes
   std::map<std::string, uint64_t> fallback;  // reason -> transfers left on gRPC
   std::map<std::string, PeerStats> peers;    // peer task -> stats
 };
@@ -40,6 +41,7 @@ struct StatsSnapshot {
 class Stats {
  public:
   void Fallback(const std::string& reason);
+  void ReceivePlanned();
   // Runs `update` on the peer's record under the lock.
   template <typename F>
   void Peer(const std::string& task, F update) {
