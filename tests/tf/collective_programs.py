@@ -47,7 +47,7 @@ def all_reduce_worker(cluster, job, index, transport, output, steps=5, elements=
 
 def all_reduce_until_failure(cluster, job, index, transport, output, elements=4 << 20):
     """All-reduces until one fails (the test kills or stops a peer meanwhile); records the error's
-    class and message, and when it came."""
+    class and message, and when it came, then waits to be killed."""
     import tensorflow as tf
     strategy = _strategy(cluster, job, index, transport)
     step = _all_reduce_step(strategy, elements)
@@ -60,9 +60,12 @@ def all_reduce_until_failure(cluster, job, index, transport, output, elements=4 
             step(tf.constant(1.0)).numpy()
     except Exception as e:  # the outcome under test, whatever its class
         outcome = {"error": type(e).__name__, "message": str(e), "failed_at": time.time()}
-    with open(output, "w") as f:
+    with open(output + ".tmp", "w") as f:
         json.dump(outcome, f)
-    os._exit(0)  # the strategy's threads would keep waiting on the dead peer
+    os.replace(output + ".tmp", output)
+    # Stay up until the test ends: a worker that exits here would fail the others' collectives
+    # with its own departure before they saw the loss under test.
+    time.sleep(3600)
 
 
 if __name__ == "__main__":

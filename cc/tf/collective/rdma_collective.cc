@@ -42,8 +42,7 @@ struct CollectiveTransfers {
 
   absl::Status Failed(const char* what, const std::string& peer_task, const absl::Status& cause) {
     runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
-    return absl::Status(cause.code(),
-                        absl::StrCat("tf_rdma: ", what, " task ", peer_task, " failed: ", cause.message()));
+    return TaskFailure(what, peer_task, cause);
   }
 
   // TensorFlow's collectives may reduce or start their next step inline in `done`: never on the

@@ -206,8 +206,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     status_ = status;
     if (!status.ok() && !absl::IsCancelled(status)) {
       runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.errors++; });
-      status_ = absl::Status(status.code(), absl::StrCat("tf_rdma: receiving '", tensor_name_, "' from task ",
-                                                         peer_task_, " failed: ", status.message()));
+      status_ = TaskFailure(absl::StrCat("receiving '", tensor_name_, "' from"), peer_task_, status);
     }
     // done_ runs when the outermost Locked lets go; later grant completions only release buffers.
   }
@@ -405,8 +404,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         }
         LOG(WARNING) << "tf_rdma: sending '" << tensor_name << "' to task " << peer_task << " failed: " << status;
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
-        (*step)->StartAbort(absl::Status(status.code(), absl::StrCat("tf_rdma: sending '", tensor_name, "' to task ",
-                                                                     peer_task, " failed: ", status.message())));
+        (*step)->StartAbort(TaskFailure(absl::StrCat("sending '", tensor_name, "' to"), peer_task, status));
       };
       if (!connection.ok()) return report(connection.status());
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),

@@ -60,6 +60,14 @@ absl::StatusOr<std::string> TaskOfDevice(const std::string& device) {
   return device.substr(0, at);
 }
 
+absl::Status TaskFailure(const std::string& what, const std::string& task, const absl::Status& cause) {
+  std::string message = absl::StrCat("tf_rdma: ", what, " task ", task, " failed: ", cause.message());
+  if (absl::IsUnavailable(cause) || absl::IsAborted(cause)) {
+    absl::StrAppend(&message, " (as gRPC words it, for TensorFlow's failure handling: GRPC error information from remote target ", task, ")");
+  }
+  return absl::Status(cause.code(), message);
+}
+
 std::string ClusterKey(const Config& config) {
   const Sha256Digest digest = Sha256(absl::StrCat("tf_rdma cluster key", std::string(1, '\0'), config.secret));
   return std::string(digest.begin(), digest.end());
@@ -182,6 +190,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   Peer& state = peers_[peer];
   if (state.connection) state.connection->Close(absl::UnavailableError("peer reconnected"));
   state.connection = std::move(connection);
+  state.was_connected = true;
   stats_.Peer(peer, [&](PeerStats& s) {
     s.backend = BackendName(state.connection->backend());
     s.backend_reason = "chosen by the peer, which connects";
@@ -233,6 +242,7 @@ void Runtime::Establish(const std::string& peer_task) {
       if (peer.connection) peer.connection->Close(absl::UnavailableError("replaced by a new connection"));
       peer.connection = *result;
     }
+    if (result.ok()) peer.was_connected = true;
     waiters.swap(peer.waiters);
   }
   if (!result.ok()) {
@@ -265,6 +275,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
     // A peer whose TensorFlow answers but whose tf_rdma does not will never connect: say so now.
     absl::Status diagnosis = DiagnoseMissingPeer(peer, connection.status());
     if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
+    if (!diagnosis.ok() && WasConnected(peer.task)) return diagnosis;
     if (absl::Now() > deadline) return diagnosis.ok() ? connection.status() : diagnosis;
   }
 }
@@ -289,7 +300,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
     absl::Status diagnosis = DiagnoseMissingPeer(address, absl::UnavailableError("it did not connect"));
     lock.lock();
     if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
+    if (!diagnosis.ok() && state.was_connected) return diagnosis;
   }
+}
+
+bool Runtime::WasConnected(const std::string& peer_task) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(peer_task);
+  return it != peers_.end() && it->second.was_connected;
 }
 
 absl::Status Runtime::DiagnoseMissingPeer(const TaskAddress& peer, const absl::Status& cause) const {

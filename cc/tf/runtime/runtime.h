@@ -71,6 +71,10 @@ class Runtime {
   struct Peer {
     TaskAddress address;
     bool address_known = false;
+    // Once connected, a peer whose TensorFlow and tf_rdma ports both stop answering has died: a
+    // new connection fails at once instead of waiting TF_RDMA_CONNECT_TIMEOUT_MS, as for a peer
+    // that may still be starting.
+    bool was_connected = false;
     std::shared_ptr<Connection> connection;
     bool connecting = false;
     std::vector<ConnectionCallback> waiters;
@@ -84,6 +88,7 @@ class Runtime {
   absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(const TaskAddress& peer);
   absl::StatusOr<std::shared_ptr<Connection>> AwaitFrom(const std::string& peer_task);
   absl::Status DiagnoseMissingPeer(const TaskAddress& peer, const absl::Status& cause) const;
+  bool WasConnected(const std::string& peer_task) const;
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;
@@ -98,6 +103,12 @@ class Runtime {
 
 // "/job:worker/replica:0/task:1/device:CPU:0" -> "/job:worker/replica:0/task:1".
 absl::StatusOr<std::string> TaskOfDevice(const std::string& device);
+
+// A transfer with `task` failed: "tf_rdma: <what> task <task> failed: <cause>". When the task is
+// unavailable (it died, hung or cannot be reached), the message also carries the phrase with which
+// gRPC reports a failed remote task, since TensorFlow's own libraries recognise a failed task by it
+// (ClusterCoordinator tells a parameter server's failure from a worker's that way).
+absl::Status TaskFailure(const std::string& what, const std::string& task, const absl::Status& cause);
 
 // The key peers prove to each other in the handshake: derived from TF_RDMA_SECRET alone, since a
 // cluster's shape may change while it runs (clients join, jobs are renamed at connect time).
