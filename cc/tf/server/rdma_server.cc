@@ -122,7 +122,9 @@ absl::StatusOr<std::vector<TaskAddress>> TasksOf(const tensorflow::ClusterDef& c
                                                  const AddressOverrides& overrides) {
   std::vector<TaskAddress> tasks;
   for (const tensorflow::JobDef& job : cluster.job()) {
-    for (const auto& [index, address] : job.tasks()) {
+    // In index order: a protobuf map iterates in no fixed order.
+    const std::map<int, std::string> by_index(job.tasks().begin(), job.tasks().end());
+    for (const auto& [index, address] : by_index) {
       TaskAddress task;
       task.task = TaskName(job.name(), 0, index);
       absl::StatusOr<Endpoint> endpoint = Endpoint::Parse(address);
