@@ -38,6 +38,13 @@ def launcher_parser(doc, launch_help, timeout=600.0):
     return p
 
 
+def launch_outcome(args, ok, **summary):
+    """A launcher's exit code; with --json its summary ("ok" and `summary`) goes to stdout."""
+    if args.json:
+        print(json.dumps({"ok": ok, **summary}, indent=2))
+    return 0 if ok else 1
+
+
 def server_class(transport):
     """The class to build this task's server with: `tf.distribute.Server` or `tf_rdma.Server`.
 

@@ -24,7 +24,6 @@ Every value is deterministic (stateless random ops): `--save PATH` writes each c
 SHA-256 and sum, and the last round's tensors, so runs over both transports compare bit by bit.
 """
 import hashlib
-import json
 import os
 import sys
 import time
@@ -175,11 +174,8 @@ def launch_local(args):
               f"remote->local, {r['copied_bytes']['local_to_remote'] / 2**20:.0f} MiB "
               f"local->remote ({args.local_to_remote}): {r['mib_per_sec']:.0f} MiB/s", file=out,
               flush=True)
-    if args.json:
-        print(json.dumps({"ok": ok, "wall_seconds": time.monotonic() - t0, "cluster": cluster,
-                          "pids": pids, "result": results.get("client"),
-                          "rdma_stats": rdma_stats}, indent=2))
-    return 0 if ok else 1
+    return cu.launch_outcome(args, ok, wall_seconds=time.monotonic() - t0, cluster=cluster, pids=pids,
+                             result=results.get("client"), rdma_stats=rdma_stats)
 
 
 def main(argv=None):

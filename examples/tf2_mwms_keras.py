@@ -235,9 +235,7 @@ def run_local(args, out):
 
 def launch_local(args):
     summary = run_local(args, sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    return 0 if summary["ok"] else 1
+    return cu.launch_outcome(args, **summary)
 
 
 def main(argv=None):

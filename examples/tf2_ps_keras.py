@@ -216,7 +216,6 @@ def run_coordinator(args, cluster, task):
 # --launch-local: the whole cluster as local processes.
 
 def launch_local(args):
-    import json
     import shutil
     import tempfile
 
@@ -286,10 +285,8 @@ def launch_local(args):
               f"{r['steps_per_sec']:.2f} steps/s, loss {r['loss_first_window']:.3f} -> "
               f"{r['loss_last_window']:.3f}, final test accuracy {r['final_test_accuracy']:.4f}",
               file=out, flush=True)
-    if args.json:
-        print(json.dumps({"ok": ok, "wall_seconds": wall, "cluster": cluster, "pids": pids,
-                          "result": results.get("chief"), "rdma_stats": rdma_stats}, indent=2))
-    return 0 if ok else 1
+    return cu.launch_outcome(args, ok, wall_seconds=wall, cluster=cluster, pids=pids,
+                             result=results.get("chief"), rdma_stats=rdma_stats)
 
 
 def main(argv=None):

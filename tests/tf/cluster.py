@@ -67,6 +67,14 @@ class Cluster:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{job}{index} still running after {timeout}s:\n{self.log(job, index)[-3000:]}")
 
+    def wait_for_output(self, job, index, text, timeout):
+        """Waits until the task printed `text`; fails with its log if it exits or takes too long."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log(job, index):
+            assert time.monotonic() < deadline, self.log(job, index)[-3000:]
+            assert self.processes[(job, index)].poll() is None, self.log(job, index)[-3000:]
+            time.sleep(0.2)
+
     def signal(self, job, index, sig):
         os.kill(self.processes[(job, index)].pid, sig)
 

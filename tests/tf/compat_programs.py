@@ -6,7 +6,6 @@ import sys
 
 def two_servers_on_any_free_port(cluster, job, index, output):
     """Two servers on localhost:0 in one process, as TensorFlow's create_local_server makes them."""
-    import tensorflow as tf
     import tf_rdma
     servers = [tf_rdma.Server({"local": ["localhost:0"]}, job_name="local", task_index=0) for _ in range(2)]
     with open(output, "w") as f:

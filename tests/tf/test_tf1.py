@@ -86,11 +86,7 @@ def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kw
         cluster.start("ps", 0, "serve", transport="rdma")
         cluster.start("worker", 0, "slow_ps_worker", transport=worker_transport, output=output, **kwargs)
         if stop_ps is not None:
-            deadline = time.monotonic() + 120
-            while "warm" not in cluster.log("worker", 0):
-                assert time.monotonic() < deadline, cluster.log("worker", 0)[-3000:]
-                assert cluster.processes[("worker", 0)].poll() is None, cluster.log("worker", 0)[-3000:]
-                time.sleep(0.2)
+            cluster.wait_for_output("worker", 0, "warm", timeout=120)
             time.sleep(0.5)
             cluster.signal("ps", 0, stop_ps)
         assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
