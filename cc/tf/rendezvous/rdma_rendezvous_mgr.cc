@@ -142,6 +142,10 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length);
     if (!header.ok()) return FinishLocked(header.status());
     header_ = *header;
+    if (needed_bytes_ != 0) {
+      absl::Status regranted = RegrantLocked();
+      if (!regranted.ok()) return FinishLocked(regranted);
+    }
     if (header_->dead) {
       // The sender writes no data for a dead tensor: take the data grant back.
       connection_->Revoke(data_grant_);
@@ -156,16 +160,30 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     Locked lock(this);
     if (finished_) return;
     if (result.status.code() == absl::StatusCode::kResourceExhausted) {
-      // The tensor outgrew what this transfer carried before: grant what the sender needs.
-      runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.regrants++; });
-      absl::Status granted = GrantLocked(tags_.data, result.length, false);
-      if (!granted.ok()) FinishLocked(granted);
+      // The tensor outgrew what this transfer carried before. The size the sender asks for is
+      // granted only once its header confirms it: a peer's word alone must not size our memory.
+      needed_bytes_ = result.length;
+      if (!header_) return;
+      absl::Status regranted = RegrantLocked();
+      if (!regranted.ok()) FinishLocked(regranted);
       return;
     }
     if (!result.status.ok()) return FinishLocked(result.status);
     data_ = std::move(buffer);
     data_length_ = result.length;
     MaybeOutputLocked();
+  }
+
+  absl::Status RegrantLocked() {
+    const uint64_t needed = needed_bytes_;
+    needed_bytes_ = 0;
+    if (header_->dead) return absl::OkStatus();  // its data grant is being revoked
+    if (needed != header_->data_bytes) {
+      return absl::DataLossError(absl::StrCat("the peer asked for ", needed, " bytes but its header announced ",
+                                              header_->data_bytes));
+    }
+    runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.regrants++; });
+    return GrantLocked(tags_.data, needed, false);
   }
 
   void MaybeOutputLocked() {
@@ -251,6 +269,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   std::optional<TensorHeader> header_;
   std::shared_ptr<PoolBuffer> data_;
   uint64_t data_length_ = 0;
+  uint64_t needed_bytes_ = 0;  // a too-small data grant's needed size, until the header vouches for it
 };
 
 // A receive as the base rendezvous tracks it, so step aborts and cancellation reach it.
@@ -270,11 +289,14 @@ class RdmaRecvCall : public tensorflow::BaseRecvTensorCall {
           }
           recv_done();
         });
+    absl::Status aborted;
     {
       std::lock_guard<std::mutex> lock(mu_);
       receive_ = receive;
-      if (!status_.ok()) return receive->Finish(status_);
+      aborted = status_;
     }
+    // Finishing runs the callback above, which takes mu_: never under it.
+    if (!aborted.ok()) return receive->Finish(aborted);
     receive->Start();
   }
 
