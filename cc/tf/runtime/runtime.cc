@@ -21,6 +21,7 @@ std::mutex registry_mu;
 auto* registry = new std::vector<std::shared_ptr<Runtime>>();
 
 constexpr size_t kMaxLearnedTransfers = 1 << 16;
+constexpr size_t kMaxPeers = 1 << 14;
 
 // One connection attempt lasts this long before the runtime checks why the peer is not there.
 constexpr absl::Duration kAttempt = absl::Seconds(4);
@@ -181,10 +182,12 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   std::lock_guard<std::mutex> lock(mu_);
   // A task this server has not heard of yet may be a client whose cluster reaches us with its first
   // request (an eager context, a coordinator); it proved the cluster key, so it may connect.
-  if (!TaskOfDevice(peer + "/device:CPU:0").ok() || !(peer < options_.local_task)) {
+  // Names a peer claims become records here: a key holder must not grow them without bound.
+  const bool new_name_past_limit = peers_.count(peer) == 0 && peers_.size() >= kMaxPeers;
+  if (!TaskOfDevice(peer + "/device:CPU:0").ok() || !(peer < options_.local_task) || new_name_past_limit) {
     connection->Close(absl::PermissionDeniedError(absl::StrCat(
         "task ", options_.local_task, " does not accept connections from '", peer,
-        "': not a task name, or not the side that connects")));
+        "': not a task name, not the side that connects, or past ", kMaxPeers, " peer tasks")));
     return;
   }
   Peer& state = peers_[peer];
