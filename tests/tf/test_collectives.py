@@ -68,4 +68,8 @@ def test_a_worker_lost_mid_all_reduce_fails_the_others_naming_it(tmp_path, stop,
         assert outcome, f"worker {i} never failed"
         assert outcome["error"] == "UnavailableError", outcome
         assert "/job:worker/replica:0/task:2" in outcome["message"], outcome
+        # Whichever saw the loss first reports it (tf_rdma, or TensorFlow's own heartbeats); when
+        # it is tf_rdma, the error carries the phrase TensorFlow's failure handling matches.
+        if "tf_rdma:" in outcome["message"]:
+            assert "GRPC error information from remote target /job:worker/replica:0/task:2" in outcome["message"]
         assert outcome["failed_at"] - stopped_at < within, outcome
