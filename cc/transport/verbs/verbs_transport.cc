@@ -80,6 +80,13 @@ absl::StatusOr<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time dead
   }
 }
 
+// rdma_cm gave no answer before the connect deadline: the peer is unavailable, which Connect
+// reports with the timeout to raise, like a peer that kept refusing.
+absl::Status NoAnswer(absl::Status status, bool* retry) {
+  *retry = absl::IsDeadlineExceeded(status);
+  return status;
+}
+
 absl::StatusOr<sockaddr_storage> ResolveIp(const Endpoint& endpoint, bool passive) {
   absl::StatusOr<AddressList> resolved = ResolveEndpoint(endpoint, passive);
   if (!resolved.ok()) return resolved.status();
@@ -275,7 +282,7 @@ class VerbsTransport : public Transport {
       return CmError("rdma_resolve_addr for", address);
     }
     absl::StatusOr<CmEvent> event = WaitCmEvent(cm.channel, deadline, "address resolution for " + address);
-    if (!event.ok()) return event.status();
+    if (!event.ok()) return NoAnswer(event.status(), retry);
     if (event->type != RDMA_CM_EVENT_ADDR_RESOLVED) {
       *retry = true;
       return absl::UnavailableError(absl::StrCat(
@@ -288,7 +295,7 @@ class VerbsTransport : public Transport {
                     sizeof(ack_timeout));
     if (rdma_resolve_route(cm.id, 2000) != 0) return CmError("rdma_resolve_route for", address);
     event = WaitCmEvent(cm.channel, deadline, "route resolution for " + address);
-    if (!event.ok()) return event.status();
+    if (!event.ok()) return NoAnswer(event.status(), retry);
     if (event->type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
       *retry = true;
       return absl::UnavailableError(absl::StrCat("rdma_cm cannot resolve a route to ", address, " (",
@@ -308,7 +315,7 @@ class VerbsTransport : public Transport {
     rdma_conn_param param = ConnectionParameters(connection->qp_num());
     if (rdma_connect(id, &param) != 0) return CmError("rdma_connect to", address);
     event = WaitCmEvent(events, deadline, "connection response from " + address);
-    if (!event.ok()) return event.status();
+    if (!event.ok()) return NoAnswer(event.status(), retry);
     if (event->type != RDMA_CM_EVENT_CONNECT_RESPONSE) {
       *retry = event->type == RDMA_CM_EVENT_REJECTED || event->type == RDMA_CM_EVENT_UNREACHABLE ||
                event->type == RDMA_CM_EVENT_CONNECT_ERROR;
