@@ -264,40 +264,6 @@ def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
     os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
 
 
-def coordinator_until_ps_failure(cluster, job, index, transport, output):
-    """TF2: a ClusterCoordinator scheduling steps that read and update a variable on the ps, until
-    the test kills the ps; records what schedule/join raised, and when."""
-    import tensorflow as tf
-    strategy = ps_strategy(cluster, transport)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    with strategy.scope():
-        weights = tf.Variable(tf.ones((256, 256)))
-
-    @tf.function
-    def step():
-        def replica():
-            value = tf.reduce_sum(tf.matmul(weights, weights))
-            weights.assign_add(tf.ones((256, 256)) * 1e-6)
-            return value
-        return strategy.run(replica)
-
-    coordinator.schedule(step)
-    coordinator.join()
-    print("warm", flush=True)
-    outcome = {}
-    deadline = time.monotonic() + 180
-    try:
-        while time.monotonic() < deadline:
-            for _ in range(10):
-                coordinator.schedule(step)
-            coordinator.join()
-    except Exception as e:  # the outcome under test, whatever its class
-        outcome = {"error": type(e).__name__, "message": str(e)[:2000], "failed_at": time.time()}
-    with open(output, "w") as f:
-        json.dump(outcome, f)
-    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
-
-
 def embedding_coordinator(cluster, job, index, transport, output, steps=10, vocab=200_000, dim=64,
                           batch=1024, ids_per_example=32, learning_rate=0.5):
     """TF2: ClusterCoordinator loop over an embedding table partitioned across the ps tasks:

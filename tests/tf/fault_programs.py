@@ -1,0 +1,100 @@
+"""Coordinator programs for test_fault_tolerance.py: `python fault_programs.py FUNCTION JSON_ARGS`,
+as programs.py. A ClusterCoordinator trains a variable on the ps, step after step, while the test
+kills and restarts tasks; each program records what TensorFlow's fault tolerance made of it."""
+import json
+import os
+import sys
+import time
+
+from programs import ps_strategy
+
+
+def _training(cluster, transport):
+    """The coordinator, and a step that reads and updates the ps's variable and counts itself there."""
+    import tensorflow as tf
+    strategy = ps_strategy(cluster, transport)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        weights = tf.Variable(tf.ones((256, 256)))
+        iterations = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        def replica():
+            value = tf.reduce_sum(tf.matmul(weights, weights))
+            weights.assign_add(tf.ones((256, 256)) * 1e-6)
+            iterations.assign_add(1)
+            return value
+        return strategy.run(replica)
+
+    return coordinator, step, iterations
+
+
+def _write(output, outcome):
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
+
+
+def _failure(error, where):
+    return {"error": type(error).__name__, "message": str(error)[:2000], "where": where,
+            "failed_at": time.time()}
+
+
+def until_ps_failure(cluster, job, index, transport, output, during):
+    """Trains until the test kills the ps, which it does after "warm" ("schedule": the coordinator
+    keeps scheduling without joining) or after "joining" (the coordinator waits in join on a long
+    queue). Records what raised, where, and when."""
+    coordinator, step, _ = _training(cluster, transport)
+    coordinator.schedule(step)
+    coordinator.join()
+    print("warm", flush=True)
+    deadline = time.monotonic() + 180
+    outcome = {}
+    where = during
+    try:
+        if during == "schedule":
+            while time.monotonic() < deadline:
+                coordinator.schedule(step)
+        else:
+            for _ in range(2000):
+                coordinator.schedule(step)
+            print("joining", flush=True)
+            coordinator.join()
+            where = "nowhere: join returned"
+    except Exception as e:  # the outcome under test, whatever its class
+        outcome = _failure(e, where)
+    _write(output, outcome)
+
+
+def through_worker_restart(cluster, job, index, transport, output, steps=300):
+    """Schedules `steps` steps after "warm" and joins while the test kills the worker and starts it
+    again: TensorFlow retries the steps the dead worker lost, so all of them run."""
+    coordinator, step, iterations = _training(cluster, transport)
+    for _ in range(10):
+        coordinator.schedule(step)
+    coordinator.join()
+    print("warm", flush=True)
+    started = time.monotonic()
+    try:
+        for _ in range(steps):
+            coordinator.schedule(step)
+        coordinator.join()
+        outcome = {"iterations": int(iterations.numpy()), "seconds": time.monotonic() - started}
+    except Exception as e:  # the outcome under test, whatever its class
+        outcome = _failure(e, "join")
+    _write(output, outcome)
+
+
+def trains_again(cluster, job, index, transport, output, steps=20):
+    """A new coordinator on a cluster whose ps was restarted: creates its variables and trains."""
+    coordinator, step, iterations = _training(cluster, transport)
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+    _write(output, {"iterations": int(iterations.numpy())})
+
+
+if __name__ == "__main__":
+    function, arguments = sys.argv[1], json.loads(sys.argv[2])
+    globals()[function](arguments["cluster"], arguments["job"], arguments["index"], **arguments["kwargs"])

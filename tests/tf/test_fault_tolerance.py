@@ -1,0 +1,86 @@
+"""TF2 ParameterServerStrategy's fault tolerance, kept by tf_rdma: ClusterCoordinator tells a ps
+failure (raised to the user) from a worker failure (retried) by the error the transport reports,
+and a restarted task must be usable again. Each scenario runs over stock gRPC and over tf_rdma, and
+must end the same way, in about the same time."""
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import Cluster
+
+PROGRAM = Path(__file__).with_name("fault_programs.py")
+PS = "/job:ps/replica:0/task:0"
+
+
+def outcome_of(cluster, output, timeout):
+    assert cluster.wait("chief", 0, timeout=timeout) == 0, cluster.log("chief", 0)[-3000:]
+    with open(output) as f:
+        return json.load(f)
+
+
+def ps_killed(tmp_path, transport, during):
+    output = str(tmp_path / f"outcome-{transport}.json")
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}) as cluster:
+        cluster.start("ps", 0, "serve", transport=transport)
+        cluster.start("worker", 0, "serve", transport=transport)
+        cluster.start("chief", 0, "until_ps_failure", program=PROGRAM, transport=transport,
+                      output=output, during=during)
+        cluster.wait_for_output("chief", 0, "warm" if during == "schedule" else "joining", timeout=180)
+        time.sleep(1.0)
+        killed_at = time.time()
+        cluster.signal("ps", 0, signal.SIGKILL)
+        outcome = outcome_of(cluster, output, timeout=150)
+    assert outcome, f"{transport}: the coordinator never failed"
+    return outcome, outcome["failed_at"] - killed_at
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("during", ["schedule", "join"])
+def test_a_killed_ps_fails_the_coordinator_as_with_grpc(tmp_path, during):
+    stock, stock_seconds = ps_killed(tmp_path, "grpc", during)
+    ours, seconds = ps_killed(tmp_path, "rdma", during)
+    assert ours["error"] == stock["error"] == "UnavailableError", (stock, ours)
+    assert ours["where"] == stock["where"] == during, (stock, ours)
+    assert PS in ours["message"], ours
+    assert seconds < stock_seconds + 5, (stock_seconds, seconds, ours)
+
+
+def restarts(tmp_path, transport):
+    """A worker killed mid-training and started again; then the ps killed, started again, and a new
+    coordinator training on the cluster (the ps lost its variables: TensorFlow's recovery is a new
+    coordinator, from a checkpoint in real use)."""
+    output = str(tmp_path / f"restart-{transport}.json")
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}) as cluster:
+        cluster.start("ps", 0, "serve", transport=transport)
+        cluster.start("worker", 0, "serve", transport=transport)
+        cluster.start("chief", 0, "through_worker_restart", program=PROGRAM, transport=transport,
+                      output=output)
+        cluster.wait_for_output("chief", 0, "warm", timeout=180)
+        time.sleep(1.0)
+        cluster.signal("worker", 0, signal.SIGKILL)
+        cluster.wait("worker", 0, timeout=30)
+        time.sleep(2.0)  # downtime: the coordinator sees the worker gone
+        cluster.start("worker", 0, "serve", transport=transport)
+        after_worker_restart = outcome_of(cluster, output, timeout=240)
+
+        cluster.signal("ps", 0, signal.SIGKILL)
+        cluster.wait("ps", 0, timeout=30)
+        cluster.start("ps", 0, "serve", transport=transport)
+        cluster.start("chief", 0, "trains_again", program=PROGRAM, transport=transport, output=output)
+        after_ps_restart = outcome_of(cluster, output, timeout=180)
+    return after_worker_restart, after_ps_restart
+
+
+@pytest.mark.timeout(900)
+def test_restarted_worker_and_ps_are_used_again_as_with_grpc(tmp_path):
+    stock = restarts(tmp_path, "grpc")
+    ours = restarts(tmp_path, "rdma")
+    for worker_restart, ps_restart in (stock, ours):
+        # Steps lost with the worker are retried, so every one ran (a step the worker finished but
+        # could not report runs twice: TensorFlow's at-least-once).
+        assert "error" not in worker_restart and worker_restart["iterations"] >= 310, (stock, ours)
+        assert ps_restart == {"iterations": 20}, (stock, ours)
+    assert ours[0]["seconds"] < stock[0]["seconds"] + 10, (stock, ours)
