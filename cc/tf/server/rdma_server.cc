@@ -44,6 +44,12 @@ class RdmaServer : public tensorflow::GrpcServer {
     // tf_rdma listens before TensorFlow serves, so a peer that reaches this task's TensorFlow
     // server also finds its tf_rdma listener.
     absl::StatusOr<std::shared_ptr<Runtime>> runtime = Runtime::Start(options);
+    // TensorFlow reports a server that cannot take its port as UnknownError ("Could not start gRPC
+    // server"), and code written for it catches that class: a listener that cannot start is the same
+    // situation.
+    if (!runtime.ok() && absl::IsUnavailable(runtime.status())) {
+      return absl::UnknownError(runtime.status().message());
+    }
     if (!runtime.ok()) return runtime.status();
     std::unique_ptr<RdmaServer> server(new RdmaServer(server_def, *runtime));
     absl::Status initialized = server->Init(local_device_mgr);

@@ -69,7 +69,7 @@ class TcpTransport : public StreamTransport {
       if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
         last = absl::UnavailableError(absl::StrCat(
             "cannot listen on ", endpoint.ToString(), ": ", std::strerror(errno),
-            errno == EADDRINUSE ? " (another process holds the port; pick another)" : ""));
+            errno == EADDRINUSE ? " (another socket holds the port: another process, or another server of this one; pick another)" : ""));
         close(fd);
         fd = -1;
       }

@@ -19,7 +19,7 @@ def test_shm_region_frame_on_tcp_is_a_protocol_error():
 def test_listening_on_a_taken_port_names_the_problem():
     first = transport("tcp", "first").listen(f"{HOST}:0")
     port = first.endpoint.rsplit(":", 1)[1]
-    with pytest.raises(errors.PeerUnavailableError, match="another process holds the port"):
+    with pytest.raises(errors.PeerUnavailableError, match="another socket holds the port"):
         transport("tcp", "second").listen(f"{HOST}:{port}")
 
 
