@@ -336,6 +336,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   absl::Status Initialize(tensorflow::WorkerSession* session) override {
     absl::Status status = BaseRemoteRendezvous::Initialize(session);
     if (!status.ok()) return status;
+    renamed_ = session->worker_name() != runtime_->local_task();
+    if (renamed_) WarnRenamedOnce(session->worker_name());
     return grpc_->Initialize(session);
   }
 
@@ -348,7 +350,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
                     bool is_dead) override {
     if (IsSameWorker(parsed.src, parsed.dst)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
     if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
-    Push(parsed, TaskName(parsed.dst), value, is_dead);
+    Push(parsed, args, TaskName(parsed.dst), value, is_dead);
     return absl::OkStatus();
   }
 
@@ -373,9 +375,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       return;
     }
     Ref();  // the rendezvous outlives the call
-    call->Start([this, call, args, done = std::move(done)] {
+    call->Start([this, call, parsed, peer_task, args, done = std::move(done)] {
       DeregisterCall(call, args);
-      done(call->status(), Args(), args, call->tensor(), call->dead());
+      if (!call->status().ok() && runtime_->Renamed(peer_task)) {
+        // The sender's session renamed it, so it serves the tensor over gRPC.
+        runtime_->stats().Fallback(kRenamedTask);
+        grpc_->RecvAsync(parsed, args, done);
+      } else {
+        done(call->status(), Args(), args, call->tensor(), call->dead());
+      }
       delete call;
       Unref();
     });
@@ -385,12 +393,30 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // Both ends decide alike, from the key alone: CPU to CPU goes over tf_rdma, anything with a GPU
   // end stays on gRPC (counted).
   bool Carried(const ParsedKey& parsed) {
+    if (renamed_) {
+      runtime_->stats().Fallback(kRenamedTask);
+      return false;
+    }
     if (parsed.src.type == "CPU" && parsed.dst.type == "CPU") return true;
     runtime_->stats().Fallback("a GPU end (gRPC copies device memory)");
     return false;
   }
 
-  void Push(const ParsedKey& parsed, const std::string& peer_task, const Tensor& value, bool is_dead) {
+  static constexpr char kRenamedTask[] =
+      "a session that renames the tasks (ClusterSpec propagation): a tf_rdma server has one task name";
+
+  void WarnRenamedOnce(const std::string& session_name) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      LOG(WARNING) << "tf_rdma: a session runs this server (task " << runtime_->local_task() << ") as task "
+                   << session_name << " (its cluster comes with the session: ClusterSpec propagation); "
+                   << "its tensors go over gRPC, counted in tf_rdma.stats()['fallback']. To carry them over "
+                   << "tf_rdma, start each server under the job name and index the session's cluster gives it.";
+    });
+  }
+
+  void Push(const ParsedKey& parsed, const Rendezvous::Args& args, const std::string& peer_task,
+            const Tensor& value, bool is_dead) {
     TensorHeader header;
     header.dead = is_dead;
     // Where the bytes come from: the tensor's own memory, or its TensorProto for the types whose
@@ -417,7 +443,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
     auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
     runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, tensor_name, tags, encoded, proto,
-                                         value, is_dead](absl::StatusOr<std::shared_ptr<Connection>> connection) {
+                                         value, is_dead, parsed, args](
+                                            absl::StatusOr<std::shared_ptr<Connection>> connection) {
       auto report = [runtime, step, peer_task, tensor_name](const absl::Status& status) {
         if (status.ok()) return;
         if (status == DiscardedWrite()) {
@@ -428,6 +455,11 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
         (*step)->StartAbort(TaskFailure(absl::StrCat("sending '", tensor_name, "' to"), peer_task, status));
       };
+      if (!connection.ok() && runtime->Renamed(peer_task)) {
+        // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
+        runtime->stats().Fallback(kRenamedTask);
+        return report((*step)->BaseRemoteRendezvous::Send(parsed, args, value, is_dead));
+      }
       if (!connection.ok()) return report(connection.status());
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),
                            [encoded, report](const absl::Status& status) { report(status); });
@@ -447,6 +479,11 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
 
   const std::shared_ptr<Runtime> runtime_;
   const tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc_;
+  // The session runs this server under another task name than the server's own (ClusterSpec
+  // propagation): the step's transfers stay on gRPC. A session that renames every task falls back on
+  // both ends alike; a task that keeps its name meets a renamed one's server when it connects, and the
+  // runtime reports that mix as an error.
+  bool renamed_ = false;
 };
 
 }  // namespace

@@ -51,6 +51,16 @@ bool Answers(const std::string& host, uint16_t port, absl::Duration limit) {
   return answered;
 }
 
+// The server at `peer`'s address is tf_rdma's server of another task: the cluster the caller got the
+// address from names the tasks differently from how their servers were started.
+absl::Status RenamedPeer(const TaskAddress& peer, const std::string& identity) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "task ", peer.task, " at ", peer.host, ":", peer.grpc_port, " is served by the tf_rdma server of task ",
+      identity, ": a session or eager context renamed it (ClusterSpec propagation), so tensors with it go "
+      "over gRPC, counted in tf_rdma.stats()['fallback']. To carry them over tf_rdma, start each server "
+      "under the job name and index the session's cluster gives it"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> TaskOfDevice(const std::string& device) {
@@ -205,6 +215,12 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
 void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback done) {
   std::unique_lock<std::mutex> lock(mu_);
   Peer& peer = peers_[peer_task];
+  if (!peer.served_by.empty()) {
+    const absl::Status renamed = RenamedPeer(peer.address, peer.served_by);
+    lock.unlock();
+    done(renamed);
+    return;
+  }
   if (peer.connection && peer.connection->health().ok()) {
     std::shared_ptr<Connection> connection = peer.connection;
     lock.unlock();
@@ -264,6 +280,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
   while (true) {
     absl::StatusOr<std::shared_ptr<Connection>> connection =
         (*transport)->Connect(Endpoint{peer.host, peer.rdma_port});
+    if (connection.ok() && (*connection)->peer_name() != peer.task) {
+      const std::string identity = (*connection)->peer_name();
+      (*connection)->Close(absl::FailedPreconditionError("not the task dialled"));
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_[peer.task].served_by = identity;
+      LOG(WARNING) << "tf_rdma: " << RenamedPeer(peer, identity).message();
+      return RenamedPeer(peer, identity);
+    }
     if (connection.ok()) {
       LOG(INFO) << "tf_rdma: " << BackendName(choice->backend) << " to task " << peer.task << " at "
                 << peer.host << ":" << peer.rdma_port << " (" << choice->reason << ")";
@@ -285,6 +309,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
 
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
+  bool identity_checked = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     Peer& state = peers_.at(peer_task);
@@ -304,7 +329,37 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
     lock.lock();
     if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
     if (!diagnosis.ok() && state.was_connected) return diagnosis;
+    // Its tf_rdma answers but it does not connect: it may be the server of a task named otherwise.
+    if (diagnosis.ok() && !identity_checked) {
+      identity_checked = true;
+      lock.unlock();
+      absl::StatusOr<std::string> identity = IdentityAt(address);
+      lock.lock();
+      if (identity.ok() && *identity != peer_task) {
+        state.served_by = *identity;
+        LOG(WARNING) << "tf_rdma: " << RenamedPeer(address, *identity).message();
+        return RenamedPeer(address, *identity);
+      }
+    }
   }
+}
+
+absl::StatusOr<std::string> Runtime::IdentityAt(const TaskAddress& peer) {
+  absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer.host);
+  if (!choice.ok()) return choice.status();
+  absl::StatusOr<Transport*> transport = TransportFor(choice->backend);
+  if (!transport.ok()) return transport.status();
+  absl::StatusOr<std::shared_ptr<Connection>> probe = (*transport)->Connect(Endpoint{peer.host, peer.rdma_port});
+  if (!probe.ok()) return probe.status();
+  const std::string identity = (*probe)->peer_name();
+  (*probe)->Close(absl::CancelledError("identity probe"));
+  return identity;
+}
+
+bool Runtime::Renamed(const std::string& peer_task) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(peer_task);
+  return it != peers_.end() && !it->second.served_by.empty();
 }
 
 bool Runtime::WasConnected(const std::string& peer_task) const {

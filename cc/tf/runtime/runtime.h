@@ -59,6 +59,10 @@ class Runtime {
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
   void WithConnection(const std::string& peer_task, ConnectionCallback done);
 
+  // Whether `peer_task` names the server of another task (a session or eager context renamed it):
+  // known once WithConnection reported it, and from then on at once.
+  bool Renamed(const std::string& peer_task) const;
+
   absl::StatusOr<BufferPool*> PoolFor(Backend backend);
   Stats& stats() { return stats_; }
 
@@ -78,6 +82,9 @@ class Runtime {
     std::shared_ptr<Connection> connection;
     bool connecting = false;
     std::vector<ConnectionCallback> waiters;
+    // Set when the tf_rdma server at the address of this task name turned out to be another task's:
+    // the cluster that named it renames tasks, and transfers with it stay on gRPC.
+    std::string served_by;
   };
 
   explicit Runtime(RuntimeOptions options);
@@ -89,6 +96,8 @@ class Runtime {
   absl::StatusOr<std::shared_ptr<Connection>> AwaitFrom(const std::string& peer_task);
   absl::Status DiagnoseMissingPeer(const TaskAddress& peer, const absl::Status& cause) const;
   bool WasConnected(const std::string& peer_task) const;
+  // The task name the tf_rdma server at `peer`'s address was started as (one handshake).
+  absl::StatusOr<std::string> IdentityAt(const TaskAddress& peer);
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;
