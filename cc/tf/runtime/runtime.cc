@@ -201,6 +201,17 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
     return;
   }
   Peer& state = peers_[peer];
+  // Any key holder can claim any task's name: a live connection is replaced only once it ended
+  // (a restarted task's old connection ends when its process does).
+  if (state.connection && state.connection->health().ok()) {
+    LOG(WARNING) << "tf_rdma: task " << options_.local_task << " refused a second connection claiming to be task "
+                 << peer << ", whose connection is alive: an impersonator, or that task restarted before its "
+                 << "old connection was seen to end (its next transfer connects again)";
+    connection->Close(absl::UnavailableError(absl::StrCat(
+        "task ", options_.local_task, " is connected to task ", peer,
+        " already, and that connection is alive; a new one is accepted once it ends")));
+    return;
+  }
   if (state.connection) state.connection->Close(absl::UnavailableError("peer reconnected"));
   state.connection = std::move(connection);
   state.was_connected = true;
