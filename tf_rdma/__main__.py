@@ -1,5 +1,6 @@
 """python -m tf_rdma {info,bench}"""
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -24,9 +25,10 @@ def main(argv=None):
     info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
     info.add_argument("--json", action="store_true")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective"],
+    bench.add_argument("what", choices=["transport", "collective", "tf"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
-                            "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC")
+                            "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
+                            "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
@@ -39,6 +41,10 @@ def main(argv=None):
                        help="collective: worker counts (default 2,3)")
     bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
                                                   "reported as medians (default 3)")
+    bench.add_argument("--workloads", type=lambda t: t.split(","),
+                       help="tf: some of transfer,many,hops,ps-train (default all)")
+    bench.add_argument("--quick", action="store_true", help="tf: smaller sizes and budgets (under a minute)")
+    bench.add_argument("--plot", metavar="FILE.png", help="tf: plot the figures (needs matplotlib)")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -54,6 +60,21 @@ def main(argv=None):
             from tf_rdma import bench as bench_module
             bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
                                args.round_trips)
+        elif args.what == "tf":
+            from tf_rdma import bench_tf
+            from tf_rdma.transport import BACKENDS
+            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+            unknown = set(args.workloads or ()) - set(bench_tf.WORKLOADS)
+            if unknown:
+                parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(bench_tf.WORKLOADS)}")
+            if args.plot and importlib.util.find_spec("matplotlib") is None:
+                parser.error("--plot needs matplotlib: pip install matplotlib")
+            results = bench_tf.run(
+                backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
+                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+            print(json.dumps(results, indent=2) if args.json else bench_tf.render(results))
+            if args.plot:
+                bench_tf.plot(results, args.plot)
         elif args.what == "collective":
             from tf_rdma import bench_collective
             from tf_rdma.transport import BACKENDS

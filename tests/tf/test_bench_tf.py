@@ -1,0 +1,84 @@
+"""`python -m tf_rdma bench tf`: a quick real run of every workload (gRPC and shm in the same run),
+and the arithmetic, table and plot on canned figures."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tf_rdma import bench_tf
+
+
+@pytest.mark.timeout(400)
+def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
+    plot = tmp_path / "bench.png"
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "tf", "--quick", "--backend", "shm",
+                             "--json", "--plot", str(plot)], capture_output=True, text=True, timeout=360)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["backends"] == ["shm"] and report["unavailable"] == {}
+    assert set(report["workloads"]) == set(bench_tf.WORKLOADS)
+    for workload, rows in report["workloads"].items():
+        for row in rows:
+            assert row["vs_grpc_shm"] > 0, (workload, row)
+    sizes = [row["size"] for row in report["workloads"]["transfer"]]
+    assert sizes == bench_tf.QUICK["transfer_sizes"]
+    for row in report["workloads"]["transfer"]:
+        assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
+    assert [r["model"] for r in report["workloads"]["ps-train"]] == ["embedding", "dense"]
+    assert "over grpc" in result.stderr and "over shm" in result.stderr  # the progress lines
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unknown_workload_is_refused_before_anything_runs():
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "tf", "--workloads", "many,typo"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown workloads ['typo']" in result.stderr
+
+
+MEASURED = {
+    "grpc": {"transfer": [[{"size": 1 << 20, "seconds": 0.004, "steps": 9}]],
+             "many": [[{"tensors": 200, "size": 4096, "seconds": 0.008, "steps": 9}]],
+             "hops": [[{"hops": 50, "seconds": 0.010, "steps": 9}]],
+             "ps-train": [[{"model": "dense", "seconds": 0.5, "steps": 9}],
+                          [{"model": "dense", "seconds": 0.25, "steps": 9}]]},
+    "shm": {"transfer": [[{"size": 1 << 20, "seconds": 0.001, "steps": 9}]],
+            "many": [[{"tensors": 200, "size": 4096, "seconds": 0.002, "steps": 9}]],
+            "hops": [[{"hops": 50, "seconds": 0.004, "steps": 9}]],
+            "ps-train": [[{"model": "dense", "seconds": 0.25, "steps": 9}],
+                         [{"model": "dense", "seconds": 0.125, "steps": 9}]]},
+}
+MACHINE = {1 << 20: {"memcpy_gbps": 10.0, "tcp_socket_gbps": 3.0}}
+
+
+def combined(workload):
+    return bench_tf.combine(workload, {t: m[workload] for t, m in MEASURED.items()}, ["shm"], MACHINE)
+
+
+def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
+    [transfer] = combined("transfer")
+    assert transfer["vs_grpc_shm"] == pytest.approx(4.0)
+    assert transfer["shm_gbps"] == pytest.approx((1 << 20) / 0.001 / 1e9)
+    assert transfer["memcpy_gbps"] == 10.0 and transfer["tcp_socket_gbps"] == 3.0
+    [many] = combined("many")
+    assert many["vs_grpc_shm"] == pytest.approx(4.0)
+    assert many["shm_us_per_tensor"] == pytest.approx(10.0)
+    [hops] = combined("hops")
+    assert hops["grpc_us_per_hop"] == pytest.approx(200.0) and hops["vs_grpc_shm"] == pytest.approx(2.5)
+    # Both workers train at once: the cluster's rate is the sum of theirs.
+    [train] = combined("ps-train")
+    assert train["grpc_steps_per_second"] == pytest.approx(6.0)
+    assert train["shm_steps_per_second"] == pytest.approx(12.0)
+    assert train["vs_grpc_shm"] == pytest.approx(2.0)
+
+
+def test_the_table_and_the_plot_from_canned_figures(tmp_path):
+    report = {"backends": ["shm"], "unavailable": {"verbs": "no RDMA device"},
+              "workloads": {w: combined(w) for w in bench_tf.WORKLOADS}}
+    text = bench_tf.render(report)
+    assert "verbs: unavailable: no RDMA device" in text
+    assert "     200 x 4 KiB      8.00      2.00     4.00" in text
+    assert "         50 hops     200.0      80.0     2.50" in text
+    assert "           dense       6.0      12.0     2.00" in text
+    bench_tf.plot(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 10_000

@@ -1,0 +1,374 @@
+"""`python -m tf_rdma bench tf`: TensorFlow workloads over stock gRPC and each tf_rdma backend, in
+one run, each transport in clusters of its own processes on this host.
+
+Workloads (TF1 graphs run by a worker's session, the ps holding the variables; grappler is off so
+every transport runs the same graph):
+- transfer: one tensor per step, read from a ps variable onto the worker; per size: step time and
+  GB/s, beside the machine's limits for the same bytes measured in the same run (a plain memcpy and
+  a plain TCP socket stream between two processes: `bench transport`'s baselines).
+- many: N tensors of S bytes per step (e.g. 200 x 4 KiB): step time, and time per tensor.
+- hops: a chain of dependent small (8-float) hops ps -> worker -> ps ... in one step: time per hop.
+- ps-train: 1 ps + 2 workers training asynchronously, each in its own session: an embedding model
+  (sparse lookups and sparse updates of a wide table) and a dense model (>= 50 M parameters; fewer
+  with --quick); steps per second summed over the workers.
+Every figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios are
+gRPC's step time over tf_rdma's (higher is better).
+"""
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from tf_rdma.transport import available_backends
+
+WORKLOADS = ("transfer", "many", "hops", "ps-train")
+RESULT_PREFIX = "@@result "
+
+FULL = {
+    "transfer_sizes": [4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20],
+    "many": [[200, 4 << 10], [1000, 256]],
+    "hops": 50,
+    "embedding": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8},
+    "dense": {"inputs": 4096, "outputs": 12288, "batch": 32},  # 50.3 M parameters
+    "budget": 1.5,
+}
+QUICK = {
+    "transfer_sizes": [4 << 10, 4 << 20, 64 << 20],
+    "many": [[200, 4 << 10]],
+    "hops": 50,
+    "embedding": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8},
+    "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
+    "budget": 0.4,
+}
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _timed(run, budget, warmup=3, min_steps=5, max_steps=2000):
+    """Median seconds of `run()` over as many calls as fit `budget`, after `warmup` calls."""
+    for _ in range(warmup):
+        run()
+    times, deadline = [], time.perf_counter() + budget
+    while len(times) < min_steps or (time.perf_counter() < deadline and len(times) < max_steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), len(times)
+
+
+# ---- the tasks of a bench cluster ----
+
+def _server(spec):
+    import tensorflow as tf
+    cluster = tf.train.ClusterSpec(spec["cluster"])
+    if spec["transport"] == "grpc":
+        return tf.distribute.Server(cluster, job_name=spec["job"], task_index=spec["index"])
+    import tf_rdma
+    return tf_rdma.Server(cluster, job_name=spec["job"], task_index=spec["index"])
+
+
+def _session(server):
+    import tensorflow as tf
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return tf.compat.v1.Session(server.target, config=config)
+
+
+def _transfer(tf, session, params, budget):
+    rows = []
+    for size in params["transfer_sizes"]:
+        with tf.device("/job:ps/task:0"):
+            variable = tf.compat.v1.Variable(tf.zeros([size // 4], tf.float32))
+        with tf.device("/job:worker/task:0"):
+            step = tf.group(tf.identity(variable.read_value()))
+        session.run(variable.initializer)
+        seconds, steps = _timed(lambda: session.run(step), budget)
+        rows.append({"size": size, "seconds": seconds, "steps": steps})
+    return rows
+
+
+def _many(tf, session, params, budget):
+    rows = []
+    for count, size in params["many"]:
+        with tf.device("/job:ps/task:0"):
+            variables = [tf.compat.v1.Variable(tf.zeros([size // 4], tf.float32)) for _ in range(count)]
+        with tf.device("/job:worker/task:0"):
+            step = tf.group(*[tf.identity(v.read_value()) for v in variables])
+        session.run([v.initializer for v in variables])
+        seconds, steps = _timed(lambda: session.run(step), budget)
+        rows.append({"tensors": count, "size": size, "seconds": seconds, "steps": steps})
+    return rows
+
+
+def _hops(tf, session, params, budget):
+    hops = params["hops"]
+    with tf.device("/job:ps/task:0"):
+        start = tf.compat.v1.Variable(tf.zeros([8], tf.float32))
+    value = start.read_value()
+    for hop in range(hops):
+        with tf.device("/job:worker/task:0" if hop % 2 == 0 else "/job:ps/task:0"):
+            value = value + 1.0
+    with tf.device("/job:ps/task:0"):
+        step = tf.reduce_sum(value)
+    session.run(start.initializer)
+    seconds, steps = _timed(lambda: session.run(step), budget)
+    return [{"hops": hops, "seconds": seconds, "steps": steps}]
+
+
+def _train_step(tf, model, params, index):
+    """A worker's training op for `model`, its variables on the ps (the chief initializes them)."""
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.01)
+    if model == "embedding":
+        p = params["embedding"]
+        with tf.device("/job:ps/task:0"):
+            table = tf.compat.v1.get_variable("table", [p["vocab"], p["dim"]], tf.float32,
+                                              tf.compat.v1.random_normal_initializer(seed=1),
+                                              use_resource=True)
+            head = tf.compat.v1.get_variable("head", [p["dim"], 1], tf.float32,
+                                             tf.compat.v1.zeros_initializer(), use_resource=True)
+        with tf.device(f"/job:worker/task:{index}"):
+            ids = tf.random.uniform([p["batch"], p["ids_per_example"]], 0, p["vocab"], tf.int64)
+            rows = tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
+            loss = tf.reduce_mean(tf.square(tf.matmul(rows, head) - 1.0))
+            train = optimizer.minimize(loss)  # the table's gradient is sparse: only looked-up rows
+    else:
+        p = params["dense"]
+        with tf.device("/job:ps/task:0"):
+            weights = tf.compat.v1.get_variable("weights", [p["inputs"], p["outputs"]], tf.float32,
+                                                tf.compat.v1.zeros_initializer(), use_resource=True)
+        with tf.device(f"/job:worker/task:{index}"):
+            inputs = tf.random.uniform([p["batch"], p["inputs"]])
+            loss = tf.reduce_mean(tf.square(tf.matmul(inputs, weights) - 1.0))
+            train = optimizer.minimize(loss)
+    return train
+
+
+def _ps_train(tf, session, spec, server, params, budget):
+    rows = []
+    for model in ("embedding", "dense"):
+        with tf.compat.v1.variable_scope(model):
+            train = _train_step(tf, model, params, spec["index"])
+            initialized = tf.compat.v1.is_variable_initialized(tf.compat.v1.global_variables(scope=model)[0])
+        if spec["index"] == 0:
+            session.run(tf.compat.v1.variables_initializer(
+                tf.compat.v1.global_variables(scope=model)))
+        while not session.run(initialized):
+            time.sleep(0.05)
+        seconds, steps = _timed(lambda: session.run(train), budget)
+        rows.append({"model": model, "seconds": seconds, "steps": steps})
+    return rows
+
+
+def task(spec):
+    """One task of a bench cluster, in its own process: the ps serves; worker 0 runs the one-worker
+    workloads, then every worker ps-train; each worker prints its figures on one line."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(spec)
+    if spec["job"] == "ps":
+        server.join()
+    params, budget = spec["params"], spec["params"]["budget"]
+    one_worker = {"transfer": _transfer, "many": _many, "hops": _hops}
+    result = {"workloads": {}}
+    with _session(server) as session:
+        for workload in spec["workloads"]:
+            if workload == "ps-train":
+                result["workloads"][workload] = _ps_train(tf, session, spec, server, params, budget)
+            elif spec["index"] == 0:
+                result["workloads"][workload] = one_worker[workload](tf, session, params, budget)
+        if spec["transport"] != "grpc":
+            import tf_rdma
+            result["fallback"] = tf_rdma.stats().get("fallback", {})
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+    os._exit(0)  # closing would wait for the ps to deregister the graphs
+
+
+def run_cluster(transport, workloads, params, timeout=900):
+    """{workload: [rows of each worker that ran it]} measured on one fresh cluster: a ps and two
+    workers (the second only trains)."""
+    workers = 2 if "ps-train" in workloads else 1
+    ports = _free_ports(1 + workers)
+    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if transport != "grpc":
+        env["TF_RDMA_BACKEND"] = transport
+
+    def start(job, index):
+        spec = {"cluster": cluster, "job": job, "index": index, "transport": transport,
+                "workloads": list(workloads), "params": params}
+        return subprocess.Popen([sys.executable, "-m", "tf_rdma.bench_tf", json.dumps(spec)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ps = start("ps", 0)
+    processes = [start("worker", i) for i in range(workers)]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in processes]
+    finally:
+        for p in [ps, *processes]:
+            p.kill()
+            p.wait()
+    measured = {}
+    for p, (out, err) in zip(processes, outputs):
+        lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"bench tf over {transport}: a worker failed ({p.returncode}):\n{err[-3000:]}")
+        result = json.loads(lines[0][len(RESULT_PREFIX):])
+        if result.get("fallback"):
+            raise RuntimeError(f"bench tf over {transport}: transfers stayed on gRPC: {result['fallback']}")
+        for workload, rows in result["workloads"].items():
+            measured.setdefault(workload, []).append(rows)
+    return measured
+
+
+def limits(sizes):
+    """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
+    measured between two processes by `bench transport`'s baselines."""
+    from tf_rdma import bench
+    report = bench.run_backend("tcp", sizes, [], 1 << 30, 1)
+    return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
+            for row in report["throughput"]}
+
+
+def _ratio(grpc_seconds, seconds):
+    return grpc_seconds / seconds if seconds > 0 else None
+
+
+def combine(workload, measured, carried, machine=None):
+    """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
+    of every worker for ps-train}), with gRPC's time over each backend's."""
+    rows = []
+    if workload == "ps-train":
+        for i, first in enumerate(measured["grpc"][0]):
+            row = {"model": first["model"]}
+            for transport in ["grpc", *carried]:
+                # Workers train at once: the cluster's rate is the sum of theirs.
+                row[f"{transport}_steps_per_second"] = sum(1 / w[i]["seconds"] for w in measured[transport])
+            for backend in carried:
+                row[f"vs_grpc_{backend}"] = (row[f"{backend}_steps_per_second"]
+                                             / row["grpc_steps_per_second"])
+            rows.append(row)
+        return rows
+    for i, first in enumerate(measured["grpc"][0]):
+        row = {k: v for k, v in first.items() if k not in ("seconds", "steps")}
+        for transport in ["grpc", *carried]:
+            row[f"{transport}_seconds"] = measured[transport][0][i]["seconds"]
+        for backend in carried:
+            row[f"vs_grpc_{backend}"] = _ratio(row["grpc_seconds"], row[f"{backend}_seconds"])
+        if workload == "transfer":
+            for transport in ["grpc", *carried]:
+                row[f"{transport}_gbps"] = row["size"] / row[f"{transport}_seconds"] / 1e9
+            row.update(machine[row["size"]])
+        if workload == "many":
+            for transport in ["grpc", *carried]:
+                row[f"{transport}_us_per_tensor"] = row[f"{transport}_seconds"] / row["tensors"] * 1e6
+        if workload == "hops":
+            for transport in ["grpc", *carried]:
+                row[f"{transport}_us_per_hop"] = row[f"{transport}_seconds"] / row["hops"] * 1e6
+        rows.append(row)
+    return rows
+
+
+def run(backends, workloads=WORKLOADS, quick=False, progress=None):
+    """{"backends": [...], "unavailable": {backend: reason}, "workloads": {name: rows}}"""
+    params = QUICK if quick else FULL
+    usable = available_backends()
+    carried = [b for b in backends if usable.get(b) is None]
+    report = {"backends": carried, "quick": quick,
+              "unavailable": {b: usable.get(b, "unknown backend") for b in backends if b not in carried},
+              "workloads": {}}
+    machine = None
+    if "transfer" in workloads:
+        if progress:
+            progress("machine limits (memcpy, TCP socket)")
+        machine = limits(params["transfer_sizes"])
+    measured = {}
+    for transport in ["grpc", *carried]:
+        if progress:
+            progress(f"{', '.join(workloads)} over {transport}")
+        measured[transport] = run_cluster(transport, workloads, params)
+    for workload in workloads:
+        report["workloads"][workload] = combine(
+            workload, {transport: m[workload] for transport, m in measured.items()}, carried, machine)
+    return report
+
+
+def render(report):
+    from tf_rdma.bench import _size
+    lines = [f"{backend}: unavailable: {reason}" for backend, reason in report["unavailable"].items()]
+    backends = report["backends"]
+    columns = ["grpc", *backends]
+
+    def table(title, rows, label, figure, unit_scale, digits):
+        lines.append(title)
+        header = f"  {'':>14}" + "".join(f" {t:>9}" for t in columns) + "".join(
+            f" {'x ' + b:>8}" for b in backends)
+        lines.append(header)
+        for row in rows:
+            line = f"  {label(row):>14}" + "".join(
+                f" {row[figure(t)] * unit_scale:9.{digits}f}" for t in columns)
+            line += "".join(f" {row[f'vs_grpc_{b}']:8.2f}" for b in backends)
+            lines.append(line)
+
+    w = report["workloads"]
+    if "transfer" in w:
+        table("transfer: one tensor per step (GB/s; x = gRPC's step time / tf_rdma's)", w["transfer"],
+              lambda r: _size(r["size"]), lambda t: f"{t}_gbps", 1, 2)
+        lines.append("  machine limits: " + ", ".join(
+            f"{_size(r['size'])} memcpy {r['memcpy_gbps']:.2f} socket {r['tcp_socket_gbps']:.2f}"
+            for r in w["transfer"]))
+    if "many" in w:
+        table("many: N tensors per step (ms per step)", w["many"],
+              lambda r: f"{r['tensors']} x {_size(r['size'])}", lambda t: f"{t}_seconds", 1e3, 2)
+    if "hops" in w:
+        table("hops: dependent cross-task hops (us per hop)", w["hops"],
+              lambda r: f"{r['hops']} hops", lambda t: f"{t}_us_per_hop", 1, 1)
+    if "ps-train" in w:
+        table("ps-train: 1 ps + 2 workers (steps per second, both workers)", w["ps-train"],
+              lambda r: r["model"], lambda t: f"{t}_steps_per_second", 1, 1)
+    return "\n".join(lines)
+
+
+def plot(report, path):
+    """One panel per workload: its figure per size or case, one line per transport, the machine's
+    memcpy and socket limits drawn on the transfer panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tf_rdma.bench import _size
+    workloads = report["workloads"]
+    figure, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    transports = ["grpc", *report["backends"]]
+    panels = {
+        "transfer": ("GB/s", lambda r: _size(r["size"]), lambda r, t: r[f"{t}_gbps"]),
+        "many": ("ms per step", lambda r: f"{r['tensors']}x{_size(r['size'])}", lambda r, t: r[f"{t}_seconds"] * 1e3),
+        "hops": ("us per hop", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
+        "ps-train": ("steps/s", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),
+    }
+    for ax, (workload, rows) in zip(axes[0], workloads.items()):
+        unit, label, value = panels[workload]
+        labels = [label(r) for r in rows]
+        for transport in transports:
+            ax.plot(labels, [value(r, transport) for r in rows], marker="o",
+                    label="gRPC" if transport == "grpc" else f"tf_rdma {transport}")
+        if workload == "transfer":
+            ax.plot(labels, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy")
+            ax.plot(labels, [r["tcp_socket_gbps"] for r in rows], "k:", label="TCP socket")
+        ax.set_title(workload)
+        ax.set_ylabel(unit)
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+if __name__ == "__main__":
+    task(json.loads(sys.argv[1]))
