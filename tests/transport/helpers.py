@@ -1,6 +1,7 @@
 """Shared pieces of the transport tests: connected pairs, peer processes, payload patterns."""
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,13 @@ def raw_peer_connected(backend, name="local", **options):
     raw = wire_client.RawPeer(backend, listener.endpoint)
     raw.handshake(KEY)
     return local, listener, raw, listener.accept(10)
+
+
+def free_port():
+    """A TCP port nothing listens on now (also a free shm endpoint: its socket name is per port)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
 
 
 def pattern(size, seed=0):
