@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import wire_client as w
-from helpers import KEY, connected_pair, raw_peer_connected, transport
+from helpers import KEY, connected_pair, next_line, raw_peer_connected, transport
 from tf_rdma import errors
 
 
@@ -141,13 +141,14 @@ def test_an_empty_region_cannot_be_granted_a_byte():
         except errors.TransportError as e:
             print(type(e).__name__, e)
     ''')
-    raw = w.RawPeer("shm", child.stdout.readline().strip())
+    raw = w.RawPeer("shm", next_line(child))
     raw.handshake(KEY)
     raw.share_region(1, 0)
     raw.send(w.grant(1, 0, 1, 1, 0, 1))
-    out, err = child.communicate(timeout=30)
+    out = next_line(child)
+    child.wait(30)
     raw.close()
-    assert child.returncode == 0, f"sender died with {child.returncode}: {err}"
+    assert child.returncode == 0, f"sender died with {child.returncode}: {child.stderr.read()}"
     assert out.startswith("ProtocolError") and "outside region 1 of 0 bytes" in out, out
 
 
