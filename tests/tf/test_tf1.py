@@ -73,7 +73,7 @@ def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, t
 
 @THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
-def test_strings_and_variants_cross_over_tf_rdma_as_their_tensor_proto(compared, transport):
+def test_strings_and_variants_cross_over_tf_rdma_serialized(compared, transport):
     _, stats = compared[transport]
     for name in ("strings", "variant"):
         # A step that moved that tensor alone, counted from reset_stats().
