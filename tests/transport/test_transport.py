@@ -77,6 +77,22 @@ def test_write_waits_for_its_grant_in_either_order(backend):
         assert memoryview(region)[1000:1200] == b"g" * 200
 
 
+def test_a_write_sends_straight_from_the_source_memory(backend):
+    """No copy is taken when write() is called: the bytes are read from the source when they are
+    sent, so what the source holds once the grant arrives is what lands (which is why the source
+    must stay untouched until the write completes). tf_rdma's tensor sends rely on this to send
+    straight from the tensor's memory."""
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        source = bytearray(pattern(1 << 20, seed=1))
+        region = receiver.allocate_region(len(source))
+        write = to_receiver.write(1, source)  # waits for its grant
+        source[:] = pattern(len(source), seed=2)
+        grant = from_sender.grant(1, region, 0, len(source))
+        write.wait(30)
+        assert grant.wait(30) == len(source)
+        assert memoryview(region) == pattern(len(source), seed=2)
+
+
 def test_same_tag_pairs_in_fifo_order(backend):
     with connected_pair(backend) as (receiver, from_sender, to_receiver):
         region = receiver.allocate_region(300)
