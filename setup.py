@@ -142,14 +142,17 @@ def _compile(compiler, cflags, source, obj):
     return None
 
 
-setup(
-    name="tf_rdma",
-    version=VERSION,
-    description="Moves TensorFlow's cross-task tensors with one-sided RDMA writes instead of gRPC",
-    packages=find_packages(include=["tf_rdma", "tf_rdma.*"]),
-    python_requires=">=3.9",
-    ext_modules=[Extension("tf_rdma._transport", TRANSPORT_MODULE),
-                 Extension("tf_rdma._tensorflow", TENSORFLOW_MODULE)],
-    cmdclass={"build_ext": IncrementalBuildExt},
-    zip_safe=False,
-)
+# Run by pip (setuptools' build backend runs this file as __main__) or by hand; tests import it
+# for its checks without building.
+if __name__ == "__main__":
+    setup(
+        name="tf_rdma",
+        version=VERSION,
+        description="Moves TensorFlow's cross-task tensors with one-sided RDMA writes instead of gRPC",
+        packages=find_packages(include=["tf_rdma", "tf_rdma.*"]),
+        python_requires=">=3.9",
+        ext_modules=[Extension("tf_rdma._transport", TRANSPORT_MODULE),
+                     Extension("tf_rdma._tensorflow", TENSORFLOW_MODULE)],
+        cmdclass={"build_ext": IncrementalBuildExt},
+        zip_safe=False,
+    )

@@ -1,13 +1,39 @@
-"""The README's configuration table documents exactly the variables tf_rdma reads."""
+"""The README's configuration table documents exactly the variables tf_rdma reads, with the defaults
+the code applies."""
 import re
 from pathlib import Path
 
-from tf_rdma.config import variables
+import pytest
+
+from tf_rdma.config import load_config, variables
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+def documented_defaults():
+    """{variable: its default cell, backticks removed} from the README's configuration table."""
+    rows = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \| ([^|]+) \|", README.read_text(), re.MULTILINE)
+    return [(name, default.strip().strip("`")) for name, default in rows]
+
+
 def test_every_variable_is_documented_once_and_nothing_else():
-    documented = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \|", README.read_text(), re.MULTILINE)
+    documented = [name for name, _ in documented_defaults()]
     assert sorted(documented) == sorted(name for name, _, _ in variables())
     assert len(documented) == len(set(documented))
+
+
+def test_documented_defaults_are_the_codes_defaults():
+    assert dict(documented_defaults()) == {name: default for name, default, _ in variables()}
+
+
+# Defaults written as a value (not "(auto)", "(unset)"): setting the variable to it must change
+# nothing, or the table promises a default the code does not apply.
+@pytest.mark.parametrize("name, default", [(n, d) for n, d in documented_defaults()
+                                           if not d.startswith("(") and not n.startswith(
+                                               ("TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_"))])
+def test_setting_a_variable_to_its_documented_default_changes_nothing(name, default):
+    assert load_config({name: default}) == load_config({})
+
+
+def test_an_empty_secret_is_the_default():
+    assert load_config({"TF_RDMA_SECRET": ""}) == load_config({})

@@ -142,6 +142,12 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
         if peer.poll() is None:
             peer.kill()
         peer.wait()
+    return add_baseline_ratios(report)
+
+
+def add_baseline_ratios(report):
+    """tf_rdma's figures over the baselines' of the same run: throughput (higher is better) and
+    latency (lower is better) alike, transport / baseline."""
     for row in report["throughput"]:
         row["vs_tcp_socket"] = row["transport_gbps"] / row["tcp_socket_gbps"]
         row["vs_memcpy"] = row["transport_gbps"] / row["memcpy_gbps"]
@@ -341,7 +347,8 @@ def run_perftest(sizes, latency_sizes, bytes_per_size, round_trips, host, depth)
             output = run_perftest_pair("ib_write_bw", args, host, timeout=60 + n * size / 2e6)
             result["ib_write_bw"][size] = {
                 "gbps": bandwidth_gbps(parse_perftest(output, size)), "iterations": n,
-                "tx_depth": _setting(output, "TX depth") or tx_depth,
+                # What perftest says it used (None if it did not say), not what it was asked for.
+                "tx_depth": _setting(output, "TX depth"),
                 "command": " ".join(["ib_write_bw", *args])}
             result["mtu"] = result["mtu"] or _setting(output, "Mtu")
         except (PerftestError, OSError) as e:

@@ -25,6 +25,10 @@ def _limit(value):
     return "unlimited" if value < 0 else f"{value // 1024} KiB"
 
 
+def _hidden(secret):
+    return "(set)" if secret else "(empty)"
+
+
 def collect():
     soft, hard = _transport.memlock_limit()
     return {
@@ -33,9 +37,10 @@ def collect():
         "backends": available_backends(),
         "rdma_devices": rdma_devices(),
         "memlock_limit": {"soft": _limit(soft), "hard": _limit(hard)},
-        "config": {k: (v if k != "secret" else ("(set)" if v else "(empty)"))
-                   for k, v in vars(load_config()).items()},
-        "environment": {name: os.environ.get(name) for name, _, _ in variables() if name in os.environ},
+        "config": {k: (v if k != "secret" else _hidden(v)) for k, v in vars(load_config()).items()},
+        # The variables set, as set; the secret's value never leaves the process.
+        "environment": {name: (os.environ[name] if name != "TF_RDMA_SECRET" else _hidden(os.environ[name]))
+                        for name, _, _ in variables() if name in os.environ},
     }
 
 

@@ -41,6 +41,15 @@ py::dict ServerStats(Runtime& runtime) {
   py::dict peers;
   for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
   out["peers"] = peers;
+  py::dict pools;
+  for (const auto& [backend, usage] : runtime.PoolUsage()) {
+    py::dict pool;
+    pool["region_bytes"] = usage.region_bytes;
+    pool["buffers_in_use"] = usage.buffers_in_use;
+    pool["bytes_in_use"] = usage.bytes_in_use;
+    pools[py::str(BackendName(backend))] = pool;
+  }
+  out["receive_pools"] = pools;
   return out;
 }
 

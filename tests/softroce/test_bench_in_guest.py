@@ -1,10 +1,10 @@
 """`python -m tf_rdma bench transport --backend verbs --json`, run for real in the Soft-RoCE guest.
 
-Checks that the verbs bench runs over rxe0 and reports perftest's ib_write_bw / ib_write_lat, run
-on the same device in the same run, and tf_rdma's ratios to them, as medians over interleaved
-rounds with their spread. Sizes are small, so the whole test (boot included) takes well under three
-minutes; the ratios are only checked to be positive, since TCG timing is too noisy for a
-performance bar in CI.
+Checks that the verbs bench runs over the guest's RDMA device and that perftest's ib_write_bw /
+ib_write_lat ran on that device in the same run, with the settings the comparison depends on, for
+every size and round. The figures themselves are TCG timing, too noisy for a performance bar; the
+arithmetic that turns them into the README's ratios is unit-tested on canned output
+(tests/test_bench.py).
 
 Skipped when the harness's host packages are missing, unless CI is set: then it fails
 (tests/softroce/conftest.py).
@@ -13,10 +13,14 @@ Skipped when the harness's host packages are missing, unless CI is set: then it 
 import json
 import re
 
+import pytest
+
 from guest_loader import PYTHON, REPO
 
 
-def test_verbs_bench_reports_perftest_ratios(softroce):
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs.
+@pytest.mark.timeout(400)
+def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
     res = softroce.run(
         [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--json",
          "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
@@ -32,21 +36,19 @@ def test_verbs_bench_reports_perftest_ratios(softroce):
     perftest = report["perftest"]
     assert perftest["available"], perftest
     assert perftest["errors"] == [], perftest["errors"]
-    assert perftest["device"] == "rxe0" and perftest["gid_index"] == 1, perftest
+    assert perftest["device"] == softroce.GUEST_RDMA_DEVICE, perftest
+    assert perftest["device_chosen_by"], perftest
     assert report["rounds"] == 2
 
-    check_rows(report["throughput"], [64 << 10, 1 << 20], "transport_gbps", "ib_write_bw_gbps", "vs_ib_write_bw")
+    assert [row["size"] for row in report["throughput"]] == [64 << 10, 1 << 20]
+    assert [row["size"] for row in report["latency"]] == [8, 4 << 10]
     for row in report["throughput"]:
-        assert perftest["ib_write_bw"][str(row["size"])]["tx_depth"] == perftest["grant_depth"]
-        assert len(perftest["ib_write_bw"][str(row["size"])]["rounds_gbps"]) == 2
-        assert row["vs_tcp_socket"] > 0 and row["vs_memcpy"] > 0, row
-    check_rows(report["latency"], [8, 4 << 10], "transport_us", "ib_write_lat_us", "vs_ib_write_lat")
-
-
-def check_rows(rows, sizes, ours, perftests, ratio):
-    """Every size measured by both, over both rounds, with the median ratio inside its spread."""
-    assert [row["size"] for row in rows] == sizes
-    for row in rows:
-        assert row[ours] > 0 and row[perftests] > 0 and row[ratio] > 0, row
-        assert row[f"{ratio}_min"] <= row[ratio] <= row[f"{ratio}_max"], row
-        assert len(row["rounds"]) == 2, row
+        measured = perftest["ib_write_bw"][str(row["size"])]
+        # perftest's own header says it kept as many writes in flight as tf_rdma's grants allow.
+        assert measured["tx_depth"] == perftest["grant_depth"], measured
+        assert len(measured["rounds_gbps"]) == 2 and None not in measured["rounds_gbps"], measured
+        assert all(r["vs_ib_write_bw"] is not None for r in row["rounds"]), row
+    for row in report["latency"]:
+        measured = perftest["ib_write_lat"][str(row["size"])]
+        assert len(measured["rounds_avg_us"]) == 2 and None not in measured["rounds_avg_us"], measured
+        assert all(r["vs_ib_write_lat"] is not None for r in row["rounds"]), row

@@ -98,6 +98,8 @@ def test_cli_timeout_message(monkeypatch, capsys):
     assert "TIMEOUT" in capsys.readouterr().err
 
 
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs.
+@pytest.mark.timeout(400)
 def test_two_guests_concurrently_cli_and_api(softroce, tmp_path):
     """The CLI (exit code, env, cwd, host files visible) and an API run, side by side."""
     (tmp_path / "marker.txt").write_text("from the host\n")  # the guest sees the host's /

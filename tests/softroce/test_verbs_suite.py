@@ -3,9 +3,13 @@ a real kernel RDMA stack: natively where this host has an RDMA device, else in t
 Nothing on this path may be skipped."""
 import re
 
+import pytest
+
 from guest_loader import PYTHON
 
 
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs.
+@pytest.mark.timeout(1900)
 def test_transport_suite_passes_on_verbs(on_rdma):
     code, output = on_rdma([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
                             "tests/transport/test_transport.py", "tests/transport/verbs",

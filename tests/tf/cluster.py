@@ -3,25 +3,21 @@ programs.py, killed when the test ends."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 PROGRAMS = Path(__file__).with_name("programs.py")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import cluster_utils  # noqa: E402  (the examples' port picking, shared)
 
 
-def free_ports(count):
-    sockets, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
+def free_ports(count, port_offset=None):
+    """`count` ports free now, each with its tf_rdma port (+ TF_RDMA_PORT_OFFSET) free too."""
+    if port_offset is None:
+        port_offset = int(os.environ.get("TF_RDMA_PORT_OFFSET", "1000"))
+    return cluster_utils.free_ports(count, also_free_at_offset=port_offset)
 
 
 def digest(npz_path):
@@ -41,10 +37,10 @@ class Cluster:
     """`jobs`: {"ps": 1, "worker": 1}. Each task runs `programs.<function>(cluster, job, index, **kw)`."""
 
     def __init__(self, tmp_path, jobs, env=None, host="localhost"):
-        ports = iter(free_ports(sum(jobs.values())))
+        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
+        ports = iter(free_ports(sum(jobs.values()), int(self.env.get("TF_RDMA_PORT_OFFSET", "1000"))))
         self.spec = {job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
         self.tmp_path = tmp_path
-        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
         self.processes = {}
 
     def start(self, job, index, function, env=None, program=PROGRAMS, **kwargs):
@@ -74,6 +70,16 @@ class Cluster:
             assert time.monotonic() < deadline, self.log(job, index)[-3000:]
             assert self.processes[(job, index)].poll() is None, self.log(job, index)[-3000:]
             time.sleep(0.2)
+
+    def stats_dumped_after(self, path, moment, timeout=30):
+        """The stats a task running programs.serve(stats_file=path) dumped after `moment` (time.time()):
+        polls until one was, so it holds everything that happened before."""
+        deadline = time.monotonic() + timeout
+        while not (os.path.exists(path) and os.stat(path).st_mtime > moment):
+            assert time.monotonic() < deadline, f"no stats dumped into {path} within {timeout} s"
+            time.sleep(0.1)
+        with open(path) as f:
+            return json.load(f)
 
     def signal(self, job, index, sig):
         os.kill(self.processes[(job, index)].pid, sig)

@@ -1,4 +1,5 @@
 """Task programs for tests/tf: `python programs.py FUNCTION JSON_ARGS`."""
+import gc
 import json
 import os
 import sys
@@ -8,16 +9,19 @@ import time
 import numpy as np
 
 
-def _server(cluster, job, index, transport):
+def _server(cluster, job, index, transport, from_tf_config=False, rdma_addresses=None):
+    """This task's server; with `from_tf_config`, tf_rdma's built from the TF_CONFIG the test set."""
     import tensorflow as tf
     if transport == "rdma":
         import tf_rdma
-        return tf_rdma.Server(cluster, job_name=job, task_index=index)
+        if from_tf_config:
+            return tf_rdma.Server.from_tf_config(rdma_addresses=rdma_addresses)
+        return tf_rdma.Server(cluster, job_name=job, task_index=index, rdma_addresses=rdma_addresses)
     return tf.distribute.Server(cluster, job_name=job, task_index=index)
 
 
-def serve(cluster, job, index, transport="rdma", stats_file=None):
-    server = _server(cluster, job, index, transport)
+def serve(cluster, job, index, transport="rdma", stats_file=None, **server_options):
+    server = _server(cluster, job, index, transport, **server_options)
     print("serving", flush=True)
     if stats_file:
         import tf_rdma
@@ -31,6 +35,15 @@ def serve(cluster, job, index, transport="rdma", stats_file=None):
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
           "uint16", "uint32", "uint64", "bool", "complex64", "complex128"]
+# Numeric types TensorFlow cannot hold in a variable, made on the ps from one of DTYPES: quantized
+# (bitcast from their storage type) and the small floats and ints (cast). Each is turned back into
+# its source type on the worker, after crossing, so the results compare as plain arrays.
+DERIVED_DTYPES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16",
+                  "qint32": "int32", "float8_e5m2": "float32", "float8_e4m3fn": "float32",
+                  "int4": "int8", "uint4": "uint8"}
+# A string tensor with what a C string would lose (NULs, an empty element, non-UTF-8 bytes), big
+# enough that its bytes in the stats cannot be anything else.
+STRINGS = [b"a\0b", b"", b"\xff\xfe" * 600, "na\u00efve".encode()]
 
 
 def _values(dtype, shape, seed):
@@ -62,10 +75,25 @@ def compare_worker(cluster, job, index, transport, output, big_mib=64):
         scalar = tf.compat.v1.Variable(np.float32(3.5), name="scalar")
         empty = tf.compat.v1.Variable(np.zeros((0, 7), np.float32), name="empty")
         big = tf.compat.v1.Variable(_values("float32", (big_mib << 18,), 99), name="big")
+        derived = {}
+        for d, source in DERIVED_DTYPES.items():
+            value = variables[source]
+            if d.startswith(("int4", "uint4")):
+                value = tf.clip_by_value(value, -8 if d == "int4" else 0, 7)
+            derived[d] = (tf.bitcast if d.startswith(("qint", "quint")) else tf.cast)(value, tf.as_dtype(d))
+        strings = tf.compat.v1.Variable(np.array(STRINGS, dtype=object), name="strings")
+        # A variant: a TensorList holding the rows of a float variable.
+        tensor_list = tf.raw_ops.TensorListFromTensor(tensor=variables["float32"], element_shape=[5])
     with tf.device(worker):
         # ps -> worker: every dtype, a scalar, an empty tensor and a big one, consumed on the worker.
         for d, v in variables.items():
             fetches[f"read_{d}"] = tf.identity(tf.identity(v))
+        for d, t in derived.items():
+            back = (tf.bitcast if d.startswith(("qint", "quint")) else tf.cast)
+            fetches[f"derived_{d}"] = back(tf.identity(t), tf.as_dtype(DERIVED_DTYPES[d]))
+        fetches["strings"] = tf.identity(strings)
+        fetches["variant"] = tf.raw_ops.TensorListStack(
+            input_handle=tf.identity(tensor_list), element_dtype=tf.float32, element_shape=[5])
         fetches["scalar"] = scalar * 2
         fetches["empty"] = tf.concat([empty, empty], 0)
         fetches["big_sum"] = tf.reduce_sum(big)
@@ -115,7 +143,7 @@ def compare_worker(cluster, job, index, transport, output, big_mib=64):
             feed = {dynamic: np.full(shape, step, np.float32), pred: step % 2 == 0, x: x_value + step}
             out = sess.run(fetches, feed)
             for name, value in out.items():
-                results[f"{step}/{name}"] = np.asarray(value)
+                results[f"{step}/{name}"] = _storable(value)
         # Several threads run the same graph at once with their own feeds.
         outcomes = {}
 
@@ -130,14 +158,48 @@ def compare_worker(cluster, job, index, transport, output, big_mib=64):
             t.join()
         for (thread, k), value in outcomes.items():
             results[f"threads/{thread}/{k}"] = value
-    _save(output, results, transport)
-
-
-def _save(output, results, transport):
-    stats = {}
+        stats = None
+        if transport == "rdma":
+            import tf_rdma
+            stats = tf_rdma.stats()
+            stats["crossings"] = _crossings_alone(sess, fetches, ["strings", "variant"])
+    _save(output, results, transport, stats)
     if transport == "rdma":
-        import tf_rdma
-        stats = tf_rdma.stats()
+        # Fetched arrays may alias the pool buffers their tensors landed in: once dropped, every
+        # buffer must be back in the pool.
+        del results, outcomes, out
+        gc.collect()
+        stats["receive_pools_released"] = tf_rdma.stats()["receive_pools"]
+        with open(output + ".stats.json", "w") as f:
+            json.dump(stats, f)
+
+
+def _storable(value):
+    """`value` as an array np.savez stores without pickling: strings as their length-prefixed bytes."""
+    value = np.asarray(value)
+    if value.dtype != object:
+        return value
+    return np.frombuffer(b"".join(len(b).to_bytes(4, "little") + b for b in value.ravel()), np.uint8)
+
+
+def _crossings_alone(sess, fetches, names):
+    """{name: tf_rdma.stats() after a step that fetches only `name`, counted from zero}."""
+    import tf_rdma
+    crossings = {}
+    for name in names:
+        tf_rdma.reset_stats()
+        sess.run(fetches[name])
+        crossings[name] = tf_rdma.stats()
+    return crossings
+
+
+def _save(output, results, transport, stats=None):
+    """The results, and tf_rdma's stats (`stats`, else the process's now) next to them."""
+    if stats is None:
+        stats = {}
+        if transport == "rdma":
+            import tf_rdma
+            stats = tf_rdma.stats()
     np.savez(output, **{k: (v.view(np.uint16) if v.dtype.name == "bfloat16" else v) for k, v in results.items()})
     with open(output + ".stats.json", "w") as f:
         json.dump(stats, f)
@@ -225,6 +287,33 @@ def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
     print("done", flush=True)
     # Closing the session would ask the stopped ps to deregister its graphs, over gRPC, forever.
     os._exit(0)
+
+
+def cross_once(cluster, job, index, transport, output, **server_options):
+    """One step that reads a ps variable on this worker: records the outcome, the value's sum and
+    tf_rdma's stats."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport, **server_options)
+    with tf.device("/job:ps/task:0"):
+        variable = tf.compat.v1.Variable(np.arange(1000, dtype=np.float32))
+    with tf.device("/job:worker/task:0"):
+        doubled = variable * 2.0
+    started = time.monotonic()
+    try:
+        with tf.compat.v1.Session(server.target) as sess:
+            sess.run(variable.initializer)
+            outcome = {"error": None, "sum": float(sess.run(doubled).sum())}
+    except tf.errors.OpError as e:
+        outcome = {"error": type(e).__name__, "message": e.message}
+    outcome["seconds"] = time.monotonic() - started
+    if transport == "rdma":
+        import tf_rdma
+        outcome["stats"] = tf_rdma.stats()
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    print("done", flush=True)
+    os._exit(0)  # a failed session's close would wait on the peer
 
 
 def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):

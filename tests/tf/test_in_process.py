@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cluster import digest
 
 PROGRAM = Path(__file__).with_name("in_process_cluster.py")
@@ -20,6 +22,8 @@ def run(tmp_path, transport):
     return output
 
 
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs.
+@pytest.mark.timeout(2 * 180 + 60)
 def test_three_servers_in_one_process_train_like_grpc(tmp_path):
     reference = run(tmp_path, "grpc")
     output = run(tmp_path, "rdma")

@@ -40,9 +40,7 @@ def test_keras_fit_under_ps_strategy_goes_over_tf_rdma(tmp_path):
                                   steps_per_epoch=steps_per_epoch)
         assert cluster.wait("chief", 0, timeout=150) == 0, \
             cluster.log("chief", 0)[-4000:] + cluster.log("worker", 0)[-3000:]
-        time.sleep(1)  # one more stats dump
-        with open(worker_stats) as f:
-            stats = json.load(f)
+        stats = cluster.stats_dumped_after(worker_stats, time.time())
     with open(output) as f:
         result = json.load(f)
     losses = result["loss"]

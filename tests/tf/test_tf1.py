@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cluster import Cluster
+from programs import DERIVED_DTYPES, STRINGS
 
 TRANSPORTS = [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")]
 
@@ -39,6 +40,12 @@ def compared(tmp_path_factory):
     return {t: run_pair(tmp, "compare_worker", *t, big_mib=256) for t in TRANSPORTS}
 
 
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs. The module's
+# compared and trained fixtures run three clusters (up to 240 s each) inside the first test using them.
+THREE_CLUSTERS = pytest.mark.timeout(3 * 240 + 60)
+
+
+@THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
 def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, transport):
     reference, _ = compared[("grpc", None)]
@@ -53,6 +60,34 @@ def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, t
     assert peer["regrants"] > 0, "changing shapes must have grown a grant"
     assert stats["fallback"] == {}, "CPU tensors of every dtype, strings included, cross over tf_rdma"
     assert peer["bytes_received_by_kind"]["graph"] == peer["bytes_received"]
+    # Every step, four threads at once: still the one connection of this task pair.
+    assert peer["connects"] == 1, peer
+    # Received buffers go back to the pool: none lent out once the results are dropped, and the
+    # pool's regions, reused step after step, are a fraction of the bytes that landed in them.
+    released = stats["receive_pools_released"][transport[1]]
+    assert (released["buffers_in_use"], released["bytes_in_use"]) == (0, 0), released
+    assert 0 < released["region_bytes"] < peer["bytes_received"] / 2, (released, peer)
+    crossed = {name.split("/", 1)[1] for name in results}
+    assert {f"derived_{d}" for d in DERIVED_DTYPES} | {"strings", "variant"} <= crossed
+
+
+@THREE_CLUSTERS
+@pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
+def test_strings_and_variants_cross_over_tf_rdma_serialized(compared, transport):
+    _, stats = compared[transport]
+    for name in ("strings", "variant"):
+        # A step that moved that tensor alone, counted from reset_stats().
+        alone = stats["crossings"][name]
+        assert alone["fallback"] == {}, alone
+        peer = alone["peers"]["/job:ps/replica:0/task:0"]
+        assert (peer["tensors_received"], peer["tensors_sent"], peer["connects"]) == (1, 0, 0), peer
+        # Its header and data grants, and one regrant: a new step's transfer, and a proto's size
+        # is not planned from static shapes, so the first data grant cannot know it.
+        assert (peer["grants"], peer["regrants"]) == (3, 1), peer
+        assert peer["bytes_received_by_kind"] == {"graph": peer["bytes_received"]}, peer
+    # Every byte of the strings, plus a serialization's few bytes of dtype, shape and lengths.
+    received = stats["crossings"]["strings"]["peers"]["/job:ps/replica:0/task:0"]["bytes_received"]
+    assert sum(map(len, STRINGS)) < received < sum(map(len, STRINGS)) + 64, received
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +96,7 @@ def trained(tmp_path_factory):
     return {t: run_pair(tmp, "train_worker", *t) for t in TRANSPORTS}
 
 
+@THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
 def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     reference, _ = trained[("grpc", None)]
@@ -120,3 +156,29 @@ def test_hung_peer_fails_the_step_within_the_peer_timeout(tmp_path):
     assert outcome["error"] == "UnavailableError", outcome
     assert "/job:ps/replica:0/task:0" in outcome["message"] and "unresponsive" in outcome["message"]
     assert outcome["seconds"] < 10
+
+
+def cross_with_secrets(tmp_path, ps_secret, worker_secret):
+    """programs.cross_once on a worker whose TF_RDMA_SECRET may differ from the ps's; its outcome."""
+    output = str(tmp_path / "outcome.json")
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, {"TF_RDMA_CONNECT_TIMEOUT_MS": "10000"}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma", env={"TF_RDMA_SECRET": ps_secret})
+        cluster.start("worker", 0, "cross_once", transport="rdma", output=output,
+                      env={"TF_RDMA_SECRET": worker_secret})
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+        ps_log = cluster.log("ps", 0)
+    with open(output) as f:
+        return json.load(f), ps_log
+
+
+def test_tasks_sharing_a_secret_exchange_tensors(tmp_path):
+    outcome, _ = cross_with_secrets(tmp_path, "alpha", "alpha")
+    assert outcome["error"] is None and outcome["sum"] == 2 * sum(range(1000)), outcome
+    assert outcome["stats"]["peers"]["/job:ps/replica:0/task:0"]["bytes_received"] >= 4000, outcome
+
+
+def test_a_task_with_another_secret_is_refused(tmp_path):
+    outcome, ps_log = cross_with_secrets(tmp_path, "alpha", "beta")
+    assert outcome["error"] is not None, outcome
+    assert "cluster key mismatch" in outcome["message"] + ps_log, (outcome, ps_log[-3000:])
+    assert outcome["stats"]["peers"].get("/job:ps/replica:0/task:0", {}).get("bytes_received", 0) == 0, outcome

@@ -5,23 +5,25 @@ granted ahead of its bytes: planned from static shapes where the receiver partit
 import json
 import time
 
+import pytest
+
 from cluster import Cluster
 
 
+# Above the sum of this test's own waits, so they fail first, with the tasks' logs.
+@pytest.mark.timeout(400)
 def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     output = str(tmp_path / "losses.json")
     worker_stats = str(tmp_path / "worker-stats.json")
     ps_stats = str(tmp_path / "ps-stats.json")
-    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}) as cluster:
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}, env={"TF_RDMA_BACKEND": "auto"}) as cluster:
         cluster.start("ps", 0, "serve", transport="rdma", stats_file=ps_stats)
         cluster.start("worker", 0, "serve", transport="rdma", stats_file=worker_stats)
         cluster.start("chief", 0, "ps_strategy_coordinator", transport="rdma", output=output)
         assert cluster.wait("chief", 0, timeout=300) == 0, cluster.log("chief", 0)[-4000:] + cluster.log("worker", 0)[-3000:]
-        time.sleep(1)  # one more stats dump
-        with open(worker_stats) as f:
-            stats = json.load(f)
-        with open(ps_stats) as f:
-            on_ps = json.load(f)
+        finished = time.time()
+        stats = cluster.stats_dumped_after(worker_stats, finished)
+        on_ps = cluster.stats_dumped_after(ps_stats, finished)
     with open(output) as f:
         losses = json.load(f)["losses"]
     assert losses[-1] < losses[0] * 0.8, losses
@@ -38,3 +40,9 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
     assert worker["bytes_received"] >= 30 * 64 * 256 * 4, worker
     assert worker["regrants"] * 10 <= worker["tensors_received"], worker
+
+    # auto: the task with the smaller name (the ps) connects, picks shm for a peer on this host
+    # and says why; the pair's one connection carried the whole run.
+    assert (worker["backend"], worker["backend_reason"]) == ("shm", "peer is on this host"), worker
+    assert (ps["backend"], ps["backend_reason"]) == ("shm", "chosen by the peer, which connects"), ps
+    assert worker["connects"] == ps["connects"] == 1, (worker, ps)

@@ -1,8 +1,11 @@
 """Shared pieces of the transport tests: connected pairs, peer processes, payload patterns."""
 import contextlib
 import os
+import queue
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +47,13 @@ def raw_peer_connected(backend, name="local", **options):
     return local, listener, raw, listener.accept(10)
 
 
+def free_port():
+    """A TCP port nothing listens on now (also a free shm endpoint: its socket name is per port)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
 def pattern(size, seed=0):
     """Bytes that vary along a 65521-byte (prime) period and with the seed, so misplaced or stale
     bytes show; built by repetition, so hundreds of MiB cost little."""
@@ -60,12 +70,36 @@ def start_peer(backend, endpoint, *actions, key=KEY, peer_timeout=30.0):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _stdout_lines(process):
+    """A queue of the process's stdout lines (None at its end), fed by a thread: a timeout can
+    then fire while the process prints nothing, which a blocking readline() would not allow."""
+    if not hasattr(process, "stdout_lines"):
+        process.stdout_lines = queue.Queue()
+
+        def read():
+            for line in process.stdout:
+                process.stdout_lines.put(line)
+            process.stdout_lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+    return process.stdout_lines
+
+
+def next_line(process, timeout=30):
+    """The next line the process prints, stripped; fails if none comes within `timeout` s."""
+    try:
+        line = _stdout_lines(process).get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"the process printed nothing within {timeout} s") from None
+    if line is None:
+        process.stdout_lines.put(None)  # stays at its end for the next caller
+        process.wait(10)
+        raise AssertionError(f"the process exited ({process.returncode}) without printing more; "
+                             f"stderr: {process.stderr.read()}")
+    return line.strip()
+
+
 def wait_for_line(process, expected, timeout=30):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        if line.strip() == expected:
-            return
-    raise AssertionError(f"peer never printed {expected!r}; stderr: {process.stderr.read() if process.poll() is not None else ''}")
+    while next_line(process, max(0.0, deadline - time.monotonic())) != expected:
+        pass

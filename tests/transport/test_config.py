@@ -1,5 +1,9 @@
-"""The limits on what peers can make a process spend: defaults, and TF_RDMA_* values checked at
-load with errors that name the variable."""
+"""TF_RDMA_* configuration: the limits on what peers can make a process spend (defaults, values),
+and every variable checked when tf_rdma is imported, with errors that name the variable."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tf_rdma import errors
@@ -36,3 +40,31 @@ def test_limits_are_read_from_the_environment():
 def test_bad_limits_are_errors_naming_the_variable(name, value):
     with pytest.raises(errors.ConfigError, match=f"{name}='{value}' is not a whole number"):
         load_config({name: value})
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("TF_RDMA_PEER_TIMOUT_MS", "5000", "unknown environment variable TF_RDMA_PEER_TIMOUT_MS"),
+    ("TF_RDMA_PEER_TIMEOUT_MS", "50", "TF_RDMA_PEER_TIMEOUT_MS='50' is not a whole number of milliseconds between 100"),
+    ("TF_RDMA_PORT_OFFSET", "0", "TF_RDMA_PORT_OFFSET='0' is not a non-zero whole number"),
+    ("TF_RDMA_PORT_OFFSET", "70000", "TF_RDMA_PORT_OFFSET='70000'"),
+    ("TF_RDMA_BACKEND", "rdma", "TF_RDMA_BACKEND='rdma' is not a backend"),
+    ("TF_RDMA_VERBS_PORT", "0", "TF_RDMA_VERBS_PORT='0' is not a port number"),
+])
+def test_importing_tf_rdma_fails_on_a_bad_variable_and_names_it(name, value, message):
+    # The import itself, in a fresh process: a typo must not silently leave a default in place.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    result = subprocess.run([sys.executable, "-c", "import tf_rdma"], env={**env, name: value},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "tf_rdma.errors.ConfigError" in result.stderr and message in result.stderr, result.stderr
+
+
+def test_importing_tf_rdma_with_valid_variables_applies_them():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    result = subprocess.run(
+        [sys.executable, "-c", "import tf_rdma; c = tf_rdma.config; "
+                               "print(c.peer_timeout, c.port_offset, c.backend)"],
+        env={**env, "TF_RDMA_PEER_TIMEOUT_MS": "100", "TF_RDMA_PORT_OFFSET": "-7", "TF_RDMA_BACKEND": "tcp"},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0.1", "-7", "tcp"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import wire_client as w
-from helpers import transport
+from helpers import next_line, transport
 from tf_rdma import errors
 
 pytestmark = pytest.mark.stream_backends_only
@@ -52,7 +52,7 @@ def member_connects(backend, child, attempts=3):
             print(f"attempt {attempt}: {error}")
             time.sleep(1)
             continue
-        line = child.stdout.readline().strip()
+        line = next_line(child)
         to_child.close()
         return line == "accepted member"
     return False
@@ -61,8 +61,7 @@ def member_connects(backend, child, attempts=3):
 def run_exhaustion(backend, limit_setup, connections, connect_timeout=2):
     child = listener_in_child(backend, limit_setup, connect_timeout)
     try:
-        child.endpoint = child.stdout.readline().strip()
-        assert child.endpoint, child.stderr.read()
+        child.endpoint = next_line(child)
         silent = [w.RawPeer(backend, child.endpoint) for _ in range(connections)]
         time.sleep(1.0)  # the child runs into its limit accepting them
         assert child.poll() is None, f"the listener's process died: {child.stderr.read()}"

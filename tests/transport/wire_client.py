@@ -91,6 +91,13 @@ class RawPeer:
         kind, _, length = struct.unpack("<B3sI", self.receive_exact(8))
         return kind, self.receive_exact(length)
 
+    def receive_with_fds(self):
+        """A frame and the descriptors that rode along with it (shm's SHM_REGION)."""
+        header, fds, _, _ = socket.recv_fds(self.sock, 8, 4)
+        header += self.receive_exact(8 - len(header))
+        kind, _, length = struct.unpack("<B3sI", header)
+        return kind, self.receive_exact(length), fds
+
     def receive_until_closed(self):
         """Every frame until the listener closes the socket; the REJECT reason if one came."""
         reason = None

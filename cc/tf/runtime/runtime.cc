@@ -166,6 +166,13 @@ absl::StatusOr<BufferPool*> Runtime::PoolFor(Backend backend) {
   return pools_.at(backend).get();
 }
 
+std::map<Backend, BufferPool::Usage> Runtime::PoolUsage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<Backend, BufferPool::Usage> usage;
+  for (const auto& [backend, pool] : pools_) usage[backend] = pool->usage();
+  return usage;
+}
+
 absl::Status Runtime::Listen() {
   const TaskAddress self = peers_.at(options_.local_task).address;
   for (Backend backend : {Backend::kTcp, Backend::kShm, Backend::kVerbs}) {

@@ -64,6 +64,9 @@ class Runtime {
   bool Renamed(const std::string& peer_task) const;
 
   absl::StatusOr<BufferPool*> PoolFor(Backend backend);
+  // Per backend, what its receive pool holds and what is lent out now (received tensors alias
+  // pool buffers until TensorFlow drops them).
+  std::map<Backend, BufferPool::Usage> PoolUsage() const;
   Stats& stats() { return stats_; }
 
   // What a transfer (named without its step) carried last time, so a steady shape needs one grant;

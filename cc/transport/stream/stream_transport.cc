@@ -228,14 +228,16 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     }
     // Peers start in any order: a peer that is not listening yet is retried until the deadline.
     if (fd.status().code() != absl::StatusCode::kUnavailable) return fd.status();
-    if (absl::Now() + backoff > deadline) {
+    // The last attempt is at the deadline: giving up a backoff early would cut the timeout short.
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
       return absl::UnavailableError(absl::StrCat(
           "could not reach the tf_rdma ", BackendName(backend()), " listener of peer ",
           endpoint.ToString(), " within ", absl::FormatDuration(options_.connect_timeout),
           " (TF_RDMA_CONNECT_TIMEOUT_MS): ", fd.status().message(),
           ". Is the peer running, with tf_rdma loaded?"));
     }
-    absl::SleepFor(backoff);
+    absl::SleepFor(std::min(backoff, left));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
 }

@@ -221,13 +221,15 @@ class VerbsTransport : public Transport {
       if (connection.ok()) return std::shared_ptr<Connection>(*std::move(connection));
       // Peers start in any order: one not listening yet is retried until the deadline.
       if (!retry) return connection.status();
-      if (absl::Now() + backoff > deadline) {
+      // The last attempt is at the deadline: giving up a backoff early would cut the timeout short.
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
         return absl::UnavailableError(absl::StrCat(
             "could not reach the tf_rdma verbs listener of peer ", endpoint.ToString(), " within ",
             absl::FormatDuration(options_.connect_timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
             connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
       }
-      absl::SleepFor(backoff);
+      absl::SleepFor(std::min(backoff, left));
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
     }
   }

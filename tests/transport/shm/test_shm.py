@@ -1,7 +1,9 @@
 """shm-specific: a receiver shares its regions as sealed memfds; a hostile receiver cannot make the
 sender write outside what it mapped, or crash it by shrinking a region under it."""
+import mmap
 import os
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import wire_client as w
-from helpers import KEY, connected_pair, raw_peer_connected, transport
+from helpers import KEY, connected_pair, next_line, raw_peer_connected, transport
 from tf_rdma import errors
 
 
@@ -74,13 +76,34 @@ def test_region_frame_without_descriptor_is_refused(hostile_receiver):
     expect_refused(raw, connection, "without a file descriptor")
 
 
-def test_a_region_is_shared_once_per_connection_and_reused(monkeypatch):
-    with connected_pair("shm") as (receiver, from_sender, to_receiver):
-        region = receiver.allocate_region(1 << 20)
+def test_a_region_is_shared_once_per_connection_and_reused():
+    """A raw sender counts the SHM_REGION frames a tf_rdma receiver sends: one per region, however
+    many grants use it, and the grants land through that one mapping."""
+    receiver, listener, raw, from_sender = raw_peer_connected("shm", "receiver")
+    regions = [receiver.allocate_region(1 << 20), receiver.allocate_region(4096)]
+    shared, mappings = [], {}
+    try:
         for i in range(50):
+            region = regions[0] if i % 10 else regions[1]
             grant = from_sender.grant(i, region, (i % 4) * 1000, 1000)
-            to_receiver.write(i, bytes([i]) * 1000).wait(10)
+            kind, body, fds = raw.receive_with_fds()
+            while kind == w.SHM_REGION:
+                region_id, size = struct.unpack("<IQ", body)
+                shared.append(region_id)
+                mappings[region_id] = mmap.mmap(fds[0], size)
+                os.close(fds[0])
+                kind, body, fds = raw.receive_with_fds()
+            assert kind == w.GRANT and not fds, kind
+            grant_id, _, _, region_id, offset, capacity = struct.unpack("<QQQIQQ", body)
+            mappings[region_id][offset:offset + 1000] = bytes([i]) * 1000
+            raw.send(w.data(grant_id, 1000))
             assert grant.wait(10) == 1000
+            assert memoryview(region)[(i % 4) * 1000:(i % 4 + 1) * 1000] == bytes([i]) * 1000
+        assert len(shared) == len(set(shared)) == 2, shared
+    finally:
+        for mapping in mappings.values():
+            mapping.close()
+        raw.close()
 
 
 def test_regions_from_another_backend_cannot_be_granted():
@@ -118,13 +141,14 @@ def test_an_empty_region_cannot_be_granted_a_byte():
         except errors.TransportError as e:
             print(type(e).__name__, e)
     ''')
-    raw = w.RawPeer("shm", child.stdout.readline().strip())
+    raw = w.RawPeer("shm", next_line(child))
     raw.handshake(KEY)
     raw.share_region(1, 0)
     raw.send(w.grant(1, 0, 1, 1, 0, 1))
-    out, err = child.communicate(timeout=30)
+    out = next_line(child)
+    child.wait(30)
     raw.close()
-    assert child.returncode == 0, f"sender died with {child.returncode}: {err}"
+    assert child.returncode == 0, f"sender died with {child.returncode}: {child.stderr.read()}"
     assert out.startswith("ProtocolError") and "outside region 1 of 0 bytes" in out, out
 
 

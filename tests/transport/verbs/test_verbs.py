@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import HOST, connected_pair, pattern, transport
-from tf_rdma import _transport, errors
+from tf_rdma import _transport, bench, errors
 
 VERBS_OK, VERBS_WHY_NOT = _transport.backend_available("verbs")
 # Where verbs cannot work (no RDMA device), tests/softroce/test_verbs_suite.py runs these in a
@@ -29,6 +29,26 @@ def run_python(code, env=None, prefix=()):
     result = subprocess.run([*prefix, sys.executable, "-c", textwrap.dedent(code)], env=environment,
                             capture_output=True, text=True, timeout=120)
     return result.stdout + result.stderr
+
+
+@pytest.fixture
+def device():
+    """(device, port, gid_index) the verbs backend uses for HOST on this host, found in sysfs as
+    rdma_cm picks them, not assumed (rxe0, port 1, GID 1 in the Soft-RoCE guest only)."""
+    name, port, gid_index, _ = bench.verbs_device(HOST, environ={})
+    return name, port, gid_index
+
+
+def gids_of(name, port):
+    return bench._gids(bench.SYSFS_INFINIBAND / name / "ports" / str(port))
+
+
+def fresh_mapping(size, seed):
+    """A new anonymous mapping (never registered: unlike malloc'd memory, which earlier tests may
+    have sent from and left cached) filled with pattern(size, seed)."""
+    mapping = mmap.mmap(-1, size)
+    mapping[:] = pattern(size, seed)
+    return mapping
 
 
 def address_of(buffer):
@@ -49,7 +69,7 @@ def test_availability_is_explained():
 def test_recurring_send_buffer_is_registered_once():
     with connected_pair("verbs") as (receiver, from_sender, to_receiver):
         region = receiver.allocate_region(1 << 20)
-        source = bytearray(pattern(1 << 20, seed=1))
+        source = fresh_mapping(1 << 20, seed=1)
         before = _transport.verbs_stats()
         for tag in range(5):
             grant = from_sender.grant(tag, region, 0, len(source))
@@ -64,37 +84,54 @@ def test_recurring_send_buffer_is_registered_once():
         grant.wait(30)
         assert _transport.verbs_stats()["cache_misses"] == after["cache_misses"]
         assert memoryview(region)[:1000] == source[4096:5096]
+        source.close()
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, MAP_FIXED_NOREPLACE = 0x3, 0x22, 0x100000
 
 
 @needs_verbs
 def test_unmapped_and_reused_address_sends_the_new_bytes():
-    """A cached registration of freed memory must not be reused for new memory at the same address."""
+    """A cached registration of freed memory must not be reused for new memory at the same address:
+    the second mapping is placed exactly where the first was (MAP_FIXED_NOREPLACE), so the stale
+    entry is there to be (wrongly) hit every run."""
     size = 4 << 20
     with connected_pair("verbs") as (receiver, from_sender, to_receiver):
         region = receiver.allocate_region(size)
-        first = mmap.mmap(-1, size)
-        first[:] = pattern(size, seed=1)
+        first = fresh_mapping(size, seed=1)
         address = address_of(first)
         grant = from_sender.grant(1, region, 0, size)
         to_receiver.write(1, first).wait(30)
         grant.wait(30)
         before = _transport.verbs_stats()
         first.close()  # munmap
-        second = mmap.mmap(-1, size)
-        second[:] = pattern(size, seed=2)
-        grant = from_sender.grant(2, region, 0, size)
-        to_receiver.write(2, second).wait(30)
-        grant.wait(30)
-        assert memoryview(region)[:size] == pattern(size, seed=2)
-        after = _transport.verbs_stats()
-        if after["cache_uncached"] == before["cache_uncached"]:
-            assert after["cache_invalidations"] > before["cache_invalidations"]
-        if address_of(second) == address:
+        reused = LIBC.mmap(address, size, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0)
+        assert reused == address, f"could not map the same address again (errno {ctypes.get_errno()})"
+        second = None
+        try:
+            second = memoryview((ctypes.c_char * size).from_address(reused)).cast("B")
+            second[:] = pattern(size, seed=2)
+            grant = from_sender.grant(2, region, 0, size)
+            to_receiver.write(2, second).wait(30)
+            grant.wait(30)
+            assert memoryview(region)[:size] == pattern(size, seed=2)
+            after = _transport.verbs_stats()
+            assert after["cache_uncached"] == before["cache_uncached"], "send buffers must be cached here"
+            assert after["cache_invalidations"] > before["cache_invalidations"], "the munmap went unseen"
             assert after["cache_misses"] > before["cache_misses"], "stale registration reused"
+        finally:
+            if second is not None:
+                second.release()
+            LIBC.munmap(reused, size)
 
 
 @needs_verbs
-def test_nonexistent_device_lists_the_existing_ones():
+def test_nonexistent_device_lists_the_existing_ones(device):
+    name, port, _ = device
     out = run_python("""
         from tf_rdma import _transport
         print(_transport.backend_available("verbs"))
@@ -103,37 +140,45 @@ def test_nonexistent_device_lists_the_existing_ones():
         except Exception as e:
             print(type(e).__name__, e)
     """, env={"TF_RDMA_VERBS_DEVICE": "mlx5_9"})
-    assert "TF_RDMA_VERBS_DEVICE=mlx5_9 does not exist; devices found: rxe0 (port 1 ACTIVE)" in out, out
+    assert "TF_RDMA_VERBS_DEVICE=mlx5_9 does not exist; devices found: " in out, out
+    assert f"{name} (port {port} ACTIVE)" in out, out
     assert "ConfigError" in out, out
 
 
 @needs_verbs
-def test_nonexistent_port_lists_the_existing_ones():
+def test_nonexistent_port_lists_the_existing_ones(device):
+    name, port, _ = device
+    missing = 1 + max(int(p.name) for p in (bench.SYSFS_INFINIBAND / name / "ports").iterdir())
     out = run_python("""
         from tf_rdma import _transport
         print(_transport.backend_available("verbs"))
-    """, env={"TF_RDMA_VERBS_PORT": "2"})
-    assert "TF_RDMA_VERBS_PORT=2 does not exist on device rxe0; devices found: rxe0 (port 1 ACTIVE)" in out, out
+    """, env={"TF_RDMA_VERBS_DEVICE": name, "TF_RDMA_VERBS_PORT": str(missing)})
+    assert f"TF_RDMA_VERBS_PORT={missing} does not exist on device {name}; devices found: " in out, out
+    assert f"{name} (port {port} ACTIVE)" in out, out
 
 
 @needs_verbs
-def test_link_local_gid_is_refused_naming_the_routable_ones():
+def test_link_local_gid_is_refused_naming_the_routable_ones(device):
+    name, port, gid_index = device
+    [link_local, *_] = [index for index, gid, _ in gids_of(name, port) if gid.startswith("fe80:")]
     out = run_python("""
         from tf_rdma import _transport
         try:
             _transport.Transport("verbs")
         except Exception as e:
             print(type(e).__name__, e)
-    """, env={"TF_RDMA_VERBS_DEVICE": "rxe0", "TF_RDMA_VERBS_PORT": "1", "TF_RDMA_VERBS_GID_INDEX": "0"})
-    assert "TF_RDMA_VERBS_GID_INDEX=0 is the link-local GID fe80::" in out, out
-    assert "1 (::ffff:10.77.0.1, RoCE v2)" in out, out
+    """, env={"TF_RDMA_VERBS_DEVICE": name, "TF_RDMA_VERBS_PORT": str(port),
+              "TF_RDMA_VERBS_GID_INDEX": str(link_local)})
+    assert f"TF_RDMA_VERBS_GID_INDEX={link_local} is the link-local GID fe80::" in out, out
+    assert f"{gid_index} (::ffff:{HOST}, RoCE v2)" in out, out
 
 
 @needs_verbs
-def test_explicit_gid_index_and_device_work(monkeypatch):
-    monkeypatch.setenv("TF_RDMA_VERBS_DEVICE", "rxe0")
-    monkeypatch.setenv("TF_RDMA_VERBS_PORT", "1")
-    monkeypatch.setenv("TF_RDMA_VERBS_GID_INDEX", "1")
+def test_explicit_gid_index_and_device_work(monkeypatch, device):
+    name, port, gid_index = device
+    monkeypatch.setenv("TF_RDMA_VERBS_DEVICE", name)
+    monkeypatch.setenv("TF_RDMA_VERBS_PORT", str(port))
+    monkeypatch.setenv("TF_RDMA_VERBS_GID_INDEX", str(gid_index))
     with connected_pair("verbs") as (receiver, from_sender, to_receiver):
         region = receiver.allocate_region(4096)
         grant = from_sender.grant(1, region, 0, 4096)
@@ -235,13 +280,15 @@ def test_grants_beyond_the_grant_table_wait_for_a_free_slot():
 
 @needs_verbs
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root to take the link down")
-def test_link_down_fails_pending_writes_with_a_qp_error():
+def test_link_down_fails_pending_writes_with_a_qp_error(device):
     """The RDMA path dies under a live connection: the QP fails (rxe: local QP operation error,
     real NICs: retry exceeded) or the heartbeat expires, and every pending operation fails within
     the peer timeout. Keep this test last: after a link flap with live connections, rdma_cm on
     Soft-RoCE connects nothing more in the same guest (`rping` hangs too), a kernel rxe quirk."""
-    netdev = subprocess.run(["sh", "-c", "rdma link show | awk '/rxe0/{print $NF}'"],
-                            capture_output=True, text=True).stdout.strip() or "dummy0"
+    name, port, _ = device
+    # "link rxe0/1 state ACTIVE physical_state LINK_UP netdev dummy0"
+    netdev = subprocess.run(["rdma", "link", "show", f"{name}/{port}"], capture_output=True,
+                            text=True, check=True).stdout.split()[-1]
     with connected_pair("verbs", receiver_options={"peer_timeout": 3}, sender_options={"peer_timeout": 3}) as (
             receiver, from_sender, to_receiver):
         region = receiver.allocate_region(1 << 20)

@@ -1,0 +1,124 @@
+"""The bench's own arithmetic, on canned outputs: perftest's result rows parsed by column, units
+converted, tf_rdma's ratios (vs_X == tf_rdma's figure / X's), and the rounds summarized as medians
+of the per-round ratios with their spread. The performance tables in the README come from these."""
+import pytest
+
+from tf_rdma import bench
+
+IB_WRITE_BW = """\
+---------------------------------------------------------------------------------------
+                    RDMA_Write BW Test
+ Dual-port       : OFF          Device         : rxe0
+ Number of qps   : 1            Transport type : IB
+ Connection type : RC           Using SRQ      : OFF
+ TX depth        : 4
+ CQ Moderation   : 1
+ Mtu             : 1024[B]
+ Link type       : Ethernet
+ GID index       : 1
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      64               98.33              95.37                0.001526
+ 1048576    16               120.50             110.25               0.000110
+---------------------------------------------------------------------------------------
+"""
+
+IB_WRITE_LAT = """\
+ Mtu             : 1024[B]
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
+ 8       50          20.12          150.33       25.50              30.25           10.10           150.33                 150.33
+---------------------------------------------------------------------------------------
+"""
+
+
+def test_perftest_result_row_is_read_by_column_name():
+    assert bench.parse_perftest(IB_WRITE_BW, 1048576) == {
+        "#bytes": 1048576, "#iterations": 16, "BW peak[MB/sec]": 120.50,
+        "BW average[MB/sec]": 110.25, "MsgRate[Mpps]": 0.000110}
+    latency = bench.parse_perftest(IB_WRITE_LAT, 8)
+    assert (latency["t_avg[usec]"], latency["t_typical[usec]"], latency["99% percentile[usec]"]) == \
+        (30.25, 25.50, 150.33)
+
+
+def test_a_size_perftest_did_not_report_is_an_error():
+    with pytest.raises(bench.PerftestError, match="no result row for 4096 bytes"):
+        bench.parse_perftest(IB_WRITE_BW, 4096)
+
+
+def test_perftest_bandwidth_becomes_gigabytes_per_second():
+    # perftest's MB/sec are MiB/s; tf_rdma's GB/s are 1e9 bytes/s. --report_gbits gives Gb/s.
+    assert bench.bandwidth_gbps({"BW average[MB/sec]": 1000.0}) == pytest.approx(1000 * 1048576 / 1e9)
+    assert bench.bandwidth_gbps({"BW average[Gb/sec]": 80.0}) == pytest.approx(10.0)
+    with pytest.raises(bench.PerftestError, match="unknown bandwidth unit"):
+        bench.bandwidth_gbps({"BW average[furlongs]": 1.0})
+
+
+def test_settings_are_read_from_perftests_header_or_missing():
+    assert bench._setting(IB_WRITE_BW, "TX depth") == 4
+    assert bench._setting(IB_WRITE_BW, "Mtu") == 1024
+    assert bench._setting(IB_WRITE_LAT, "TX depth") is None
+
+
+def test_baseline_ratios_are_tf_rdmas_figure_over_the_baselines():
+    report = bench.add_baseline_ratios({
+        "throughput": [{"size": 4 << 20, "transport_gbps": 6.0, "tcp_socket_gbps": 2.0, "memcpy_gbps": 12.0}],
+        "latency": [{"size": 8, "transport_us": 30.0, "tcp_socket_us": 20.0}]})
+    assert report["throughput"][0]["vs_tcp_socket"] == 3.0
+    assert report["throughput"][0]["vs_memcpy"] == 0.5
+    assert report["latency"][0]["vs_tcp_socket"] == 1.5
+
+
+def test_perftest_ratios_are_tf_rdmas_figure_over_perftests():
+    report = {"throughput": [{"size": 65536, "transport_gbps": 0.2}, {"size": 1048576, "transport_gbps": 0.3}],
+              "latency": [{"size": 8, "transport_us": 90.75}]}
+    perftest = {"ib_write_bw": {65536: {"gbps": bench.bandwidth_gbps(bench.parse_perftest(IB_WRITE_BW, 65536))}},
+                "ib_write_lat": {8: {"avg_us": 30.25, "typical_us": 25.5}}}
+    bench.add_perftest(report, perftest)
+    row = report["throughput"][0]
+    assert row["ib_write_bw_gbps"] == pytest.approx(95.37 * 1048576 / 1e9)
+    assert row["vs_ib_write_bw"] == pytest.approx(0.2 / (95.37 * 1048576 / 1e9))
+    # A size perftest could not measure has no ratio, rather than a made-up one.
+    assert report["throughput"][1]["ib_write_bw_gbps"] is None and report["throughput"][1]["vs_ib_write_bw"] is None
+    latency = report["latency"][0]
+    assert (latency["ib_write_lat_us"], latency["ib_write_lat_typical_us"]) == (30.25, 25.5)
+    assert latency["vs_ib_write_lat"] == pytest.approx(3.0)
+    assert set(perftest["ib_write_bw"]) == {"65536"}, "JSON keys are strings"
+
+
+def test_rounds_summarize_as_the_median_of_each_rounds_own_ratio_with_its_spread():
+    figures = ("transport_gbps", "ib_write_bw_gbps", "vs_ib_write_bw")
+    rounds = [(1.0, 1.0), (4.0, 1.0), (2.0, 4.0)]  # (tf_rdma, perftest) per round
+    rows = [{"size": 1 << 20, "transport_gbps": ours, "ib_write_bw_gbps": theirs, "vs_ib_write_bw": ours / theirs}
+            for ours, theirs in rounds]
+    [row] = bench.summarize_rows(rows, figures)
+    assert row["size"] == 1 << 20
+    assert (row["transport_gbps"], row["ib_write_bw_gbps"]) == (2.0, 1.0)
+    # The median of the per-round ratios (1, 4, 0.5), not the ratio of the medians (2 / 1).
+    assert row["vs_ib_write_bw"] == 1.0
+    assert (row["vs_ib_write_bw_min"], row["vs_ib_write_bw_max"]) == (0.5, 4.0)
+    assert [r["vs_ib_write_bw"] for r in row["rounds"]] == [1.0, 4.0, 0.5]
+
+
+def test_rounds_where_perftest_failed_are_left_out_of_the_median():
+    figures = ("transport_gbps", "ib_write_bw_gbps", "vs_ib_write_bw")
+    rows = [{"size": 8, "transport_gbps": 1.0, "ib_write_bw_gbps": None, "vs_ib_write_bw": None},
+            {"size": 8, "transport_gbps": 3.0, "ib_write_bw_gbps": 2.0, "vs_ib_write_bw": 1.5}]
+    [row] = bench.summarize_rows(rows, figures)
+    assert (row["transport_gbps"], row["ib_write_bw_gbps"], row["vs_ib_write_bw"]) == (2.0, 2.0, 1.5)
+    assert (row["vs_ib_write_bw_min"], row["vs_ib_write_bw_max"]) == (1.5, 1.5)
+
+
+def test_perftest_runs_merge_into_medians_keeping_each_round():
+    runs = [{"available": True, "device": "dev0", "mtu": None, "errors": [],
+             "ib_write_bw": {65536: {"gbps": 1.0, "tx_depth": 4}}, "ib_write_lat": {8: {"avg_us": 10.0, "typical_us": 9.0}}},
+            {"available": True, "device": "dev0", "mtu": 1024, "errors": ["ib_write_lat -s 8: boom"],
+             "ib_write_bw": {65536: {"gbps": 3.0, "tx_depth": 4}}, "ib_write_lat": {}},
+            {"available": True, "device": "dev0", "mtu": 1024, "errors": [],
+             "ib_write_bw": {65536: {"gbps": 2.5, "tx_depth": 4}}, "ib_write_lat": {8: {"avg_us": 20.0, "typical_us": 11.0}}}]
+    summary = bench.summarize_perftest(runs)
+    assert summary["mtu"] == 1024 and summary["errors"] == ["ib_write_lat -s 8: boom"]
+    assert summary["ib_write_bw"]["65536"]["gbps"] == 2.5
+    assert summary["ib_write_bw"]["65536"]["rounds_gbps"] == [1.0, 3.0, 2.5]
+    assert summary["ib_write_lat"]["8"]["avg_us"] == 15.0
+    assert summary["ib_write_lat"]["8"]["rounds_typical_us"] == [9.0, 11.0]

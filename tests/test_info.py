@@ -1,0 +1,50 @@
+"""`python -m tf_rdma info`, as the README's install section has users run it: backends, RDMA
+devices, the locked-memory limit and the configuration in effect, without revealing the secret."""
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from tf_rdma import _transport
+
+SECRET = "hunter2-not-for-printing"
+
+
+def info(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    env.update(TF_RDMA_PEER_TIMEOUT_MS="1234", TF_RDMA_BACKEND="tcp", TF_RDMA_SECRET=SECRET)
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "info", *args], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    return result.stdout
+
+
+def kib(limit):
+    return "unlimited" if limit == resource.RLIM_INFINITY else f"{limit // 1024} KiB"
+
+
+def test_info_says_what_this_host_offers_and_the_configuration_in_effect():
+    text = info()
+    for backend in ("verbs", "tcp", "shm"):
+        usable, why_not = _transport.backend_available(backend)
+        assert f"  {backend:6} {'available' if usable else 'unavailable: ' + why_not}\n" in text, text
+    devices = sorted(p.name for p in Path("/sys/class/infiniband").glob("*"))
+    if devices:
+        assert all(f"  {name}: port " in text for name in devices), text
+    else:
+        assert "RDMA devices: none" in text, text
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    assert f"locked memory limit (ulimit -l): {kib(soft)} (hard {kib(hard)})" in text, text
+    assert "  backend = tcp\n" in text and "  peer_timeout = 1.234\n" in text, text
+    assert "  secret = (set)\n" in text, text
+
+
+def test_info_as_json_names_the_variables_set_and_hides_the_secret():
+    report = json.loads(info("--json"))
+    assert report["config"]["peer_timeout"] == 1.234 and report["config"]["secret"] == "(set)", report
+    assert report["environment"] == {"TF_RDMA_PEER_TIMEOUT_MS": "1234", "TF_RDMA_BACKEND": "tcp",
+                                     "TF_RDMA_SECRET": "(set)"}, report
+    assert report["backends"]["tcp"] is None and report["wire_protocol"] == _transport.PROTOCOL_VERSION
