@@ -139,7 +139,10 @@ def compare_worker(cluster, job, index, transport, output, big_mib=64):
     with tf.compat.v1.Session(server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         x_value = np.arange(4, dtype=np.float32)
-        for step, shape in enumerate([(2, 3), (5,), (7, 1, 2), (), (0, 4), (2, 3)]):
+        # Small shapes travel inside their header's message; the larger ones make the receiver grant
+        # data after the header (once it was small), grow a grant (twice as large as the last), and
+        # take a grant back (small again).
+        for step, shape in enumerate([(2, 3), (5,), (7, 1, 2), (), (0, 4), (64, 128), (128, 128), (2, 3)]):
             feed = {dynamic: np.full(shape, step, np.float32), pred: step % 2 == 0, x: x_value + step}
             out = sess.run(fetches, feed)
             for name, value in out.items():

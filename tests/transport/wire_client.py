@@ -8,7 +8,7 @@ import struct
 
 HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD = range(1, 14)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):

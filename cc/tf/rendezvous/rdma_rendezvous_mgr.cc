@@ -80,7 +80,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     if (finished_) return;
     if (connection_) {
       connection_->Revoke(header_grant_);
-      connection_->Revoke(data_grant_);
+      if (data_grant_ != 0) connection_->Revoke(data_grant_);
       // Without this the sender would keep the tensor until the connection closes.
       connection_->Discard(tags_.header);
       connection_->Discard(tags_.data);
@@ -101,8 +101,11 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     if (!pool.ok()) return FinishLocked(pool.status());
     connection_ = std::move(connection);
     pool_ = *pool;
-    absl::Status granted = GrantLocked(tags_.header, kHeaderCapacity, true);
-    if (granted.ok()) granted = GrantLocked(tags_.data, FirstGrantBytes(), false);
+    absl::Status granted = GrantLocked(tags_.header, kHeaderMessageCapacity, true);
+    // A tensor expected small comes inside the header's message; if it turns out larger, its
+    // header says so and the data is granted then.
+    const uint64_t expected = FirstGrantBytes();
+    if (granted.ok() && expected > kInlineBytes) granted = GrantLocked(tags_.data, expected, false);
     if (!granted.ok()) FinishLocked(granted);
   }
 
@@ -139,19 +142,26 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     Locked lock(this);
     if (finished_) return;
     if (!result.status.ok()) return FinishLocked(result.status);
-    absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length);
+    uint64_t data_offset = 0;
+    absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length, &data_offset);
     if (!header.ok()) return FinishLocked(header.status());
     header_ = *header;
-    if (needed_bytes_ != 0) {
-      absl::Status regranted = RegrantLocked();
-      if (!regranted.ok()) return FinishLocked(regranted);
+    if (TravelsInline(*header_)) {
+      // Nothing comes under the data tag: a data grant made for a larger tensor is taken back,
+      // once the receive finished so its completion finds nothing to do.
+      if (header_->dead) {
+        runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.dead_tensors++; });
+        dead_ = true;
+        FinishLocked(absl::OkStatus());
+      } else {
+        OutputLocked(buffer.data() + data_offset, nullptr);
+      }
+      if (data_grant_ != 0) connection_->Revoke(data_grant_);
+      return;
     }
-    if (header_->dead) {
-      // The sender writes no data for a dead tensor: take the data grant back.
-      connection_->Revoke(data_grant_);
-      runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.dead_tensors++; });
-      dead_ = true;
-      return FinishLocked(absl::OkStatus());
+    if (data_grant_ == 0 || needed_bytes_ != 0) {
+      absl::Status regranted = data_grant_ == 0 ? GrantDataLocked() : RegrantLocked();
+      if (!regranted.ok()) return FinishLocked(regranted);
     }
     MaybeOutputLocked();
   }
@@ -182,8 +192,13 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
       return absl::DataLossError(absl::StrCat("the peer asked for ", needed, " bytes but its header announced ",
                                               header_->data_bytes));
     }
+    return GrantDataLocked();
+  }
+
+  // The data grant its header asked for: the tensor was expected small, or larger than it came.
+  absl::Status GrantDataLocked() {
     runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.regrants++; });
-    return GrantLocked(tags_.data, needed, false);
+    return GrantLocked(tags_.data, header_->data_bytes, false);
   }
 
   void MaybeOutputLocked() {
@@ -192,28 +207,38 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
       return FinishLocked(absl::DataLossError(absl::StrCat(
           "the header announced ", header_->data_bytes, " bytes but ", data_length_, " landed")));
     }
-    runtime_->Learn(transfer_, data_length_);
-    if (TravelsAsBytes(header_->dtype)) {
-      auto* storage = new PoolTensorBuffer(std::move(data_), data_length_);
+    const char* bytes = data_->data();
+    OutputLocked(bytes, std::move(data_));
+  }
+
+  // The tensor from its header and `bytes` (header_->data_bytes of them). A memcpy-able tensor
+  // aliases `landed`, their pool buffer, when given; else (inline bytes, in the header's buffer,
+  // which goes back to the pool) it is copied out.
+  void OutputLocked(const char* bytes, std::shared_ptr<PoolBuffer> landed) {
+    const uint64_t length = header_->data_bytes;
+    runtime_->Learn(transfer_, length);
+    if (TravelsAsBytes(header_->dtype) && landed) {
+      auto* storage = new PoolTensorBuffer(std::move(landed), length);
       tensor_ = Tensor(header_->dtype, header_->shape, storage);
       storage->Unref();  // the tensor holds the only reference now
+    } else if (TravelsAsBytes(header_->dtype)) {
+      tensor_ = Tensor(header_->dtype, header_->shape);
+      if (length != 0) std::memcpy(const_cast<char*>(tensor_.tensor_data().data()), bytes, length);
     } else {
       tensorflow::TensorProto proto;
-      if (data_length_ > static_cast<uint64_t>(INT_MAX) ||
-          !proto.ParseFromArray(data_->data(), static_cast<int>(data_length_)) ||
+      if (length > static_cast<uint64_t>(INT_MAX) ||
+          !proto.ParseFromArray(bytes, static_cast<int>(length)) ||
           !tensor_.FromProto(tensorflow::cpu_allocator(), proto) || tensor_.dtype() != header_->dtype ||
           tensor_.shape() != header_->shape) {
         return FinishLocked(absl::DataLossError(absl::StrCat(
             "the peer's ", tensorflow::DataTypeString(header_->dtype), " tensor does not parse as announced")));
       }
-      data_.reset();
     }
-    const uint64_t bytes = data_length_;
     const char* kind = KindOf(tensor_name_);
-    runtime_->stats().Peer(peer_task_, [bytes, kind](PeerStats& s) {
+    runtime_->stats().Peer(peer_task_, [length, kind](PeerStats& s) {
       s.tensors_received++;
-      s.bytes_received += bytes;
-      s.bytes_received_by_kind[kind] += bytes;
+      s.bytes_received += length;
+      s.bytes_received_by_kind[kind] += length;
     });
     FinishLocked(absl::OkStatus());
   }
@@ -435,6 +460,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       }
     }
     auto encoded = std::make_shared<std::string>(EncodeHeader(header));
+    const bool travels_inline = TravelsInline(header);
+    if (travels_inline && !is_dead) {
+      // A copy of a few KiB costs less than a second message.
+      if (proto) {
+        encoded->append(*proto);
+      } else {
+        encoded->append(value.tensor_data().data(), value.TotalBytes());
+      }
+    }
     const TransferTags tags = TagsFor(parsed.FullKey(), step_id_);
     const std::string tensor_name(parsed.edge_name);
     // A failed send fails this task's step too: the receiver may be a task that waits on its own
@@ -443,7 +477,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
     auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
     runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, tensor_name, tags, encoded, proto,
-                                         value, is_dead, parsed, args](
+                                         value, is_dead, travels_inline, parsed, args](
                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
       auto report = [runtime, step, peer_task, tensor_name](const absl::Status& status) {
         if (status.ok()) return;
@@ -464,10 +498,12 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),
                            [encoded, report](const absl::Status& status) { report(status); });
       if (is_dead) return;
-      const char* data = proto ? proto->data() : value.tensor_data().data();
       const uint64_t bytes = proto ? proto->size() : value.TotalBytes();
-      (*connection)->Write(tags.data, data, bytes,
-                           [value, proto, report](const absl::Status& status) { report(status); });
+      if (!travels_inline) {
+        const char* data = proto ? proto->data() : value.tensor_data().data();
+        (*connection)->Write(tags.data, data, bytes,
+                             [value, proto, report](const absl::Status& status) { report(status); });
+      }
       const char* kind = KindOf(tensor_name);
       runtime->stats().Peer(peer_task, [bytes, kind](PeerStats& s) {
         s.tensors_sent++;

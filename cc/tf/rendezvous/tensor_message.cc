@@ -41,6 +41,8 @@ bool TravelsAsBytes(tensorflow::DataType dtype) {
   return !tensorflow::IsRefType(dtype) && tensorflow::DataTypeCanUseMemcpy(dtype);
 }
 
+bool TravelsInline(const TensorHeader& header) { return header.dead || header.data_bytes <= kInlineBytes; }
+
 std::string EncodeHeader(const TensorHeader& header) {
   std::string out;
   Append(out, kHeaderMagic, 4);
@@ -52,7 +54,7 @@ std::string EncodeHeader(const TensorHeader& header) {
   return out;
 }
 
-absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length) {
+absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, uint64_t* data_offset) {
   const auto* in = reinterpret_cast<const uint8_t*>(bytes);
   auto malformed = [](const std::string& why) {
     return absl::DataLossError(absl::StrCat("malformed tensor header from the peer: ", why));
@@ -61,6 +63,7 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length) {
   if (static_cast<uint32_t>(Load64(in)) != kHeaderMagic) return malformed("bad magic");
   TensorHeader header;
   header.dead = (Load64(in + 4) & 0xffffffff) != 0;
+  *data_offset = 24;
   if (header.dead) return header;
   header.dtype = static_cast<tensorflow::DataType>(Load64(in + 8) & 0xffffffff);
   const uint64_t dims = Load64(in + 12) & 0xffffffff;
@@ -69,8 +72,13 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length) {
       tensorflow::IsRefType(header.dtype)) {
     return malformed(absl::StrCat("dtype ", static_cast<int>(header.dtype)));
   }
-  if (dims > static_cast<uint64_t>(tensorflow::TensorShape::MaxDimensions()) || length != 24 + 8 * dims) {
-    return malformed(absl::StrCat(dims, " dimensions in ", length, " bytes"));
+  if (dims > static_cast<uint64_t>(tensorflow::TensorShape::MaxDimensions())) {
+    return malformed(absl::StrCat(dims, " dimensions"));
+  }
+  *data_offset = 24 + 8 * dims;
+  const uint64_t inline_bytes = TravelsInline(header) ? header.data_bytes : 0;
+  if (length != *data_offset + inline_bytes) {
+    return malformed(absl::StrCat(dims, " dimensions and ", inline_bytes, " inline bytes in ", length, " bytes"));
   }
   for (uint64_t i = 0; i < dims; ++i) {
     const auto size = static_cast<int64_t>(Load64(in + 24 + 8 * i));

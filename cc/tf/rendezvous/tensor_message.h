@@ -1,6 +1,6 @@
-// How one rendezvous tensor travels: two messages on the pair's connection, a small header (dead
-// flag, dtype, shape, byte count) and the tensor's bytes, each under a tag both sides derive from
-// the transfer's rendezvous key and step. Tensors whose bytes are their value travel as they lie
+// How one rendezvous tensor travels: a small header (dead flag, dtype, shape, byte count) and the
+// tensor's bytes, under tags both sides derive from the transfer's rendezvous key and step; a small
+// tensor's bytes follow its header in the same message, a larger one's come as a second message. Tensors whose bytes are their value travel as they lie
 // in memory; the others (string, variant, resource) as their TensorProto, as gRPC would send them.
 #ifndef TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
 #define TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
@@ -17,6 +17,11 @@ namespace tf_rdma {
 
 // Enough for a header with TensorShape's maximum rank.
 constexpr uint64_t kHeaderCapacity = 32 + 8 * tensorflow::TensorShape::MaxDimensions();
+// Tensors of up to this many bytes travel inside their header's message: one grant and one write
+// instead of two, where small tensors spend their time.
+constexpr uint64_t kInlineBytes = 16 << 10;
+// What a receiver grants for the header's message.
+constexpr uint64_t kHeaderMessageCapacity = kHeaderCapacity + kInlineBytes;
 
 struct TransferTags {
   Tag header;
@@ -39,10 +44,13 @@ struct TensorHeader {
 
 // Whether the tensor's memory is its value (else it travels as a TensorProto).
 bool TravelsAsBytes(tensorflow::DataType dtype);
+// Whether the tensor's bytes follow its header in one message (else they come under the data tag).
+bool TravelsInline(const TensorHeader& header);
 
 std::string EncodeHeader(const TensorHeader& header);
-// Checks everything: the bytes come from another process.
-absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length);
+// Checks everything: the bytes come from another process. A message of an inline tensor holds the
+// header and then the tensor's `data_bytes`, which start at `*data_offset`.
+absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, uint64_t* data_offset);
 
 }  // namespace tf_rdma
 
