@@ -12,9 +12,11 @@ from tf_rdma import _transport
 SECRET = "hunter2-not-for-printing"
 
 
-def info(*args):
+def info(*args, secret=SECRET):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
-    env.update(TF_RDMA_PEER_TIMEOUT_MS="1234", TF_RDMA_BACKEND="tcp", TF_RDMA_SECRET=SECRET)
+    env.update(TF_RDMA_PEER_TIMEOUT_MS="1234", TF_RDMA_BACKEND="tcp")
+    if secret is not None:
+        env["TF_RDMA_SECRET"] = secret
     result = subprocess.run([sys.executable, "-m", "tf_rdma", "info", *args], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -48,3 +50,8 @@ def test_info_as_json_names_the_variables_set_and_hides_the_secret():
     assert report["environment"] == {"TF_RDMA_PEER_TIMEOUT_MS": "1234", "TF_RDMA_BACKEND": "tcp",
                                      "TF_RDMA_SECRET": "(set)"}, report
     assert report["backends"]["tcp"] is None and report["wire_protocol"] == _transport.PROTOCOL_VERSION
+
+
+def test_info_warns_when_no_secret_keeps_strangers_out():
+    assert "warning: TF_RDMA_SECRET is not set" in info(secret=None)
+    assert "warning: TF_RDMA_SECRET" not in info()

@@ -59,6 +59,9 @@ def render(info):
     if memlock["soft"] != "unlimited":
         lines.append("  verbs registers its receive pools: raise it with `ulimit -l unlimited` "
                      "(or memlock in /etc/security/limits.conf) on RDMA hosts")
+    if info["config"]["secret"] == _hidden(b""):
+        lines += ["", "warning: TF_RDMA_SECRET is not set: anyone who reaches a tf_rdma port can join the "
+                      "cluster. Set the same secret in every task on a network you do not control."]
     lines += ["", "configuration:"]
     lines += [f"  {k} = {v}" for k, v in info["config"].items()]
     return "\n".join(lines)
