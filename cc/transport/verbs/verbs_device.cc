@@ -220,6 +220,11 @@ absl::Status CheckPortAndGid(ibv_context* context, int port, int gid_index) {
 void EnsureForkSafety() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // A kernel that copies DMA pages on fork (Linux 5.13+) keeps children safe by itself. There,
+    // ibv_fork_init would only madvise(DONTFORK) every registered range, rounded to pages: a
+    // registered send buffer's neighbours in the heap would be missing in a child, which then
+    // crashes touching them.
+    if (ibv_is_fork_initialized() == IBV_FORK_UNNEEDED) return;
     // Must run before the first registration; afterwards it is refused.
     const int rc = ibv_fork_init();
     if (rc != 0) {
