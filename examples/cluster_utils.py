@@ -8,13 +8,13 @@ import ctypes
 import json
 import os
 import queue
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+
+from tf_rdma.ports import free_ports
 
 TRANSPORTS = ("grpc", "rdma")
 EVENT_PREFIX = "@@event "
@@ -146,56 +146,6 @@ def rdma_port_offset():
         return int(tf_rdma.config.port_offset)
     except (ImportError, AttributeError):
         return int(os.environ.get("TF_RDMA_PORT_OFFSET", "1000"))
-
-
-def _ephemeral_ports():
-    """The range the kernel picks ports from for outgoing connections and bind(0)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = map(int, f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_ports(count, host="127.0.0.1", also_free_at_offset=None):
-    """`count` distinct ports that were free a moment ago (held open together while picking).
-
-    With `also_free_at_offset`, port + offset is checked free as well (tf_rdma's listener port).
-    They are picked at random below the ephemeral range: between this check and the servers'
-    binds, no connection any process makes can be given one of them (bind(0) ports can)."""
-    low_ephemeral, _ = _ephemeral_ports()
-    offset = also_free_at_offset or 0
-    lowest, highest = max(1024, 1024 - offset), min(low_ephemeral, low_ephemeral - offset) - 1
-    rng = random.SystemRandom()
-    socks, ports, taken = [], [], set()
-    try:
-        for _ in range(200 * count):
-            if len(ports) == count:
-                break
-            port = rng.randint(lowest, highest)
-            wanted = [port] if also_free_at_offset is None else [port, port + offset]
-            if taken.intersection(wanted):
-                continue
-            bound = []
-            for p in wanted:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                try:
-                    s.bind((host, p))
-                except OSError:
-                    s.close()
-                    break
-                bound.append(s)
-            socks += bound
-            if len(bound) == len(wanted):
-                ports.append(port)
-                taken.update(wanted)
-        if len(ports) < count:
-            raise RuntimeError(f"could not find {count} free ports on {host}")
-        return ports
-    finally:
-        for s in socks:
-            s.close()
 
 
 def local_cluster(num_ps, num_workers, extra_jobs=(), host="127.0.0.1", transport="grpc"):

@@ -10,27 +10,18 @@ tf_rdma's (higher is better).
 """
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from tf_rdma import config
+from tf_rdma.ports import free_ports
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)
 DEFAULT_WORKERS = (2, 3)
 RESULT_PREFIX = "@@result "
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def memcpy_seconds(size, budget=0.3):
@@ -89,7 +80,7 @@ def worker(spec):
 
 def run_cluster(transport, workers, sizes, budget, min_iterations, timeout=600):
     """[{size, seconds, iterations}] measured by worker 0 of a fresh cluster."""
-    addresses = [f"127.0.0.1:{p}" for p in _free_ports(workers)]
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(workers, also_free_at_offset=config.port_offset)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if transport != "grpc":
         env["TF_RDMA_BACKEND"] = transport

@@ -16,12 +16,13 @@ gRPC's step time over tf_rdma's (higher is better).
 """
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from tf_rdma import config
+from tf_rdma.ports import free_ports
 from tf_rdma.transport import available_backends
 
 WORKLOADS = ("transfer", "many", "hops", "ps-train")
@@ -43,16 +44,6 @@ QUICK = {
     "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
     "budget": 0.4,
 }
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _timed(run, budget, warmup=3, min_steps=5, max_steps=2000):
@@ -198,7 +189,7 @@ def run_cluster(transport, workloads, params, timeout=900):
     """{workload: [rows of each worker that ran it]} measured on one fresh cluster: a ps and two
     workers (the second only trains)."""
     workers = 2 if "ps-train" in workloads else 1
-    ports = _free_ports(1 + workers)
+    ports = free_ports(1 + workers, also_free_at_offset=config.port_offset)
     cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if transport != "grpc":

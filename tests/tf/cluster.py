@@ -9,15 +9,14 @@ import time
 from pathlib import Path
 
 PROGRAMS = Path(__file__).with_name("programs.py")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import cluster_utils  # noqa: E402  (the examples' port picking, shared)
+from tf_rdma import ports
 
 
 def free_ports(count, port_offset=None):
     """`count` ports free now, each with its tf_rdma port (+ TF_RDMA_PORT_OFFSET) free too."""
     if port_offset is None:
         port_offset = int(os.environ.get("TF_RDMA_PORT_OFFSET", "1000"))
-    return cluster_utils.free_ports(count, also_free_at_offset=port_offset)
+    return ports.free_ports(count, also_free_at_offset=port_offset)
 
 
 def digest(npz_path):
