@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-PROGRAMS = Path(__file__).with_name("programs.py")
 from tf_rdma import ports
+
+PROGRAMS = Path(__file__).with_name("programs.py")
 
 
 def free_ports(count, port_offset=None):
