@@ -15,6 +15,7 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/stream/socket_io.h"
 
@@ -210,36 +211,20 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpoint& endpoint) {
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  absl::Duration backoff = absl::Milliseconds(10);
-  while (true) {
+  return ConnectWithRetries(backend(), endpoint, options_.connect_timeout, [&](absl::Time) -> ConnectAttempt {
     absl::StatusOr<int> fd = ConnectSocket(endpoint);
-    if (fd.ok()) {
-      SocketFrameChannel channel(*fd, endpoint.ToString());
-      absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
-      if (!peer.ok()) {
-        close(*fd);
-        return peer.status();
-      }
-      absl::StatusOr<std::shared_ptr<StreamConnection>> connection =
-          StartConnection(*fd, *peer, endpoint.ToString());
-      if (!connection.ok()) return connection.status();
-      return std::shared_ptr<Connection>(*std::move(connection));
+    // Nothing listening yet (kUnavailable) is worth another attempt; anything else is not.
+    if (!fd.ok()) return {fd.status(), fd.status().code() == absl::StatusCode::kUnavailable};
+    SocketFrameChannel channel(*fd, endpoint.ToString());
+    absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
+    if (!peer.ok()) {
+      close(*fd);
+      return {peer.status()};
     }
-    // Peers start in any order: a peer that is not listening yet is retried until the deadline.
-    if (fd.status().code() != absl::StatusCode::kUnavailable) return fd.status();
-    // The last attempt is at the deadline: giving up a backoff early would cut the timeout short.
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::UnavailableError(absl::StrCat(
-          "could not reach the tf_rdma ", BackendName(backend()), " listener of peer ",
-          endpoint.ToString(), " within ", absl::FormatDuration(options_.connect_timeout),
-          " (TF_RDMA_CONNECT_TIMEOUT_MS): ", fd.status().message(),
-          ". Is the peer running, with tf_rdma loaded?"));
-    }
-    absl::SleepFor(std::min(backoff, left));
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
-  }
+    absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(*fd, *peer, endpoint.ToString());
+    if (!connection.ok()) return {connection.status()};
+    return {std::shared_ptr<Connection>(*std::move(connection))};
+  });
 }
 
 }  // namespace tf_rdma

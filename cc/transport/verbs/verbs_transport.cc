@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/transport/addresses.h"
+#include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
@@ -213,25 +214,16 @@ class VerbsTransport : public Transport {
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override {
-    const absl::Time deadline = absl::Now() + options_.connect_timeout;
-    absl::Duration backoff = absl::Milliseconds(10);
-    while (true) {
-      bool retry = false;
-      absl::StatusOr<std::shared_ptr<VerbsConnection>> connection = ConnectOnce(endpoint, deadline, &retry);
-      if (connection.ok()) return std::shared_ptr<Connection>(*std::move(connection));
-      // Peers start in any order: one not listening yet is retried until the deadline.
-      if (!retry) return connection.status();
-      // The last attempt is at the deadline: giving up a backoff early would cut the timeout short.
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        return absl::UnavailableError(absl::StrCat(
-            "could not reach the tf_rdma verbs listener of peer ", endpoint.ToString(), " within ",
-            absl::FormatDuration(options_.connect_timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
-            connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
+    return ConnectWithRetries(Backend::kVerbs, endpoint, options_.connect_timeout, [&](absl::Time deadline) {
+      ConnectAttempt tried;
+      absl::StatusOr<std::shared_ptr<VerbsConnection>> connection = ConnectOnce(endpoint, deadline, &tried.retry);
+      if (connection.ok()) {
+        tried.connection = std::shared_ptr<Connection>(*std::move(connection));
+      } else {
+        tried.connection = connection.status();
       }
-      absl::SleepFor(std::min(backoff, left));
-      backoff = std::min(backoff * 2, absl::Milliseconds(500));
-    }
+      return tried;
+    });
   }
 
   // The device rdma_cm resolved for `id`, checked against the overrides.

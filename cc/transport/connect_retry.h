@@ -1,0 +1,48 @@
+// Peers start in any order: a connect to a peer that is not listening yet is tried again, with
+// backoff, until the connect timeout ends. One policy for every backend.
+#ifndef TF_RDMA_CC_TRANSPORT_CONNECT_RETRY_H_
+#define TF_RDMA_CC_TRANSPORT_CONNECT_RETRY_H_
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/transport/transport.h"
+
+namespace tf_rdma {
+
+// What one attempt gave: the connection, or why not and whether another attempt may succeed.
+struct ConnectAttempt {
+  absl::StatusOr<std::shared_ptr<Connection>> connection;
+  bool retry = false;
+};
+
+// Attempts (each told the overall deadline) until one connects or fails for good; the last one is
+// at the deadline, since giving up a backoff early would cut the timeout short.
+inline absl::StatusOr<std::shared_ptr<Connection>> ConnectWithRetries(
+    Backend backend, const Endpoint& endpoint, absl::Duration timeout,
+    const std::function<ConnectAttempt(absl::Time deadline)>& attempt) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    ConnectAttempt tried = attempt(deadline);
+    if (tried.connection.ok() || !tried.retry) return std::move(tried.connection);
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not reach the tf_rdma ", BackendName(backend), " listener of peer ", endpoint.ToString(),
+          " within ", absl::FormatDuration(timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
+          tried.connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
+    }
+    absl::SleepFor(std::min(backoff, left));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_CONNECT_RETRY_H_
