@@ -289,29 +289,41 @@ void Runtime::Establish(const std::string& peer_task) {
   for (auto& waiter : waiters) waiter(result);
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress& peer) {
+absl::StatusOr<std::pair<Transport*, BackendChoice>> Runtime::TransportTo(const TaskAddress& peer) {
   absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer.host);
   if (!choice.ok()) return choice.status();
   absl::StatusOr<Transport*> transport = TransportFor(choice->backend);
   if (!transport.ok()) return transport.status();
+  return std::make_pair(*transport, *choice);
+}
+
+absl::Status Runtime::MarkRenamedLocked(const TaskAddress& peer, const std::string& identity) {
+  peers_[peer.task].served_by = identity;
+  absl::Status renamed = RenamedPeer(peer, identity);
+  LOG(WARNING) << "tf_rdma: " << renamed.message();
+  return renamed;
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress& peer) {
+  absl::StatusOr<std::pair<Transport*, BackendChoice>> route = TransportTo(peer);
+  if (!route.ok()) return route.status();
+  const auto& [transport, choice] = *route;
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   while (true) {
     absl::StatusOr<std::shared_ptr<Connection>> connection =
-        (*transport)->Connect(Endpoint{peer.host, peer.rdma_port});
+        transport->Connect(Endpoint{peer.host, peer.rdma_port});
     if (connection.ok() && (*connection)->peer_name() != peer.task) {
       const std::string identity = (*connection)->peer_name();
       (*connection)->Close(absl::FailedPreconditionError("not the task dialled"));
       std::lock_guard<std::mutex> lock(mu_);
-      peers_[peer.task].served_by = identity;
-      LOG(WARNING) << "tf_rdma: " << RenamedPeer(peer, identity).message();
-      return RenamedPeer(peer, identity);
+      return MarkRenamedLocked(peer, identity);
     }
     if (connection.ok()) {
-      LOG(INFO) << "tf_rdma: " << BackendName(choice->backend) << " to task " << peer.task << " at "
-                << peer.host << ":" << peer.rdma_port << " (" << choice->reason << ")";
+      LOG(INFO) << "tf_rdma: " << BackendName(choice.backend) << " to task " << peer.task << " at "
+                << peer.host << ":" << peer.rdma_port << " (" << choice.reason << ")";
       stats_.Peer(peer.task, [&](PeerStats& s) {
-        s.backend = BackendName(choice->backend);
-        s.backend_reason = choice->reason;
+        s.backend = BackendName(choice.backend);
+        s.backend_reason = choice.reason;
         s.connects++;
       });
       return connection;
@@ -353,21 +365,15 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
       lock.unlock();
       absl::StatusOr<std::string> identity = IdentityAt(address);
       lock.lock();
-      if (identity.ok() && *identity != peer_task) {
-        state.served_by = *identity;
-        LOG(WARNING) << "tf_rdma: " << RenamedPeer(address, *identity).message();
-        return RenamedPeer(address, *identity);
-      }
+      if (identity.ok() && *identity != peer_task) return MarkRenamedLocked(address, *identity);
     }
   }
 }
 
 absl::StatusOr<std::string> Runtime::IdentityAt(const TaskAddress& peer) {
-  absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer.host);
-  if (!choice.ok()) return choice.status();
-  absl::StatusOr<Transport*> transport = TransportFor(choice->backend);
-  if (!transport.ok()) return transport.status();
-  absl::StatusOr<std::shared_ptr<Connection>> probe = (*transport)->Connect(Endpoint{peer.host, peer.rdma_port});
+  absl::StatusOr<std::pair<Transport*, BackendChoice>> route = TransportTo(peer);
+  if (!route.ok()) return route.status();
+  absl::StatusOr<std::shared_ptr<Connection>> probe = route->first->Connect(Endpoint{peer.host, peer.rdma_port});
   if (!probe.ok()) return probe.status();
   const std::string identity = (*probe)->peer_name();
   (*probe)->Close(absl::CancelledError("identity probe"));

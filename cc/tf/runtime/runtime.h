@@ -12,10 +12,12 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/tf/runtime/buffer_pool.h"
+#include "cc/transport/backend_selection.h"
 #include "cc/tf/runtime/stats.h"
 #include "cc/transport/config.h"
 #include "cc/transport/transport.h"
@@ -101,6 +103,11 @@ class Runtime {
   bool WasConnected(const std::string& peer_task) const;
   // The task name the tf_rdma server at `peer`'s address was started as (one handshake).
   absl::StatusOr<std::string> IdentityAt(const TaskAddress& peer);
+  // The transport of the backend chosen for `peer`'s host, and why that backend.
+  absl::StatusOr<std::pair<Transport*, BackendChoice>> TransportTo(const TaskAddress& peer);
+  // Records that `peer`'s name is the tf_rdma server of task `identity`, warns, and returns the
+  // error that sends transfers with it to gRPC. Holds mu_.
+  absl::Status MarkRenamedLocked(const TaskAddress& peer, const std::string& identity);
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;
