@@ -400,12 +400,13 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       return;
     }
     Ref();  // the rendezvous outlives the call
-    call->Start([this, call, parsed, peer_task, args, done = std::move(done)] {
+    call->Start([this, call, key = std::string(parsed.FullKey()), peer_task, args, done = std::move(done)] {
       DeregisterCall(call, args);
-      if (!call->status().ok() && runtime_->Renamed(peer_task)) {
+      ParsedKey reparsed;
+      if (!call->status().ok() && runtime_->Renamed(peer_task) && Rendezvous::ParseKey(key, &reparsed).ok()) {
         // The sender's session renamed it, so it serves the tensor over gRPC.
         runtime_->stats().Fallback(kRenamedTask);
-        grpc_->RecvAsync(parsed, args, done);
+        grpc_->RecvAsync(reparsed, args, done);
       } else {
         done(call->status(), Args(), args, call->tensor(), call->dead());
       }
@@ -459,8 +460,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         header.data_bytes = proto->size();
       }
     }
-    auto encoded = std::make_shared<std::string>(EncodeHeader(header));
     const bool travels_inline = TravelsInline(header);
+    auto encoded = std::make_shared<std::string>(EncodeHeader(header, travels_inline ? header.data_bytes : 0));
     if (travels_inline && !is_dead) {
       // A copy of a few KiB costs less than a second message.
       if (proto) {
@@ -477,7 +478,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
     auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
     runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, tensor_name, tags, encoded, proto,
-                                         value, is_dead, travels_inline, parsed, args](
+                                         value, is_dead, travels_inline, key = std::string(parsed.FullKey()), args](
                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
       auto report = [runtime, step, peer_task, tensor_name](const absl::Status& status) {
         if (status.ok()) return;
@@ -489,10 +490,11 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
         (*step)->StartAbort(TaskFailure(absl::StrCat("sending '", tensor_name, "' to"), peer_task, status));
       };
-      if (!connection.ok() && runtime->Renamed(peer_task)) {
+      ParsedKey reparsed;
+      if (!connection.ok() && runtime->Renamed(peer_task) && Rendezvous::ParseKey(key, &reparsed).ok()) {
         // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
         runtime->stats().Fallback(kRenamedTask);
-        return report((*step)->BaseRemoteRendezvous::Send(parsed, args, value, is_dead));
+        return report((*step)->BaseRemoteRendezvous::Send(reparsed, args, value, is_dead));
       }
       if (!connection.ok()) return report(connection.status());
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),
@@ -516,9 +518,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   const std::shared_ptr<Runtime> runtime_;
   const tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc_;
   // The session runs this server under another task name than the server's own (ClusterSpec
-  // propagation): the step's transfers stay on gRPC. A session that renames every task falls back on
-  // both ends alike; a task that keeps its name meets a renamed one's server when it connects, and the
-  // runtime reports that mix as an error.
+  // propagation): the step's transfers stay on gRPC. The other end of each learns it when it
+  // connects to this server and meets another name (Runtime::Renamed), and falls back alike.
   bool renamed_ = false;
 };
 

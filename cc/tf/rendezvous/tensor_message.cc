@@ -1,5 +1,6 @@
 #include "cc/tf/rendezvous/tensor_message.h"
 
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +44,9 @@ bool TravelsAsBytes(tensorflow::DataType dtype) {
 
 bool TravelsInline(const TensorHeader& header) { return header.dead || header.data_bytes <= kInlineBytes; }
 
-std::string EncodeHeader(const TensorHeader& header) {
+std::string EncodeHeader(const TensorHeader& header, uint64_t room) {
   std::string out;
+  out.reserve(24 + 8 * header.shape.dims() + room);
   Append(out, kHeaderMagic, 4);
   Append(out, header.dead ? 1 : 0, 4);
   Append(out, static_cast<uint32_t>(header.dtype), 4);
@@ -85,7 +87,14 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
     absl::Status added = header.shape.AddDimWithStatus(size);
     if (!added.ok()) return malformed(std::string(added.message()));
   }
-  if (!TravelsAsBytes(header.dtype)) return header;  // a TensorProto: its parser checks it
+  // A TensorProto: its parser checks it, and cannot take more than INT_MAX bytes, so a peer's
+  // header asking for more must not size a grant.
+  if (!TravelsAsBytes(header.dtype)) {
+    if (header.data_bytes > static_cast<uint64_t>(INT_MAX)) {
+      return malformed(absl::StrCat(header.data_bytes, " bytes of TensorProto"));
+    }
+    return header;
+  }
   const uint64_t element_size = tensorflow::DataTypeSize(header.dtype);
   uint64_t total = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(header.shape.num_elements()), element_size, &total) ||

@@ -1,7 +1,8 @@
 // How one rendezvous tensor travels: a small header (dead flag, dtype, shape, byte count) and the
 // tensor's bytes, under tags both sides derive from the transfer's rendezvous key and step; a small
-// tensor's bytes follow its header in the same message, a larger one's come as a second message. Tensors whose bytes are their value travel as they lie
-// in memory; the others (string, variant, resource) as their TensorProto, as gRPC would send them.
+// tensor's bytes follow its header in the same message, a larger one's come as a second message.
+// Tensors whose bytes are their value travel as they lie in memory; the others (string, variant)
+// as their TensorProto, as gRPC would send them.
 #ifndef TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
 #define TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
 
@@ -47,7 +48,8 @@ bool TravelsAsBytes(tensorflow::DataType dtype);
 // Whether the tensor's bytes follow its header in one message (else they come under the data tag).
 bool TravelsInline(const TensorHeader& header);
 
-std::string EncodeHeader(const TensorHeader& header);
+// `room` more bytes are reserved, for inline data to follow without a reallocation.
+std::string EncodeHeader(const TensorHeader& header, uint64_t room = 0);
 // Checks everything: the bytes come from another process. A message of an inline tensor holds the
 // header and then the tensor's `data_bytes`, which start at `*data_offset`.
 absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, uint64_t* data_offset);
