@@ -22,6 +22,7 @@ import sys
 import time
 
 from tf_rdma import config
+from tf_rdma.bench_collective import ratios
 from tf_rdma.ports import free_ports
 from tf_rdma.transport import available_backends
 
@@ -145,7 +146,7 @@ def _train_step(tf, model, params, index):
     return train
 
 
-def _ps_train(tf, session, spec, server, params, budget):
+def _ps_train(tf, session, spec, params, budget):
     rows = []
     for model in ("embedding", "dense"):
         with tf.compat.v1.variable_scope(model):
@@ -175,7 +176,7 @@ def task(spec):
     with _session(server) as session:
         for workload in spec["workloads"]:
             if workload == "ps-train":
-                result["workloads"][workload] = _ps_train(tf, session, spec, server, params, budget)
+                result["workloads"][workload] = _ps_train(tf, session, spec, params, budget)
             elif spec["index"] == 0:
                 result["workloads"][workload] = one_worker[workload](tf, session, params, budget)
         if spec["transport"] != "grpc":
@@ -230,10 +231,6 @@ def limits(sizes):
             for row in report["throughput"]}
 
 
-def _ratio(grpc_seconds, seconds):
-    return grpc_seconds / seconds if seconds > 0 else None
-
-
 def combine(workload, measured, carried, machine=None):
     """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
     of every worker for ps-train}), with gRPC's time over each backend's."""
@@ -254,7 +251,7 @@ def combine(workload, measured, carried, machine=None):
         for transport in ["grpc", *carried]:
             row[f"{transport}_seconds"] = measured[transport][0][i]["seconds"]
         for backend in carried:
-            row[f"vs_grpc_{backend}"] = _ratio(row["grpc_seconds"], row[f"{backend}_seconds"])
+            row[f"vs_grpc_{backend}"] = ratios(row["grpc_seconds"], row[f"{backend}_seconds"])
         if workload == "transfer":
             for transport in ["grpc", *carried]:
                 row[f"{transport}_gbps"] = row["size"] / row[f"{transport}_seconds"] / 1e9

@@ -20,7 +20,11 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     assert set(report["workloads"]) == set(bench_tf.WORKLOADS)
     for workload, rows in report["workloads"].items():
         for row in rows:
-            assert row["vs_grpc_shm"] > 0, (workload, row)
+            if workload == "ps-train":
+                expected = row["shm_steps_per_second"] / row["grpc_steps_per_second"]
+            else:
+                expected = row["grpc_seconds"] / row["shm_seconds"]
+            assert row["vs_grpc_shm"] == pytest.approx(expected), (workload, row)
     sizes = [row["size"] for row in report["workloads"]["transfer"]]
     assert sizes == bench_tf.QUICK["transfer_sizes"]
     for row in report["workloads"]["transfer"]:
