@@ -35,6 +35,29 @@ def steps_for(cluster, job, index, output, seconds):
     os._exit(0)
 
 
+def push_and_pull(cluster, job, index, sizes):
+    """TF1 worker: until killed, steps that add tensors of `sizes` float32s into this worker's own
+    ps variables and read them back, so tensors cross both ways; prints "warm" after the first."""
+    import tensorflow as tf
+    import tf_rdma
+    tf.compat.v1.disable_eager_execution()
+    server = tf_rdma.Server(cluster, job_name=job, task_index=index)
+    with tf.device("/job:ps/task:0"):
+        variables = [tf.compat.v1.Variable(tf.zeros([n]), name=f"w{index}_{n}") for n in sizes]
+    with tf.device(f"/job:{job}/task:{index}"):
+        updates = [v.assign_add(tf.ones([n])) for v, n in zip(variables, sizes)]
+        with tf.control_dependencies(updates):
+            totals = [tf.reduce_sum(v.read_value()) for v in variables]
+    with tf.compat.v1.Session(server.target) as session:
+        session.run([v.initializer for v in variables])
+        step = 0
+        while True:
+            step += 1
+            assert session.run(totals) == [float(step * n) for n in sizes]
+            if step == 3:
+                print("warm", flush=True)
+
+
 if __name__ == "__main__":
     function, arguments = sys.argv[1], json.loads(sys.argv[2])
     globals()[function](arguments["cluster"], arguments["job"], arguments["index"], **arguments["kwargs"])

@@ -1,5 +1,6 @@
 """What a holder of the cluster key can and cannot do to a running tf_rdma cluster."""
 import json
+import re
 import time
 from pathlib import Path
 
@@ -33,3 +34,33 @@ def test_a_key_holder_cannot_take_over_a_live_tasks_connection(tmp_path):
     with open(output) as f:
         outcome = json.load(f)
     assert outcome["error"] is None and outcome["steps"] > 10, outcome
+
+
+def shared_memory_mapped_by(process):
+    """The tf_rdma shm regions `process` maps, by inode: its own and those its peers shared with it."""
+    with open(f"/proc/{process.pid}/maps") as f:
+        return {int(m.group(1)) for m in re.finditer(r" (\d+) +/memfd:tf_rdma-region", f.read())}
+
+
+def test_a_peer_can_write_only_into_memory_that_holds_its_own_tensors(tmp_path):
+    """Over shm a peer maps the regions it is granted, read-write. Each peer's grants come from
+    regions of its own, so no memory is shared with two peers; and once a peer's connection ends
+    (it restarted), the regions it could write leave the ps."""
+    sizes = [1000, 300_000, 3_000_000]  # inline, slab and dedicated-region sized tensors
+    with Cluster(tmp_path, {"ps": 1, "worker": 2}, env={"TF_RDMA_BACKEND": "shm"}) as cluster:
+        ps = cluster.start("ps", 0, "serve")
+        workers = [cluster.start("worker", i, "push_and_pull", program=PROGRAM, sizes=sizes) for i in (0, 1)]
+        for i in (0, 1):
+            cluster.wait_for_output("worker", i, "warm", timeout=180)
+        with_ps = [shared_memory_mapped_by(ps) & shared_memory_mapped_by(w) for w in workers]
+        assert with_ps[0] and with_ps[1], "both workers must share regions with the ps"
+        assert not with_ps[0] & with_ps[1], "a region of the ps is shared with both workers"
+
+        cluster.signal("worker", 0, 9)
+        cluster.wait("worker", 0, timeout=30)
+        cluster.start("worker", 0, "push_and_pull", program=PROGRAM, sizes=sizes)
+        cluster.wait_for_output("worker", 0, "warm", timeout=180)
+        deadline = time.monotonic() + 30
+        while shared_memory_mapped_by(ps) & with_ps[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not shared_memory_mapped_by(ps) & with_ps[0], "the dead worker's regions stayed in the ps"

@@ -155,7 +155,7 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
                       tensorflow::Tensor* to_tensor, tsl::CancellationManager* cancellation_manager,
                       const StatusCallback& done) {
     const uint64_t bytes = to_tensor->TotalBytes();
-    absl::StatusOr<BufferPool*> pool = transfers->runtime->PoolFor(connection->backend());
+    absl::StatusOr<std::shared_ptr<BufferPool>> pool = transfers->runtime->PoolFor(connection);
     if (!pool.ok()) return transfers->Complete(done, pool.status());
     absl::StatusOr<std::unique_ptr<PoolBuffer>> allocated = (*pool)->Allocate(bytes);
     if (!allocated.ok()) return transfers->Complete(done, allocated.status());

@@ -95,7 +95,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
 
  private:
   void Grant(std::shared_ptr<Connection> connection) {
-    absl::StatusOr<BufferPool*> pool = runtime_->PoolFor(connection->backend());
+    absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->PoolFor(connection);
     Locked lock(this);
     if (finished_) return;
     if (!pool.ok()) return FinishLocked(pool.status());
@@ -288,7 +288,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   Tensor tensor_;
   bool dead_ = false;
   std::shared_ptr<Connection> connection_;
-  BufferPool* pool_ = nullptr;
+  std::shared_ptr<BufferPool> pool_;
   uint64_t header_grant_ = 0;
   uint64_t data_grant_ = 0;
   std::optional<TensorHeader> header_;

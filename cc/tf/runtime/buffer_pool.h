@@ -1,6 +1,7 @@
-// Receive buffers carved out of a transport's regions: what the kernels grant to peers and what
-// received tensors alias. A buffer goes back to the pool only when its last user (the tensor, or a
-// grant still outstanding) lets go, so no byte is reused while anything can still read or write it.
+// Receive buffers carved out of a transport's regions: what the kernels grant to one peer and what
+// the tensors received from it alias. A buffer goes back to the pool only when its last user (the
+// tensor, or a grant still outstanding) lets go, so no byte is reused while anything can still
+// read or write it.
 #ifndef TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
 #define TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
 
@@ -45,10 +46,13 @@ class PoolBuffer {
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
-  // Buffers are aligned for Eigen (64 bytes); regions are allocated `slab_bytes` at a time, and
-  // a request larger than half a slab gets a region of its own.
+  // Buffers are aligned for Eigen (64 bytes). Regions are carved into buffers a slab at a time;
+  // slabs start at `min_slab_bytes` and double with what the pool holds up to `max_slab_bytes`,
+  // since a pool serves one peer and most peers need little (on verbs every byte is pinned). A
+  // request larger than half the largest slab gets a region of its own.
   static constexpr uint64_t kAlignment = 64;
-  BufferPool(Transport* transport, uint64_t slab_bytes) : transport_(transport), slab_bytes_(slab_bytes) {}
+  BufferPool(Transport* transport, uint64_t min_slab_bytes, uint64_t max_slab_bytes)
+      : transport_(transport), min_slab_bytes_(min_slab_bytes), max_slab_bytes_(max_slab_bytes) {}
 
   absl::StatusOr<std::unique_ptr<PoolBuffer>> Allocate(uint64_t bytes);
 
@@ -67,9 +71,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     bool dedicated;
   };
   void Release(size_t slab, uint64_t offset, uint64_t capacity);
+  uint64_t NextSlabBytesLocked(uint64_t capacity) const;
 
   Transport* const transport_;
-  const uint64_t slab_bytes_;
+  const uint64_t min_slab_bytes_;
+  const uint64_t max_slab_bytes_;
+  uint64_t slab_region_bytes_ = 0;  // in slabs, not in dedicated regions
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;
   Usage usage_;

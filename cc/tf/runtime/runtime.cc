@@ -122,7 +122,7 @@ void Runtime::UpdateTasks(const std::vector<TaskAddress>& tasks) {
     peer.address = task;
     peer.address_known = true;
     if (moved && peer.connection) {
-      peer.connection->Close(absl::UnavailableError(absl::StrCat("task ", task.task, " moved to ", task.host)));
+      RetireLocked(peer.connection, absl::UnavailableError(absl::StrCat("task ", task.task, " moved to ", task.host)));
       peer.connection.reset();
     }
   }
@@ -155,21 +155,42 @@ absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
   if (!transport.ok()) return transport.status();
   Transport* raw = transport->get();
   transports_[backend] = std::move(*transport);
-  pools_[backend] = std::make_shared<BufferPool>(raw, options_.slab_bytes);
   return raw;
 }
 
-absl::StatusOr<BufferPool*> Runtime::PoolFor(Backend backend) {
-  absl::StatusOr<Transport*> transport = TransportFor(backend);
+absl::StatusOr<std::shared_ptr<BufferPool>> Runtime::PoolFor(const std::shared_ptr<Connection>& connection) {
+  absl::StatusOr<Transport*> transport = TransportFor(connection->backend());
   if (!transport.ok()) return transport.status();
   std::lock_guard<std::mutex> lock(mu_);
-  return pools_.at(backend).get();
+  auto found = pools_.find(connection.get());
+  if (found != pools_.end() && found->second.connection.lock() == connection) return found->second.pool;
+  // A connection's first receive. Pools of connections that ended without being replaced (their
+  // peer died and never came back) go now, not at the process's end.
+  for (auto it = pools_.begin(); it != pools_.end();) {
+    std::shared_ptr<Connection> owner = it->second.connection.lock();
+    it = owner && owner->health().ok() ? std::next(it) : pools_.erase(it);
+  }
+  auto pool = std::make_shared<BufferPool>(*transport, options_.min_slab_bytes, options_.max_slab_bytes);
+  pools_[connection.get()] = ConnectionPool{connection, connection->backend(), pool};
+  return pool;
+}
+
+void Runtime::RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason) {
+  connection->Close(reason);
+  auto it = pools_.find(connection.get());
+  if (it != pools_.end() && it->second.connection.lock() == connection) pools_.erase(it);
 }
 
 std::map<Backend, BufferPool::Usage> Runtime::PoolUsage() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<Backend, BufferPool::Usage> usage;
-  for (const auto& [backend, pool] : pools_) usage[backend] = pool->usage();
+  for (const auto& [connection, entry] : pools_) {
+    const BufferPool::Usage pool = entry.pool->usage();
+    BufferPool::Usage& total = usage[entry.backend];
+    total.region_bytes += pool.region_bytes;
+    total.buffers_in_use += pool.buffers_in_use;
+    total.bytes_in_use += pool.bytes_in_use;
+  }
   return usage;
 }
 
@@ -219,7 +240,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
         " already, and that connection is alive; a new one is accepted once it ends")));
     return;
   }
-  if (state.connection) state.connection->Close(absl::UnavailableError("peer reconnected"));
+  if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
   state.connection = std::move(connection);
   state.was_connected = true;
   stats_.Peer(peer, [&](PeerStats& s) {
@@ -276,7 +297,7 @@ void Runtime::Establish(const std::string& peer_task) {
     Peer& peer = peers_.at(peer_task);
     peer.connecting = false;
     if (result.ok() && peer.connection != *result) {
-      if (peer.connection) peer.connection->Close(absl::UnavailableError("replaced by a new connection"));
+      if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
       peer.connection = *result;
     }
     if (result.ok()) peer.was_connected = true;

@@ -1,5 +1,5 @@
 // One TensorFlow server's side of tf_rdma: where the other tasks' tf_rdma listeners are, one
-// connection per pair of tasks, receive pools per backend, sizes learned per transfer, and stats.
+// connection per pair of tasks, a receive pool per connection, sizes learned per transfer, and stats.
 // Each tf_rdma server (cc/tf/server/) owns one, so several servers in one process each have their
 // own endpoint; the rendezvous and collective transports ask it for connections and buffers.
 #ifndef TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
@@ -35,7 +35,9 @@ struct RuntimeOptions {
   std::string local_task;
   std::vector<TaskAddress> tasks;  // must include local_task
   Config config;
-  uint64_t slab_bytes = 64ull << 20;
+  // Bounds of the slabs a peer's receive pool grows by (BufferPool).
+  uint64_t min_slab_bytes = 1ull << 20;
+  uint64_t max_slab_bytes = 64ull << 20;
 };
 
 class Runtime {
@@ -65,9 +67,14 @@ class Runtime {
   // known once WithConnection reported it, and from then on at once.
   bool Renamed(const std::string& peer_task) const;
 
-  absl::StatusOr<BufferPool*> PoolFor(Backend backend);
-  // Per backend, what its receive pool holds and what is lent out now (received tensors alias
-  // pool buffers until TensorFlow drops them).
+  // Where tensors from the peer at the other end of `connection` land. Its regions are granted to
+  // that connection alone, so a faulty or hostile peer can write nowhere but into the tensors it
+  // sends us (received tensors are never reused as other ops' outputs: PoolTensorBuffer). Once the
+  // connection is replaced, its pool is retired: no new buffer comes from it, and its regions go
+  // (on verbs, deregistered) when the last tensor received into them is dropped.
+  absl::StatusOr<std::shared_ptr<BufferPool>> PoolFor(const std::shared_ptr<Connection>& connection);
+  // Per backend, what the live connections' receive pools hold and what is lent out now
+  // (received tensors alias pool buffers until TensorFlow drops them).
   std::map<Backend, BufferPool::Usage> PoolUsage() const;
   Stats& stats() { return stats_; }
 
@@ -108,12 +115,19 @@ class Runtime {
   // Records that `peer`'s name is the tf_rdma server of task `identity`, warns, and returns the
   // error that sends transfers with it to gRPC. Holds mu_.
   absl::Status MarkRenamedLocked(const TaskAddress& peer, const std::string& identity);
+  // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
+  void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;
   std::condition_variable accepted_;
   std::map<Backend, std::unique_ptr<Transport>> transports_;
-  std::map<Backend, std::shared_ptr<BufferPool>> pools_;
+  struct ConnectionPool {
+    std::weak_ptr<Connection> connection;
+    Backend backend;
+    std::shared_ptr<BufferPool> pool;
+  };
+  std::unordered_map<const Connection*, ConnectionPool> pools_;
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<std::string, Peer> peers_;
   std::unordered_map<std::string, uint64_t> learned_bytes_;
