@@ -327,8 +327,9 @@ def render(report):
 
 
 def plot(report, path):
-    """One panel per workload: its figure per size or case, one line per transport, the machine's
-    memcpy and socket limits drawn on the transfer panel."""
+    """One panel per workload, on log scales (figures span orders of magnitude): transfer as lines
+    over sizes with the machine's memcpy and socket limits drawn; the other workloads, whose cases
+    are not a scale, as bars side by side per transport."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -337,26 +338,35 @@ def plot(report, path):
     figure, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     transports = ["grpc", *report["backends"]]
     panels = {
-        "transfer": ("GB/s", lambda r: _size(r["size"]), lambda r, t: r[f"{t}_gbps"]),
-        "many": ("ms per step", lambda r: f"{r['tensors']}x{_size(r['size'])}", lambda r, t: r[f"{t}_seconds"] * 1e3),
-        "hops": ("us per hop", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
-        "ps-train": ("steps/s", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),
+        "transfer": ("GB/s (higher is better)", lambda r: _size(r["size"]), lambda r, t: r[f"{t}_gbps"]),
+        "many": ("ms per step (lower is better)", lambda r: f"{r['tensors']} x {_size(r['size'])}",
+                 lambda r, t: r[f"{t}_seconds"] * 1e3),
+        "hops": ("us per hop (lower is better)", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
+        "ps-train": ("steps/s (higher is better)", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),
     }
+    width = 0.8 / len(transports)
     for ax, (workload, rows) in zip(axes[0], workloads.items()):
         unit, label, value = panels[workload]
         labels = [label(r) for r in rows]
-        for transport in transports:
-            ax.plot(labels, [value(r, transport) for r in rows], marker="o",
-                    label="gRPC" if transport == "grpc" else f"tf_rdma {transport}")
+        for i, transport in enumerate(transports):
+            name = "gRPC" if transport == "grpc" else f"tf_rdma {transport}"
+            values = [value(r, transport) for r in rows]
+            if workload == "transfer":
+                ax.plot(labels, values, marker="o", label=name)
+            else:
+                ax.bar([x + (i - (len(transports) - 1) / 2) * width for x in range(len(rows))], values,
+                       width, label=name)
         if workload == "transfer":
             ax.plot(labels, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy")
             ax.plot(labels, [r["tcp_socket_gbps"] for r in rows], "k:", label="TCP socket")
+        else:
+            ax.set_xticks(range(len(rows)), labels)
+        ax.set_yscale("log")
         ax.set_title(workload)
         ax.set_ylabel(unit)
-        ax.legend()
+        ax.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
-
 
 if __name__ == "__main__":
     task(json.loads(sys.argv[1]))
