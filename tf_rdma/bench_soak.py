@@ -52,7 +52,12 @@ RUN_AHEAD_ITERATIONS = 4
 GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0}
 SETTLE = 3  # samples whose lowest stands for a moment, so one sample taken mid-step cannot decide
 WARMUP_FRACTION = 1 / 3
-PROCESSES = ("worker", "ps")  # the long-lived processes, judged; ps 1 restarts so has no trend
+PROCESSES = ("worker", "ps")
+# glibc raises its mmap threshold as big blocks are freed, after which freed tensors stay in
+# fragmented heaps and RSS creeps up with no leak (measured: about 1 MiB per cancelled step, flat
+# with the threshold fixed). Fixed, a freed tensor goes back to the system and RSS shows what
+# the process holds.
+TASK_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}  # the long-lived processes, judged; ps 1 restarts so has no trend
 
 
 class SoakError(RuntimeError):
@@ -106,29 +111,29 @@ class _Model:
         with tf.device(ps0):
             stalled = tf.reduce_sum(payload) + never_fed.dequeue()
         with tf.device(worker):
-            self.cancelled = [stalled * 2.0, self._run_ahead(tf, ps0, worker, never_fed, total)]
+            self.cancelled = [stalled * 2.0, run_ahead_loop(tf, ps0, worker, never_fed, total)]
 
-    @staticmethod
-    def _run_ahead(tf, ps0, worker, never_fed, total):
-        """Sends whose receives are never issued: a loop whose counter runs on the worker and whose
-        sum runs on ps 0, one iteration at a time. The worker runs every iteration at once, sending
-        ps 0 a fresh tensor each; ps 0 blocks in its first, so it never issues the receives of the
-        others before the step is aborted."""
-        def body(i, running_total):
-            with tf.device(worker):
-                part = tf.random.uniform([CANCELLED_FLOATS]) + tf.cast(i, tf.float32)
-            with tf.device(ps0):
-                running_total = running_total + tf.reduce_sum(part) + never_fed.dequeue()
-            with tf.device(worker):
-                return i + 1, running_total
+
+def run_ahead_loop(tf, ps, worker, never_fed, total):
+    """Sends whose receives are never issued (needs TF1 control flow): a loop whose counter runs on
+    the worker and whose sum runs on the ps, one iteration at a time. The worker runs all
+    RUN_AHEAD_ITERATIONS at once, sending the ps a fresh 1 MiB tensor in each; the ps blocks on
+    `never_fed` in its first, so it never issues the receives of the others before the step ends."""
+    def body(i, running_total):
         with tf.device(worker):
-            _, summed = tf.while_loop(lambda i, _: i < RUN_AHEAD_ITERATIONS, body,
-                                      [tf.constant(0), total], parallel_iterations=1)
-        # The loop's own ops for the sum (Enter, Merge, Switch, ...) are placed with it on ps 0, or
-        # the worker's iterations would wait for ps 0's.
-        for op in _loop_ops_of(summed):
-            op._set_device(ps0)  # noqa: SLF001 (graph mode has no public way to place them apart)
-        return summed
+            part = tf.random.uniform([CANCELLED_FLOATS]) + tf.cast(i, tf.float32)
+        with tf.device(ps):
+            running_total = running_total + tf.reduce_sum(part) + never_fed.dequeue()
+        with tf.device(worker):
+            return i + 1, running_total
+    with tf.device(worker):
+        _, summed = tf.while_loop(lambda i, _: i < RUN_AHEAD_ITERATIONS, body,
+                                  [tf.constant(0), total], parallel_iterations=1)
+    # The loop's own ops for the sum (Enter, Merge, Switch, ...) are placed with it on the ps, or
+    # the worker's iterations would wait for the ps's.
+    for op in _loop_ops_of(summed):
+        op._set_device(ps)  # noqa: SLF001 (graph mode has no public way to place them apart)
+    return summed
 
 
 def _loop_ops_of(exit_tensor):
@@ -252,7 +257,7 @@ class _Task:
 
     def __init__(self, spec):
         self.stderr = tempfile.TemporaryFile("w+")
-        self.process = start_task(MODULE, spec, stderr=self.stderr)
+        self.process = start_task(MODULE, spec, stderr=self.stderr, env=TASK_ENVIRONMENT)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
