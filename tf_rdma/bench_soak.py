@@ -52,12 +52,12 @@ RUN_AHEAD_ITERATIONS = 4
 GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0}
 SETTLE = 3  # samples whose lowest stands for a moment, so one sample taken mid-step cannot decide
 WARMUP_FRACTION = 1 / 3
-PROCESSES = ("worker", "ps")
+PROCESSES = ("worker", "ps")  # the long-lived processes, judged; ps 1 restarts so has no trend
 # glibc raises its mmap threshold as big blocks are freed, after which freed tensors stay in
 # fragmented heaps and RSS creeps up with no leak (measured: about 1 MiB per cancelled step, flat
 # with the threshold fixed). Fixed, a freed tensor goes back to the system and RSS shows what
 # the process holds.
-TASK_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}  # the long-lived processes, judged; ps 1 restarts so has no trend
+TASK_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
 
 
 class SoakError(RuntimeError):
@@ -337,8 +337,8 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
                          f"{sample['cancelled_steps']} cancelled, {restarts} restarts, {tensors} tensors; "
                          f"RSS worker {sample['worker']['rss_bytes'] >> 20} MiB, "
                          f"ps {sample['ps']['rss_bytes'] >> 20} MiB")
-            # No restart in the last round's reach: the run must end on samples of a whole cluster.
-            if now - last_restart >= restart_seconds and now - started < seconds - restart_seconds / 2:
+            # None in the last quarter: the run ends on samples of a cluster that recovered.
+            if now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:
                 peer.process.send_signal(signal.SIGKILL)
                 peer.stop()
                 peer = tasks["peer"] = _Task(spec("ps", 1))
@@ -361,8 +361,8 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
 def run(backends, minutes, restart_seconds=None, progress=None):
     """{"backends": [...], "unavailable": {backend: reason}, "runs": [one soak per backend], "flat"}"""
     seconds = minutes * 60
-    # Restarts in warm-up and after it: at least two per run, at most one every 20 s.
-    restart_seconds = restart_seconds or min(20.0, seconds / 3)
+    # Restarts in warm-up and after it (at least two per run), at most one every 20 s.
+    restart_seconds = restart_seconds or min(20.0, seconds / 4)
     usable = available_backends()
     carried = [b for b in backends if usable.get(b) is None]
     report = {"backends": carried, "minutes": minutes,
