@@ -25,10 +25,12 @@ def main(argv=None):
     info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
     info.add_argument("--json", action="store_true")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "soak"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
-                            "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC")
+                            "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
+                            "soak: a training loop for --minutes with cancelled steps and a restarted "
+                            "peer, checking that memory, descriptors, threads and pools stay flat")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
@@ -45,6 +47,8 @@ def main(argv=None):
                        help="tf: some of transfer,many,hops,ps-train (default all)")
     bench.add_argument("--quick", action="store_true", help="tf: smaller sizes and budgets (under a minute)")
     bench.add_argument("--plot", metavar="FILE.png", help="tf: plot the figures (needs matplotlib)")
+    bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
+                                                                  "(default 5; the first third is warm-up)")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -75,6 +79,20 @@ def main(argv=None):
             print(json.dumps(results, indent=2) if args.json else bench_tf.render(results))
             if args.plot:
                 bench_tf.plot(results, args.plot)
+        elif args.what == "soak":
+            from tf_rdma import bench_soak
+            from tf_rdma.transport import BACKENDS
+            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+            try:
+                report = bench_soak.run(
+                    backends, args.minutes,
+                    progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+            except bench_soak.SoakError as e:
+                print(f"tf_rdma: {e}", file=sys.stderr)
+                return 1
+            print(json.dumps(report, indent=2) if args.json else bench_soak.render(report))
+            if not report["flat"]:
+                return 1
         elif args.what == "collective":
             from tf_rdma import bench_collective
             from tf_rdma.transport import BACKENDS

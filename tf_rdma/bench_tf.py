@@ -186,21 +186,33 @@ def task(spec):
     os._exit(0)  # closing would wait for the ps to deregister the graphs
 
 
+def local_cluster(jobs):
+    """A cluster spec of `jobs` ({"ps": 1, "worker": 2}) on free ports of this host, each with its
+    tf_rdma port (+ TF_RDMA_PORT_OFFSET) free too."""
+    ports = iter(free_ports(sum(jobs.values()), also_free_at_offset=config.port_offset))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(count)] for job, count in jobs.items()}
+
+
+def start_task(module, spec, stderr=subprocess.PIPE, env=None):
+    """`python -m module SPEC_JSON`: one task of a bench cluster in its own process, on tf_rdma's
+    `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    if spec["transport"] != "grpc":
+        env["TF_RDMA_BACKEND"] = spec["transport"]
+    return subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+
+
 def run_cluster(transport, workloads, params, timeout=900):
     """{workload: [rows of each worker that ran it]} measured on one fresh cluster: a ps and two
     workers (the second only trains)."""
     workers = 2 if "ps-train" in workloads else 1
-    ports = free_ports(1 + workers, also_free_at_offset=config.port_offset)
-    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    if transport != "grpc":
-        env["TF_RDMA_BACKEND"] = transport
+    cluster = local_cluster({"ps": 1, "worker": workers})
 
     def start(job, index):
-        spec = {"cluster": cluster, "job": job, "index": index, "transport": transport,
-                "workloads": list(workloads), "params": params}
-        return subprocess.Popen([sys.executable, "-m", "tf_rdma.bench_tf", json.dumps(spec)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        return start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": job, "index": index,
+                                               "transport": transport, "workloads": list(workloads),
+                                               "params": params})
     ps = start("ps", 0)
     processes = [start("worker", i) for i in range(workers)]
     try:

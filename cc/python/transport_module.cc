@@ -212,6 +212,8 @@ PYBIND11_MODULE(_transport, m) {
       .def("revoke", [](PyConnection& c, const GrantHandle& g) { c.get().Revoke(g.id); })
       .def("discard", [](PyConnection& c, const py::int_& tag) { c.get().Discard(TagFromInt(tag)); },
            py::arg("tag"), "Writes under `tag`, waiting or to come, complete as cancelled.")
+      .def("withdraw", [](PyConnection& c, const py::int_& tag) { c.get().Withdraw(TagFromInt(tag)); },
+           py::arg("tag"), "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled.")
       .def("write",
            [](PyConnection& c, const py::int_& tag, const py::buffer& data) {
              py::buffer_info info = data.request();

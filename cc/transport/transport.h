@@ -97,6 +97,12 @@ class Connection {
 
   // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
   virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;
+  // The sender gives up on `tag` (its step was aborted): writes under it still waiting for a grant,
+  // and any that come later, complete with DiscardedWrite(), as after the receiver's Discard. A
+  // receiver tells only about receives it issued; one whose step ended before it issued a receive
+  // never will, and the write would hold its memory until the connection closes. A write already
+  // paired with a grant goes on. Remembered like discarded tags (grant_book.h).
+  virtual void Withdraw(const Tag& tag) = 0;
 
   // Fails every pending and future operation with `reason` and tells the peer why.
   virtual void Close(const absl::Status& reason) = 0;

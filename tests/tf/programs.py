@@ -292,6 +292,34 @@ def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
     os._exit(0)
 
 
+def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps):
+    """Steps cancelled while this worker's sends run ahead of receives the ps never issues (the
+    soak's loop, tf_rdma/bench_soak.py); saves the worker's stats once the ps has had time to
+    refuse them."""
+    import tensorflow as tf
+    import tf_rdma
+    from tf_rdma import bench_soak
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.disable_control_flow_v2()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        never_fed = tf.queue.FIFOQueue(1, tf.float32, shapes=[[]])
+        total = tf.zeros([])
+    loop = bench_soak.run_ahead_loop(tf, "/job:ps/task:0", "/job:worker/task:0", never_fed, total)
+    sess = tf.compat.v1.Session(server.target)
+    cancelled = 0
+    for _ in range(steps):
+        try:
+            sess.run(loop, options=tf.compat.v1.RunOptions(timeout_in_ms=500))
+        except tf.errors.DeadlineExceededError:
+            cancelled += 1
+    time.sleep(2)  # the steps' cleanup reaches this task after the deadline
+    with open(output, "w") as f:
+        json.dump({"cancelled": cancelled, "stats": tf_rdma.stats()}, f)
+    print("done", flush=True)
+    os._exit(0)
+
+
 def cross_once(cluster, job, index, transport, output, **server_options):
     """One step that reads a ps variable on this worker: records the outcome, the value's sum and
     tf_rdma's stats."""

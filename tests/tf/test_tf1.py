@@ -158,6 +158,26 @@ def test_hung_peer_fails_the_step_within_the_peer_timeout(tmp_path):
     assert outcome["seconds"] < 10
 
 
+def test_sends_a_cancelled_step_never_asked_for_are_withdrawn_not_held(tmp_path, backend):
+    """The worker's loop sends ps 0 a 1 MiB tensor per iteration; ps 0 blocks in the first and
+    never issues the receives of the others, so never discards them. The worker's aborted step
+    withdraws them: without that each stays in the connection (memory held) until it closes."""
+    output = str(tmp_path / "outcome.json")
+    steps = 4
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": backend}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("worker", 0, "run_ahead_cancelled_worker", transport="rdma", output=output, steps=steps)
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["cancelled"] == steps, outcome
+    ps = outcome["stats"]["peers"]["/job:ps/replica:0/task:0"]
+    from tf_rdma.bench_soak import RUN_AHEAD_ITERATIONS
+    # Per step, the header and the data of each tensor but the first, which ps 0 received.
+    assert ps["sends_discarded"] >= steps * (RUN_AHEAD_ITERATIONS - 1) * 2, ps
+    assert ps["errors"] == 0, ps
+
+
 def cross_with_secrets(tmp_path, ps_secret, worker_secret):
     """programs.cross_once on a worker whose TF_RDMA_SECRET may differ from the ps's; its outcome."""
     output = str(tmp_path / "outcome.json")

@@ -187,10 +187,14 @@ def test_revoked_grant_is_never_written(backend):
         assert memoryview(region) == b"\0" * 100
 
 
-def test_discarded_tag_cancels_its_writes_waiting_and_later_only(backend):
+@pytest.mark.parametrize("given_up_by", ["receiver", "sender"])
+def test_a_tag_given_up_cancels_its_writes_waiting_and_later_only(backend, given_up_by):
     with connected_pair(backend) as (receiver, from_sender, to_receiver):
         waiting = to_receiver.write(21, b"w" * 64)
-        from_sender.discard(21)
+        if given_up_by == "receiver":
+            from_sender.discard(21)
+        else:  # its step was aborted before the receiver issued a receive, so none will discard
+            to_receiver.withdraw(21)
         with pytest.raises(errors.CancelledError, match="discarded"):
             waiting.wait(10)
         # The sender remembers the tag: a write under it that comes after the discard is dropped too,

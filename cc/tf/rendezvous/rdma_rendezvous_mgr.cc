@@ -3,7 +3,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/log/log.h"
 #include "absl/strings/match.h"
@@ -367,6 +369,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   }
 
   void StartAbort(const absl::Status& status) override {
+    WithdrawPendingPushes();
     BaseRemoteRendezvous::StartAbort(status);
     grpc_->StartAbort(status);
   }
@@ -497,15 +500,25 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         return report((*step)->BaseRemoteRendezvous::Send(reparsed, args, value, is_dead));
       }
       if (!connection.ok()) return report(connection.status());
+      const bool has_data_write = !is_dead && !travels_inline;
+      const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write ? 2 : 1);
+      auto finished = [step, push, report](const absl::Status& status) {
+        if (push) (*step)->WriteFinished(*push);
+        report(status);
+      };
       (*connection)->Write(tags.header, encoded->data(), encoded->size(),
-                           [encoded, report](const absl::Status& status) { report(status); });
-      if (is_dead) return;
+                           [encoded, finished](const absl::Status& status) { finished(status); });
       const uint64_t bytes = proto ? proto->size() : value.TotalBytes();
-      if (!travels_inline) {
+      if (has_data_write) {
         const char* data = proto ? proto->data() : value.tensor_data().data();
         (*connection)->Write(tags.data, data, bytes,
-                             [value, proto, report](const absl::Status& status) { report(status); });
+                             [value, proto, finished](const absl::Status& status) { finished(status); });
       }
+      if (!push) {  // the step was aborted before the writes started: nobody will take them
+        (*connection)->Withdraw(tags.header);
+        (*connection)->Withdraw(tags.data);
+      }
+      if (is_dead) return;
       const char* kind = KindOf(tensor_name);
       runtime->stats().Peer(peer_task, [bytes, kind](PeerStats& s) {
         s.tensors_sent++;
@@ -515,8 +528,52 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     });
   }
 
+  // The sends of this step whose writes have not all finished, so an aborted step can withdraw
+  // them: the receiver's step is aborted too, and a receive it never issued would never discard
+  // them (its Recv had not run yet, e.g. a later iteration of a loop), leaving the tensor held by
+  // the connection until it closes. Returns the push's id, or nothing if the step was aborted.
+  std::optional<uint64_t> TrackPush(const std::shared_ptr<Connection>& connection, const TransferTags& tags,
+                                    int writes) {
+    std::lock_guard<std::mutex> lock(pushes_mu_);
+    if (aborted_) return std::nullopt;
+    const uint64_t id = next_push_++;
+    pending_pushes_.emplace(id, PendingPush{connection, tags, writes});
+    return id;
+  }
+  void WriteFinished(uint64_t push) {
+    std::lock_guard<std::mutex> lock(pushes_mu_);
+    auto it = pending_pushes_.find(push);
+    if (it != pending_pushes_.end() && --it->second.writes_left == 0) pending_pushes_.erase(it);
+  }
+  void WithdrawPendingPushes() {
+    std::vector<PendingPush> pending;
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      aborted_ = true;
+      for (auto& [id, push] : pending_pushes_) pending.push_back(std::move(push));
+      pending_pushes_.clear();
+    }
+    // Outside the lock: a withdrawn write's callback runs here and finishes its push.
+    for (const PendingPush& push : pending) {
+      if (std::shared_ptr<Connection> connection = push.connection.lock()) {
+        connection->Withdraw(push.tags.header);
+        connection->Withdraw(push.tags.data);
+      }
+    }
+  }
+
+  struct PendingPush {
+    std::weak_ptr<Connection> connection;  // a closed connection has failed the writes already
+    TransferTags tags;
+    int writes_left;
+  };
+
   const std::shared_ptr<Runtime> runtime_;
   const tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc_;
+  std::mutex pushes_mu_;
+  bool aborted_ = false;
+  uint64_t next_push_ = 1;
+  std::unordered_map<uint64_t, PendingPush> pending_pushes_;
   // The session runs this server under another task name than the server's own (ClusterSpec
   // propagation): the step's transfers stay on gRPC. The other end of each learns it when it
   // connects to this server and meets another name (Runtime::Renamed), and falls back alike.

@@ -219,7 +219,7 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
       return OnGrantReturned(std::get<wire::Revoked>(frame.body).grant_id,
                              {absl::CancelledError("grant revoked"), 0}, false);
     case wire::FrameType::kDiscard:
-      OnPeerDiscard(std::get<wire::Discard>(frame.body).tag);
+      Withdraw(std::get<wire::Discard>(frame.body).tag);  // the sender drops them alike
       return absl::OkStatus();
     case wire::FrameType::kShmRegion: {
       int fd = -1;
@@ -260,7 +260,7 @@ void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
   FlushLocked(lock);
 }
 
-void StreamConnection::OnPeerDiscard(const Tag& tag) {
+void StreamConnection::Withdraw(const Tag& tag) {
   std::vector<PendingWrite> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -34,6 +34,7 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   void Revoke(uint64_t grant_id) override;
   void Discard(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
+  void Withdraw(const Tag& tag) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
@@ -95,7 +96,6 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   absl::Status OnData(const wire::Data& data);
   absl::Status OnGrantReturned(uint64_t grant_id, GrantResult result, bool must_exceed_capacity);
   void OnPeerRevoke(uint64_t grant_id);
-  void OnPeerDiscard(const Tag& tag);
   // Queues what the grant book decided: TOO_SMALL answers, then the paired message. Lock held.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   void EnqueueLocked(Outgoing item);

@@ -394,6 +394,15 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
   EnqueuePairingLocked(std::move(pairing));
 }
 
+void VerbsConnection::Withdraw(const Tag& tag) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DropWritesLocked(tag, &callbacks);
+  }
+  for (auto& callback : callbacks) callback();
+}
+
 void VerbsConnection::Discard(const Tag& tag) {
   std::lock_guard<std::mutex> lock(mu_);
   if (status_.ok()) EnqueueFrameLocked({wire::FrameType::kDiscard, wire::Discard{tag}});
@@ -832,7 +841,7 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
       OnPeerRevokeLocked(std::get<wire::Revoke>(frame.body).grant_id);
       return absl::OkStatus();
     case wire::FrameType::kDiscard:
-      OnPeerDiscardLocked(std::get<wire::Discard>(frame.body).tag, callbacks);
+      DropWritesLocked(std::get<wire::Discard>(frame.body).tag, callbacks);
       return absl::OkStatus();
     case wire::FrameType::kRevoked:
       return OnGrantReturnedLocked(std::get<wire::Revoked>(frame.body).grant_id,
@@ -901,7 +910,7 @@ absl::Status VerbsConnection::OnRemoteGrantLocked(const wire::Grant& grant) {
   return absl::OkStatus();
 }
 
-void VerbsConnection::OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
+void VerbsConnection::DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
   for (auto& write : book_.Discard(tag)) {
     callbacks->push_back([done = std::move(write.done)] { done(DiscardedWrite()); });
   }

@@ -102,6 +102,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   void Revoke(uint64_t grant_id) override;
   void Discard(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
+  void Withdraw(const Tag& tag) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
@@ -162,7 +163,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
                                      std::vector<std::function<void()>>* callbacks);
   void OnPeerRevokeLocked(uint64_t grant_id);
-  void OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
+  void DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
   // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   // The slot of the peer's grant table holding grant `grant_id`, which the peer is answering;

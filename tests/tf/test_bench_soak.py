@@ -1,0 +1,76 @@
+"""`python -m tf_rdma bench soak`: a short real soak over tcp and shm that must stay flat, and the
+flatness judgement and table on canned samples (a leak, a transient, too short a run)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tf_rdma import bench_soak
+
+MINIMUM_TRANSFERS_AFTER_WARMUP = 10_000
+
+
+@pytest.mark.timeout(240)
+def test_a_short_soak_over_tcp_and_shm_stays_flat_through_cancelled_steps_and_a_restarted_peer():
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "soak", "--minutes", "0.6",
+                             "--backend", "tcp,shm", "--json"], capture_output=True, text=True, timeout=220)
+    assert result.stdout, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["backends"] == ["tcp", "shm"] and report["unavailable"] == {}
+    for run in report["runs"]:
+        at_warmup, end = run["samples"][run["warmup_samples"]], run["samples"][-1]
+        # What happened after warm-up, where flatness is judged: real traffic, cancelled steps
+        # and a restarted peer the worker recovered from.
+        assert end["tensors"] - at_warmup["tensors"] >= MINIMUM_TRANSFERS_AFTER_WARMUP, run["backend"]
+        assert end["cancelled_steps"] > at_warmup["cancelled_steps"], run["backend"]
+        assert end["restarts"] > at_warmup["restarts"], run["backend"]
+        assert end["sessions"] > at_warmup["sessions"], run["backend"]
+        grew = {f"{process} {quantity}": q for process, quantities in run["flatness"].items()
+                for quantity, q in quantities.items() if not q["flat"]}
+        assert not grew, (run["backend"], grew)
+    assert report["flat"] and result.returncode == 0, result.stderr[-3000:]
+    assert "soak over tcp" in result.stderr and "soak over shm" in result.stderr  # the progress lines
+
+
+def sample(seconds, worker_rss_mib, worker_fds=20, ps_threads=100):
+    quantities = {"rss_bytes": 600 << 20, "fds": 20, "threads": 100, "region_bytes": 64 << 20,
+                  "mapped_shm_bytes": 192 << 20}
+    return {"seconds": seconds, "steps": seconds * 100, "tensors": seconds * 2500,
+            "worker": {**quantities, "rss_bytes": worker_rss_mib << 20, "fds": worker_fds},
+            "ps": {**quantities, "threads": ps_threads}}
+
+
+def test_a_process_that_keeps_growing_after_warmup_is_not_flat():
+    samples = [sample(s, 600 + 2 * s) for s in range(12)]  # 2 MiB a second
+    verdict = bench_soak.judge(samples, warmup_samples=4)
+    rss = verdict["worker"]["rss_bytes"]
+    assert rss["baseline"] == 608 << 20 and rss["end"] == 618 << 20 and not rss["flat"]
+    assert verdict["ps"]["rss_bytes"]["flat"]
+
+
+def test_a_descriptor_left_open_after_warmup_is_not_flat_but_one_open_for_a_moment_is():
+    leaked = [sample(s, 600, worker_fds=20 if s < 8 else 21) for s in range(12)]
+    assert not bench_soak.judge(leaked, warmup_samples=4)["worker"]["fds"]["flat"]
+    # A thread or descriptor alive during one sample (a handshake, a step) is not a leak.
+    transient = [sample(s, 600, ps_threads=101 if s in (5, 10) else 100) for s in range(12)]
+    assert bench_soak.judge(transient, warmup_samples=4)["ps"]["threads"]["flat"]
+
+
+def test_too_few_samples_after_warmup_is_an_error_not_a_pass():
+    with pytest.raises(bench_soak.SoakError, match="run longer"):
+        bench_soak.judge([sample(s, 600) for s in range(8)], warmup_samples=4)
+
+
+def test_the_table_marks_warmup_and_what_grew():
+    samples = [{**sample(s, 600 + 2 * s), "cancelled_steps": s, "restarts": s // 4, "sessions": 1 + s // 4}
+               for s in range(12)]
+    verdict = bench_soak.judge(samples, warmup_samples=4)
+    run = {"backend": "shm", "seconds": 12, "steps": 1100, "cancelled_steps": 11, "failed_steps": 2,
+           "restarts": 2, "tensors": 27500, "bytes": 3 << 30, "tensors_after_warmup": 17500,
+           "warmup_samples": 4, "samples": samples, "flatness": verdict, "flat": False}
+    text = bench_soak.render({"unavailable": {"verbs": "no RDMA device"}, "runs": [run], "flat": False})
+    assert "verbs: unavailable: no RDMA device" in text
+    assert "*     4     400     10000 |    608.0 MiB   20  100" in text
+    assert "worker rss_bytes            608.0 MiB ->    618.0 MiB  growth   10.0 MiB (bound 8.0 MiB): GREW" in text
+    assert text.endswith("NOT FLAT: something grew after warm-up")
