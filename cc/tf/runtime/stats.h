@@ -28,7 +28,7 @@ struct PeerStats {
   uint64_t grants = 0;
   uint64_t regrants = 0;  // a message outgrew its grant (a transfer's first time, or it grew)
   uint64_t errors = 0;
-  uint64_t sends_discarded = 0;  // writes the receiver no longer wanted (its step was cancelled)
+  uint64_t sends_discarded = 0;  // writes dropped because their step was cancelled (either side)
   uint64_t connects = 0;
 };
 
