@@ -279,6 +279,8 @@ class Fuzzer:
         if outstanding is None:
             return encoded, [], rf"DATA for grant {grant_id}, which is not outstanding", None
         if length > capacity:
+            if model.backend == "tcp" and length < (1 << 16):
+                encoded += os.urandom(length)  # the overlong payload too, should the victim take it
             return encoded, [], rf"DATA of {length} bytes for a grant of {capacity}", None
         payload = os.urandom(length)
         _, region_id, offset, _ = outstanding

@@ -107,6 +107,12 @@ def check_leftovers(verdict, context):
 
 
 def check_batch(batch, expected, verdict, problems, context):
+    # Memory first: a write out of bounds is the worst outcome, whatever else went wrong.
+    assert not verdict["changed_outside_grants"], \
+        f"{context}: the victim's region changed outside its grants at {verdict['changed_outside_grants']}"
+    assert verdict["region_sha256"] == hashlib.sha256(batch.model.victim_region).hexdigest(), \
+        f"{context}: the victim's granted ranges do not hold exactly what the hostile peer wrote"
+    assert not problems, f"{context}: {problems}"
     error = verdict["error"] or ""
     if expected == "REJECT":
         # The peer ended the connection itself: its REJECT's reason is what the victim reports.
@@ -115,11 +121,6 @@ def check_batch(batch, expected, verdict, problems, context):
         assert verdict["error_class"] == "ProtocolError", f"{context}: expected /{expected}/, got {verdict}"
         assert "broke the tf_rdma protocol" in error and re.search(expected, error), \
             f"{context}: expected /{expected}/, got {error!r}"
-    assert not verdict["changed_outside_grants"], \
-        f"{context}: the victim's region changed outside its grants at {verdict['changed_outside_grants']}"
-    assert verdict["region_sha256"] == hashlib.sha256(batch.model.victim_region).hexdigest(), \
-        f"{context}: the victim's granted ranges do not hold exactly what the hostile peer wrote"
-    assert not problems, f"{context}: {problems}"
     model = batch.model
     outstanding_tags = {grant[0] for grant in model.victim_grants.values()}
     for (tag, _, _), (outcome, detail) in zip(GRANTS, verdict["grants"]):
