@@ -8,22 +8,17 @@ legitimate peer still moves data byte-exactly through the same listener.
 FUZZ_SEED and FUZZ_FRAMES choose the campaign; a failure names the seed and batch,
 and FUZZ_BATCH=N replays that batch alone."""
 import hashlib
-import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 import hostile_peer
 import wire_client as w
-from helpers import KEY, next_line, pattern, transport
-from victim_process import GRANTS, LEGIT_CAPACITY, WRITES
+from helpers import KEY, transport
+from victim_process import GRANTS, WRITES, VictimProcess
 
 pytestmark = pytest.mark.stream_backends_only
 
@@ -31,65 +26,11 @@ SEED = int(os.environ.get("FUZZ_SEED", "9"))
 FRAMES = int(os.environ.get("FUZZ_FRAMES", "2000"))
 HANDSHAKE_FRAMES = int(os.environ.get("FUZZ_HANDSHAKE_FRAMES", "200"))
 ONLY_BATCH = os.environ.get("FUZZ_BATCH")
-VICTIM_SCRIPT = Path(__file__).with_name("victim_process.py")
-
-
-class Victim:
-    """The child process under attack, driven one command at a time (see victim_process.py)."""
-
-    def __init__(self, backend, connect_timeout=1.0, peer_timeout=5.0, limit_setup=None):
-        self.backend = backend
-        # Every refused connection logs a warning: a pipe nobody reads would fill up and block
-        # the victim in its logging, so its stderr goes to a file.
-        self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, str(VICTIM_SCRIPT), backend, str(connect_timeout), str(peer_timeout),
-             *([limit_setup] if limit_setup else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.endpoint = self.answer()["endpoint"]
-
-    def answer(self):
-        try:
-            return json.loads(next_line(self.process, timeout=60))
-        except AssertionError:
-            self.assert_alive()  # says how it died, with what it logged
-            raise
-
-    def ask(self, command):
-        self.assert_alive()
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self.answer()
-
-    def assert_alive(self):
-        if self.process.poll() is not None:
-            raise AssertionError(f"the victim died with status {self.process.returncode}: "
-                                 f"{self.logged()[-3000:]}")
-
-    def logged(self):
-        self.log.seek(0)
-        return self.log.read()
-
-    def legit_peer_moves_data(self, member, seed):
-        """A legitimate peer connects through the same listener and writes; what landed must be
-        exactly what it wrote."""
-        self.process.stdin.write(f"legit {seed}\n")
-        self.process.stdin.flush()
-        connection = member.connect(self.endpoint)
-        connection.write(7, pattern(LEGIT_CAPACITY, seed)).wait(10)
-        answer = self.answer()
-        connection.close()
-        return answer == {"landed": LEGIT_CAPACITY, "exact": True}, answer
-
-    def stop(self):
-        self.process.stdin.close()
-        self.process.wait(10)
-        return self.logged()
 
 
 @pytest.fixture
 def victim(backend):
-    victim = Victim(backend)
+    victim = VictimProcess(backend)
     member = transport(backend, "member")
     ok, answer = victim.legit_peer_moves_data(member, 0)
     assert ok, answer

@@ -17,12 +17,14 @@ import gc
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from helpers import HOST, pattern, transport  # noqa: E402
+from helpers import HOST, next_line, pattern, transport  # noqa: E402
 from tf_rdma import errors  # noqa: E402
 
 REGION_SIZE = 64 << 10
@@ -133,6 +135,59 @@ class Victim:
         gc.collect()
         self.level = (open_descriptors(), threads())
         return {"descriptors": self.level[0], "threads": self.level[1]}
+
+
+class VictimProcess:
+    """This script in a child process, driven one command at a time from the test."""
+
+    def __init__(self, backend, connect_timeout=1.0, peer_timeout=5.0, limit_setup=None):
+        self.backend = backend
+        # Every refused connection logs a warning: a pipe nobody reads would fill up and block
+        # the victim in its logging, so its stderr goes to a file.
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), backend, str(connect_timeout), str(peer_timeout),
+             *([limit_setup] if limit_setup else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.endpoint = self.answer()["endpoint"]
+
+    def answer(self):
+        try:
+            return json.loads(next_line(self.process, timeout=60))
+        except AssertionError:
+            self.assert_alive()  # says how it died, with what it logged
+            raise
+
+    def ask(self, command):
+        self.assert_alive()
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.answer()
+
+    def assert_alive(self):
+        if self.process.poll() is not None:
+            raise AssertionError(f"the victim died with status {self.process.returncode}: "
+                                 f"{self.logged()[-3000:]}")
+
+    def logged(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def legit_peer_moves_data(self, member, seed):
+        """A legitimate peer connects through the same listener and writes; what landed must be
+        exactly what it wrote."""
+        self.process.stdin.write(f"legit {seed}\n")
+        self.process.stdin.flush()
+        connection = member.connect(self.endpoint)
+        connection.write(7, pattern(LEGIT_CAPACITY, seed)).wait(10)
+        answer = self.answer()
+        connection.close()
+        return answer == {"landed": LEGIT_CAPACITY, "exact": True}, answer
+
+    def stop(self):
+        self.process.stdin.close()
+        self.process.wait(10)
+        return self.logged()
 
 
 def main():
