@@ -10,6 +10,7 @@ import fcntl
 import mmap
 import os
 import random
+import select
 import socket
 import struct
 import threading
@@ -434,6 +435,21 @@ class Batch:
                 os.close(fd)
         else:
             self.peer.send(encoded)
+
+    def flood(self, chunks):
+        """Sends `chunks` until the victim closes the connection: one that stopped reading would
+        leave a plain sendall blocked. Returns whether all of them went out."""
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                if self.reader.closed:
+                    return False
+                if select.select([], [self.peer.sock], [], 0.1)[1]:
+                    try:
+                        view = view[self.peer.sock.send(view):]
+                    except (BrokenPipeError, ConnectionResetError):
+                        return False
+        return True
 
     def run(self, max_frames):
         """Sends up to `max_frames` fuzzed frames; returns the regex the victim's error must match."""
