@@ -1,5 +1,6 @@
 """A listener under exhausted resources, for real, in a child process with lowered limits: it must
 back off and keep serving, never end its accept loop or abort the process."""
+import os
 import re
 import struct
 import subprocess
@@ -101,6 +102,23 @@ def test_failing_to_start_a_handshake_thread_refuses_that_client_only(backend):
     ''', connections=20)
     assert "cannot start a thread" in logged, logged
 
+
+
+def test_a_pids_limit_refuses_the_clients_it_cannot_serve_not_the_process(backend):
+    """RLIMIT_NPROC (what a container's pids limit amounts to) counts every thread of the user, and
+    does not bind root: the child becomes a user with no other process, allowed a few threads more
+    than it runs, so that silent clients exhaust them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: RLIMIT_NPROC is only exact for a user running nothing else, and "
+                    "switching to one takes root")
+    logged = run_exhaustion(backend, '''
+        import os
+        os.setgid(54321)
+        os.setuid(54321)
+        threads = len(os.listdir("/proc/self/task"))
+        resource.setrlimit(resource.RLIMIT_NPROC, (threads + 4, threads + 4))
+    ''', connections=20)
+    assert "cannot start a thread" in logged, logged
 
 # Room for the listener's own threads and a legitimate peer's connection, not for a hostile
 # peer's flood: what the flood needs then fails to be allocated.
