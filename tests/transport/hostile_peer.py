@@ -361,7 +361,7 @@ class Fuzzer:
             # Decoding comes before anything else; a descriptor riding along is closed regardless.
             expected = malformed
         elif descriptors == 2:
-            expected = "the peer passed 2 file descriptors with a SHM_REGION frame"
+            expected = "the peer passed 2 file descriptors with a SHM_REGION frame, which carries exactly one"
         elif descriptors == 0:
             expected = "SHM_REGION frame without a file descriptor"
         elif declared > SHM_MAX_MAPPED_BYTES - model.mapped:

@@ -220,9 +220,11 @@ absl::Status StreamConnection::RefuseStrayDescriptors(size_t allowed, const char
   const size_t count = received_fds_.size();
   for (int fd : received_fds_) close(fd);
   received_fds_.clear();
+  // Said for the frame at hand: "only SHM_REGION carries one" reads as nonsense after SHM_REGION.
   return absl::DataLossError(absl::StrCat("the peer passed ", count, " file descriptor",
-                                          count == 1 ? "" : "s", " with a ", frame_type,
-                                          " frame; only SHM_REGION carries one"));
+                                          count == 1 ? "" : "s", " with a ", frame_type, " frame",
+                                          allowed == 0 ? "; only SHM_REGION carries one"
+                                                       : ", which carries exactly one"));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {
