@@ -18,6 +18,7 @@
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
 #ifdef TF_RDMA_HAVE_VERBS
+#include "cc/transport/verbs/verbs_messages.h"
 #include "cc/transport/verbs/verbs_transport.h"
 #endif
 
@@ -313,6 +314,21 @@ PYBIND11_MODULE(_transport, m) {
     return std::string(wire::FrameTypeName(frame.type));
   });
 
+#ifdef TF_RDMA_HAVE_VERBS
+  m.def("decode_verbs_message", [](const py::bytes& data) {
+    // Exposes the decoder every message a verbs peer SENDs goes through to the fuzz test; returns
+    // the message's kind or raises.
+    const verbs::Message message = ValueOrThrow(verbs::DecodeMessage(std::string(data)));
+    if (std::holds_alternative<verbs::RegionMessage>(message)) return std::string("REGION");
+    if (std::holds_alternative<verbs::GrantTableMessage>(message)) return std::string("GRANT_TABLE");
+    return std::string(wire::FrameTypeName(std::get<wire::Frame>(message).type));
+  });
+  m.def("decode_verbs_grant_record", [](const py::bytes& data) {
+    // The decoder of what a verbs peer RDMA-writes into our grant table; returns the grant's fields.
+    const wire::Grant grant = ValueOrThrow(verbs::DecodeGrantRecord(std::string(data)));
+    return py::make_tuple(grant.grant_id, grant.region_id, grant.offset, grant.capacity);
+  });
+#endif
   m.def("bench_serve",
         [](const std::string& backend, const bench::BenchPlan& plan, uint16_t port,
            const std::string& cluster_key, py::function ready) {

@@ -203,6 +203,12 @@ class GrantBook {
     waiting_.erase(writes);
     return dropped;
   }
+  // The peer's unused grants are dropped, without allocating: what frees the memory a peer made
+  // us hold when the process ran out of it, before its connection is failed.
+  void ForgetPeerGrants() {
+    peer_grants_.clear();
+    peer_grant_ids_.clear();
+  }
   // The connection failed: every write still waiting; the peer's grants are dropped.
   std::vector<Write> TakeAllWaiting() {
     std::vector<Write> all;

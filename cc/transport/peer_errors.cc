@@ -15,6 +15,12 @@ absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_a
     case absl::StatusCode::kDataLoss:
       return absl::DataLossError(
           absl::StrCat(who, " broke the tf_rdma protocol: ", cause.message(), "; connection closed."));
+    case absl::StatusCode::kResourceExhausted:
+      // Our limit, not the peer's disappearance: said as such, so that it is not taken for a
+      // network failure.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the connection to ", who, " ran into a resource limit: ", cause.message(),
+          "; connection closed."));
     default:
       return absl::UnavailableError(absl::StrCat("lost connection to ", who, ": ", cause.message()));
   }

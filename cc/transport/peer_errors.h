@@ -10,7 +10,8 @@
 namespace tf_rdma {
 
 // `cause` from the connection's own view: kDeadlineExceeded (the peer went silent), kDataLoss (it
-// broke the protocol), anything else (the connection broke).
+// broke the protocol), kResourceExhausted (serving it ran into this process's limits: memory,
+// mappings; kept as such, not reported as the peer's failure), anything else (the connection broke).
 absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_address,
                          const absl::Status& cause);
 

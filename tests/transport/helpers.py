@@ -95,7 +95,7 @@ def next_line(process, timeout=30):
         process.stdout_lines.put(None)  # stays at its end for the next caller
         process.wait(10)
         raise AssertionError(f"the process exited ({process.returncode}) without printing more; "
-                             f"stderr: {process.stderr.read()}")
+                             f"stderr: {process.stderr.read() if process.stderr else '(not captured)'}")
     return line.strip()
 
 

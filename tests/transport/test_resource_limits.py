@@ -1,5 +1,8 @@
 """A listener under exhausted resources, for real, in a child process with lowered limits: it must
 back off and keep serving, never end its accept loop or abort the process."""
+import os
+import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -8,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import hostile_peer
 import wire_client as w
-from helpers import next_line, transport
+from helpers import KEY, next_line, transport
+from victim_process import VictimProcess
 from tf_rdma import errors
 
 pytestmark = pytest.mark.stream_backends_only
@@ -96,3 +101,68 @@ def test_failing_to_start_a_handshake_thread_refuses_that_client_only(backend):
         resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + (40 << 20), resource.RLIM_INFINITY))
     ''', connections=20)
     assert "cannot start a thread" in logged, logged
+
+
+
+def test_a_pids_limit_refuses_the_clients_it_cannot_serve_not_the_process(backend):
+    """RLIMIT_NPROC (what a container's pids limit amounts to) counts every thread of the user, and
+    does not bind root: the child becomes a user with no other process, allowed a few threads more
+    than it runs, so that silent clients exhaust them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: RLIMIT_NPROC is only exact for a user running nothing else, and "
+                    "switching to one takes root")
+    logged = run_exhaustion(backend, '''
+        import os
+        os.setgid(54321)
+        os.setuid(54321)
+        threads = len(os.listdir("/proc/self/task"))
+        resource.setrlimit(resource.RLIMIT_NPROC, (threads + 4, threads + 4))
+    ''', connections=20)
+    assert "cannot start a thread" in logged, logged
+
+# Room for the listener's own threads and a legitimate peer's connection, not for a hostile
+# peer's flood: what the flood needs then fails to be allocated.
+ADDRESS_SPACE_HEADROOM = '''
+import resource
+def mapped_bytes():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + (64 << 20), resource.RLIM_INFINITY))
+'''
+
+
+def test_a_peer_exhausting_the_address_space_fails_its_connection_only(backend):
+    """Under RLIMIT_AS, a peer's flood (tcp: GRANTs under distinct tags, within
+    TF_RDMA_MAX_GRANTS_PER_PEER; shm: sparse regions of 256 MiB, within
+    TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER) runs the listener's process out of memory: that
+    connection fails with a ResourceLimitError saying so, the process lives on, leaves nothing
+    behind, and serves a legitimate peer."""
+    victim = VictimProcess(backend, limit_setup=ADDRESS_SPACE_HEADROOM)
+    member = transport(backend, "member")
+    try:
+        assert victim.legit_peer_moves_data(member, 1)[0]
+        victim.ask("baseline")
+        flood = hostile_peer.Batch(backend, victim.endpoint, KEY, hostile_peer.Fuzzer(0))
+        victim.ask("attack")
+        flood.wait_for_victim_grants()
+        if backend == "shm":
+            try:
+                for region_id in range(2, 66):
+                    flood.send(w.frame(w.SHM_REGION, struct.pack("<IQ", region_id, 256 << 20)),
+                               [hostile_peer.memfd(256 << 20)])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused mid-flood, as it should be
+        else:
+            assert not flood.flood(b"".join(w.grant(i, 1, i, 1, 0, 10) for i in range(first, first + 1024))
+                                   for first in range(1, 65536, 1024)), "the flood was taken whole"
+        assert not flood.finish()
+        verdict = victim.ask("verdict")
+        assert verdict["error_class"] == "ResourceLimitError", verdict["error"]
+        assert re.search("out of memory|cannot map the peer's region", verdict["error"]), verdict["error"]
+        assert verdict["extra_descriptors"] == 0 and verdict["extra_threads"] == 0, verdict
+        ok, answer = victim.legit_peer_moves_data(member, 2)
+        assert ok, answer
+    finally:
+        victim.assert_alive()
+        victim.stop()

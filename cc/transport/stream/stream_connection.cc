@@ -3,6 +3,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <exception>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -163,21 +165,14 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
 }
 
 void StreamConnection::ReadLoop() {
+  // Throwing std::bad_alloc needs libstdc++'s per-thread exception state, which the loader
+  // allocates on first use and, failing that, ends the process (_exit(127)). Used once now,
+  // while the thread's creation shows there is memory, a later bad_alloc can be thrown and caught.
+  // (Declared pure: only a volatile destination keeps the call from being optimized away.)
+  volatile int exceptions_in_flight = std::uncaught_exceptions();
+  (void)exceptions_in_flight;
   while (true) {
-    absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
-    if (frame.ok() && frame->type == wire::FrameType::kReject) {
-      const auto& reject = std::get<wire::Reject>(frame->body);
-      CloseInternal(PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message), false);
-      return;
-    }
-    absl::Status status = frame.status();
-    if (status.ok()) {
-      const char* type = wire::FrameTypeName(frame->type);
-      status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
-      if (status.ok()) status = Dispatch(std::move(*frame));
-      // A payload read off the stream (tcp DATA) must not bring any either.
-      if (status.ok()) status = RefuseStrayDescriptors(0, type);
-    }
+    absl::Status status = ReadOneFrame();
     if (!status.ok()) {
       CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
       return;
@@ -185,14 +180,51 @@ void StreamConnection::ReadLoop() {
   }
 }
 
+absl::Status StreamConnection::ReadOneFrame() {
+  // A peer's frames allocate (its grants, regions, tags): when the process runs out of memory,
+  // that connection fails instead of the exception ending the process.
+  try {
+    return ReadAndDispatch();
+  } catch (const std::bad_alloc&) {
+    // The peer's grants go first: failing the connection allocates (its error, the log line).
+    std::lock_guard<std::mutex> lock(mu_);
+    book_.ForgetPeerGrants();
+    return absl::ResourceExhaustedError(
+        "out of memory handling the peer's frames (RLIMIT_AS, or the host's memory)");
+  }
+}
+
+absl::Status StreamConnection::ReadAndDispatch() {
+  absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
+  if (frame.ok() && frame->type == wire::FrameType::kReject) {
+    // The peer's own reason ends the connection, not a failure of ours (ReadLoop's close of it
+    // then finds the connection closed already).
+    const auto& reject = std::get<wire::Reject>(frame->body);
+    const absl::Status closed = PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message);
+    CloseInternal(closed, false);
+    return closed;
+  }
+  absl::Status status = frame.status();
+  if (status.ok()) {
+    const char* type = wire::FrameTypeName(frame->type);
+    status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
+    if (status.ok()) status = Dispatch(std::move(*frame));
+    // A payload read off the stream (tcp DATA) must not bring any either.
+    if (status.ok()) status = RefuseStrayDescriptors(0, type);
+  }
+  return status;
+}
+
 absl::Status StreamConnection::RefuseStrayDescriptors(size_t allowed, const char* frame_type) {
   if (received_fds_.size() <= allowed) return absl::OkStatus();
   const size_t count = received_fds_.size();
   for (int fd : received_fds_) close(fd);
   received_fds_.clear();
+  // Said for the frame at hand: "only SHM_REGION carries one" reads as nonsense after SHM_REGION.
   return absl::DataLossError(absl::StrCat("the peer passed ", count, " file descriptor",
-                                          count == 1 ? "" : "s", " with a ", frame_type,
-                                          " frame; only SHM_REGION carries one"));
+                                          count == 1 ? "" : "s", " with a ", frame_type, " frame",
+                                          allowed == 0 ? "; only SHM_REGION carries one"
+                                                       : ", which carries exactly one"));
 }
 
 absl::Status StreamConnection::Dispatch(wire::Frame frame) {

@@ -87,6 +87,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   };
 
   void ReadLoop();
+  // One frame read and acted on; an allocation failure becomes kResourceExhausted.
+  absl::Status ReadOneFrame();
+  absl::Status ReadAndDispatch();
   void WriteLoop();
   // Descriptors ride only on SHM_REGION frames, one each: past `allowed`, every descriptor the
   // peer passed is closed and the connection fails, so a peer cannot make us hold any.

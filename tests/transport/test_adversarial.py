@@ -1,0 +1,156 @@
+"""The adversarial suite (issue 9): a hostile peer written from the wire format (hostile_peer.py)
+attacks a tf_rdma listener running in a child process (victim_process.py) with seeded, bounded
+fuzz campaigns. After every batch: the victim is alive, no byte outside the granted ranges changed
+(in its regions, and on shm in the regions it writes into), the guilty connection failed with a
+ProtocolError naming the cause the protocol predicts, its descriptors and threads are gone, and a
+legitimate peer still moves data byte-exactly through the same listener.
+
+FUZZ_SEED and FUZZ_FRAMES choose the campaign; a failure names the seed and batch,
+and FUZZ_BATCH=N replays that batch alone."""
+import hashlib
+import os
+import re
+import time
+from collections import Counter
+
+import pytest
+
+import hostile_peer
+import wire_client as w
+from helpers import KEY, transport
+from victim_process import GRANTS, WRITES, VictimProcess
+
+pytestmark = pytest.mark.stream_backends_only
+
+SEED = int(os.environ.get("FUZZ_SEED", "9"))
+FRAMES = int(os.environ.get("FUZZ_FRAMES", "2000"))
+HANDSHAKE_FRAMES = int(os.environ.get("FUZZ_HANDSHAKE_FRAMES", "200"))
+ONLY_BATCH = os.environ.get("FUZZ_BATCH")
+
+
+@pytest.fixture
+def victim(backend):
+    victim = VictimProcess(backend)
+    member = transport(backend, "member")
+    ok, answer = victim.legit_peer_moves_data(member, 0)
+    assert ok, answer
+    # Whatever the first connection set up for good is part of the level to come back to.
+    victim.ask("baseline")
+    victim.member = member
+    yield victim
+    victim.assert_alive()
+    victim.stop()
+
+
+def check_leftovers(verdict, context):
+    assert verdict["extra_descriptors"] == 0, f"{context}: descriptors left open: {verdict['descriptors']}"
+    assert verdict["extra_threads"] == 0, f"{context}: {verdict['extra_threads']} threads left running"
+
+
+def check_batch(batch, expected, verdict, problems, context):
+    # Memory first: a write out of bounds is the worst outcome, whatever else went wrong.
+    assert not verdict["changed_outside_grants"], \
+        f"{context}: the victim's region changed outside its grants at {verdict['changed_outside_grants']}"
+    assert verdict["region_sha256"] == hashlib.sha256(batch.model.victim_region).hexdigest(), \
+        f"{context}: the victim's granted ranges do not hold exactly what the hostile peer wrote"
+    assert not problems, f"{context}: {problems}"
+    error = verdict["error"] or ""
+    if expected == "REJECT":
+        # The peer ended the connection itself: its REJECT's reason is what the victim reports.
+        assert "closed the connection" in error, f"{context}: {verdict}"
+    else:
+        assert verdict["error_class"] == "ProtocolError", f"{context}: expected /{expected}/, got {verdict}"
+        assert "broke the tf_rdma protocol" in error and re.search(expected, error), \
+            f"{context}: expected /{expected}/, got {error!r}"
+    model = batch.model
+    outstanding_tags = {grant[0] for grant in model.victim_grants.values()}
+    for (tag, _, _), (outcome, detail) in zip(GRANTS, verdict["grants"]):
+        if tag in outstanding_tags:
+            # Never answered: it fails with the connection's error, and nothing else happened to it.
+            assert outcome == verdict["error_class"] and detail == error, f"{context}: grant {tag}: {outcome} {detail}"
+        else:
+            assert outcome in ("ok", "MessageTooLargeError"), f"{context}: grant {tag}: {outcome} {detail}"
+    for (tag, _), (outcome, detail) in zip(WRITES, verdict["writes"]):
+        if tag in model.waiting:
+            assert outcome == verdict["error_class"], f"{context}: write {tag}: {outcome} {detail}"
+        else:
+            # Paired (it may have been cut off by the connection's end) or discarded.
+            assert outcome in ("ok", "CancelledError", verdict["error_class"]), f"{context}: write {tag}: {outcome} {detail}"
+    check_leftovers(verdict, context)
+
+
+def test_fuzzed_frames_after_a_valid_handshake(backend, victim):
+    """At least FRAMES fuzzed frames of every type, in batches of one connection each."""
+    frames, batches, kinds, causes = 0, 0, Counter(), Counter()
+    started = time.monotonic()
+    batch_numbers = [int(ONLY_BATCH)] if ONLY_BATCH else range(10**6)
+    for number in batch_numbers:
+        if frames >= FRAMES and not ONLY_BATCH:
+            break
+        context = (f"{backend} batch {number}; replay with FUZZ_SEED={SEED} "
+                   f"FUZZ_BATCH={number}")
+        fuzzer = hostile_peer.Fuzzer(f"{SEED}/{backend}/{number}")
+        batch = hostile_peer.Batch(backend, victim.endpoint, KEY, fuzzer)
+        victim.ask("attack")
+        batch.wait_for_victim_grants()
+        expected = batch.run(max_frames=fuzzer.random.randrange(1, 40))
+        problems = batch.finish()
+        verdict = victim.ask("verdict")
+        context += f"; frames sent: {batch.sent}"
+        check_batch(batch, expected, verdict, problems, context)
+        ok, answer = victim.legit_peer_moves_data(victim.member, number + 1)
+        assert ok, f"{context}: the legitimate peer after it: {answer}"
+        frames += len(batch.sent)
+        batches += 1
+        kinds.update(name.removeprefix("terminal ") for name in batch.sent)
+        cause = verdict["error"].split("protocol: ")[-1] if expected != "REJECT" else "the peer's REJECT"
+        causes[re.sub(r"\d+", "N", cause.removesuffix("; connection closed."))] += 1
+    print(f"\n{backend}: {frames} fuzzed frames in {batches} batches in {time.monotonic() - started:.1f} s "
+          f"(seed {SEED}); by type: {dict(kinds)}")
+    for cause, count in causes.most_common():
+        print(f"  {count:4} {cause}")
+    assert ONLY_BATCH or set(hostile_peer.NAMES.values()) <= set(kinds), kinds
+
+
+def test_fuzzed_handshakes(backend, victim):
+    """Garbage, mutated HELLOs, wrong and malformed PROOFs, frames out of turn: none yields a
+    connection, and each leaves nothing behind."""
+    frames, cases = 0, 0
+    while frames < HANDSHAKE_FRAMES:
+        context = f"{backend} handshake case {cases}; replay with FUZZ_SEED={SEED}"
+        fuzzer = hostile_peer.Fuzzer(f"{SEED}/{backend}/handshake/{cases}")
+        sent, reason = hostile_peer.handshake_attack(backend, victim.endpoint, KEY, fuzzer)
+        if reason is not None:
+            assert reason.isprintable(), f"{context}: {reason!r}"
+        verdict = victim.ask("nothing")
+        assert verdict["accepted"] is None, f"{context}: a connection was accepted: {verdict}"
+        check_leftovers(verdict, context)
+        frames += sent
+        cases += 1
+    ok, answer = victim.legit_peer_moves_data(victim.member, 1)
+    assert ok, answer
+    print(f"\n{backend}: {frames} fuzzed handshake frames in {cases} connections (seed {SEED})")
+
+
+def test_stalls_and_floods(backend, victim):
+    """A peer that stops mid-frame is dropped as unresponsive once the peer timeout passes; one
+    that floods PINGs costs nothing and keeps its connection; neither disturbs anyone else."""
+    flood = hostile_peer.Batch(backend, victim.endpoint, KEY, hostile_peer.Fuzzer(SEED))
+    victim.ask("attack")
+    flood.wait_for_victim_grants()
+    flood.send(w.frame(w.PING) * 20000 + w.frame(99))
+    assert not flood.finish()
+    verdict = victim.ask("verdict")
+    assert verdict["error_class"] == "ProtocolError" and "unknown frame type 99" in verdict["error"], verdict
+    check_leftovers(verdict, "after a PING flood")
+
+    stalled = hostile_peer.Batch(backend, victim.endpoint, KEY, hostile_peer.Fuzzer(SEED))
+    victim.ask("attack")
+    stalled.wait_for_victim_grants()
+    stalled.send(w.data(1, 10)[:11])  # a header and part of a body, then nothing
+    ok, answer = victim.legit_peer_moves_data(victim.member, 3)  # meanwhile, others are served
+    assert ok, answer
+    verdict = victim.ask("verdict")  # the victim's peer timeout is 5 s
+    assert verdict["error_class"] == "PeerUnavailableError" and "is unresponsive" in verdict["error"], verdict
+    stalled.finish()
+    check_leftovers(verdict, "after a stalled peer")
