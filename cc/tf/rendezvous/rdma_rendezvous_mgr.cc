@@ -501,7 +501,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       }
       if (!connection.ok()) return report(connection.status());
       const bool has_data_write = !is_dead && !travels_inline;
-      const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write ? 2 : 1);
+      const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write);
       auto finished = [step, push, report](const absl::Status& status) {
         if (push) (*step)->WriteFinished(*push);
         report(status);
@@ -516,7 +516,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       }
       if (!push) {  // the step was aborted before the writes started: nobody will take them
         (*connection)->Withdraw(tags.header);
-        (*connection)->Withdraw(tags.data);
+        if (has_data_write) (*connection)->Withdraw(tags.data);
       }
       if (is_dead) return;
       const char* kind = KindOf(tensor_name);
@@ -533,11 +533,11 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // them (its Recv had not run yet, e.g. a later iteration of a loop), leaving the tensor held by
   // the connection until it closes. Returns the push's id, or nothing if the step was aborted.
   std::optional<uint64_t> TrackPush(const std::shared_ptr<Connection>& connection, const TransferTags& tags,
-                                    int writes) {
+                                    bool has_data_write) {
     std::lock_guard<std::mutex> lock(pushes_mu_);
     if (aborted_) return std::nullopt;
     const uint64_t id = next_push_++;
-    pending_pushes_.emplace(id, PendingPush{connection, tags, writes});
+    pending_pushes_.emplace(id, PendingPush{connection, tags, has_data_write, has_data_write ? 2 : 1});
     return id;
   }
   void WriteFinished(uint64_t push) {
@@ -557,7 +557,9 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     for (const PendingPush& push : pending) {
       if (std::shared_ptr<Connection> connection = push.connection.lock()) {
         connection->Withdraw(push.tags.header);
-        connection->Withdraw(push.tags.data);
+        // An inline tensor has no data write; withdrawing its tag would only crowd the
+        // connection's bounded memory of withdrawn tags.
+        if (push.has_data_write) connection->Withdraw(push.tags.data);
       }
     }
   }
@@ -565,6 +567,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   struct PendingPush {
     std::weak_ptr<Connection> connection;  // a closed connection has failed the writes already
     TransferTags tags;
+    bool has_data_write;
     int writes_left;
   };
 
