@@ -29,6 +29,7 @@ class Registration {
 
   uint32_t lkey() const { return mr_->lkey; }
   uint32_t rkey() const { return mr_->rkey; }
+  ibv_mr* mr() const { return mr_; }
   AddressRange range() const { return range_; }
   bool Covers(const void* addr, size_t length) const;
 

@@ -63,6 +63,12 @@ char* MapPages(size_t bytes) {
 
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+bool HasQueuePairWindows(ibv_context* context) {
+  ibv_device_attr attr{};
+  if (ibv_query_device(context, &attr) != 0) return false;
+  return (attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
+}
+
 }  // namespace
 
 GrantTableStats GetGrantTableStats() {
@@ -73,8 +79,19 @@ DeviceContext::DeviceContext(ibv_context* context, ibv_pd* pd)
     : context(context),
       pd(pd),
       name(DeviceName(context)),
+      memory_windows(HasQueuePairWindows(context)),
       send_cache(std::make_unique<RegistrationCache>(pd, DeviceName(context), /*max_entries=*/1024,
-                                                     /*max_bytes=*/size_t{4} << 30)) {}
+                                                     /*max_bytes=*/size_t{4} << 30)) {
+  if (!memory_windows) {
+    LOG(WARNING) << "tf_rdma: RDMA device " << name << " has no type 2 memory windows: the keys of the "
+                 << "receive regions granted to one peer are valid on every connection of the device, "
+                 << "so a cluster member that guesses another peer's key can write there (README, Security)";
+  }
+}
+
+int DeviceContext::remote_region_access() const {
+  return IBV_ACCESS_LOCAL_WRITE | (memory_windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE);
+}
 
 DeviceContext::~DeviceContext() {
   send_cache.reset();
@@ -121,6 +138,12 @@ VerbsConnection::VerbsConnection(rdma_cm_id* id, rdma_event_channel* events,
       peer_name_(peer_address_) {}
 
 VerbsConnection::~VerbsConnection() {
+  // Windows first: a region cannot be deregistered while a window is bound into it.
+  for (auto& [id, window] : region_windows_) {
+    if (window.mw != nullptr) ibv_dealloc_mw(window.mw);
+  }
+  region_windows_.clear();
+  if (grant_table_window_.mw != nullptr) ibv_dealloc_mw(grant_table_window_.mw);
   if (qp_ != nullptr) ibv_destroy_qp(qp_);
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
   if (completion_channel_ != nullptr) ibv_destroy_comp_channel(completion_channel_);
@@ -182,9 +205,12 @@ absl::Status VerbsConnection::Setup() {
   send_registration_ = *send;
   // The only memory of ours this peer may write without a grant: pages of its own, in this QP's PD.
   auto table = Registration::Create(device_->pd, grant_table_, kGrantSlots * kGrantSlotSize,
-                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "grant table");
+                                    device_->remote_region_access(), "grant table");
   if (!table.ok()) return table.status();
   grant_table_registration_ = *table;
+  absl::Status window = OpenWindow(grant_table_window_, *grant_table_registration_, grant_table_,
+                                   kGrantSlots * kGrantSlotSize);
+  if (!window.ok()) return window;
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
   ibv_port_attr port{};
   max_single_write_ = kMaxSingleWrite;
@@ -261,8 +287,9 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
     peer_name_ = peer.name;
     established_ = true;
     last_receive_ = last_send_ = absl::Now();
-    EnqueueControlLocked(EncodeGrantTable(
-        {kGrantSlots, grant_table_registration_->rkey(), reinterpret_cast<uint64_t>(grant_table_)}));
+    EnqueueControlLocked(
+        EncodeGrantTable({kGrantSlots, grant_table_window_.rkey, reinterpret_cast<uint64_t>(grant_table_)}),
+        &grant_table_window_);
   }
   Wake();
 }
@@ -334,11 +361,21 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     done({status, 0});
     return 0;
   }
-  if (announced_regions_.insert(region->id()).second) {
-    EnqueueControlLocked(EncodeRegion({region->id(), registration->rkey(),
-                                       reinterpret_cast<uint64_t>(region->data()), region->size()}));
-  }
   const uint32_t region_id = region->id();
+  if (auto [it, announce] = region_windows_.try_emplace(region_id); announce) {
+    Window& window = it->second;
+    absl::Status opened = OpenWindow(window, *registration, region->data(), region->size());
+    if (!opened.ok()) {
+      region_windows_.erase(it);
+      lock.unlock();
+      done({opened, 0});
+      return 0;
+    }
+    window.region = region;
+    EnqueueControlLocked(EncodeRegion({region_id, window.rkey, reinterpret_cast<uint64_t>(region->data()),
+                                       region->size()}),
+                         &window);
+  }
   const uint64_t id = book_.Issue(tag, std::move(region), offset, capacity, std::move(done));
   unwritten_grants_.push_back(wire::Grant{id, tag, region_id, offset, capacity});
   PumpLocked();
@@ -430,9 +467,45 @@ void VerbsConnection::Close(const absl::Status& reason) {
 
 // ---- posting ----
 
-void VerbsConnection::EnqueueControlLocked(std::string message) {
-  control_queue_.push_back(std::move(message));
+void VerbsConnection::EnqueueControlLocked(std::string message, Window* bind_first) {
+  control_queue_.push_back(QueuedControl{std::move(message), bind_first});
   PumpLocked();
+}
+
+absl::Status VerbsConnection::OpenWindow(Window& window, const Registration& registration,
+                                         const void* addr, uint64_t length) {
+  if (!device_->memory_windows) {
+    window.rkey = registration.rkey();
+    return absl::OkStatus();
+  }
+  window.mw = ibv_alloc_mw(device_->pd, IBV_MW_TYPE_2);
+  if (window.mw == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate a memory window on RDMA device ", device_->name, " for peer ", peer_address_,
+        ": ", std::strerror(errno), " (each connection takes one per receive region it is granted)"));
+  }
+  window.rkey = ibv_inc_rkey(window.mw->rkey);
+  window.bind = ibv_mw_bind_info{registration.mr(), reinterpret_cast<uint64_t>(addr), length,
+                                 IBV_ACCESS_REMOTE_WRITE};
+  window.bound = false;
+  return absl::OkStatus();
+}
+
+absl::Status VerbsConnection::PostBindLocked(Window& window) {
+  ibv_send_wr wr{};
+  wr.wr_id = next_wr_id_++;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.bind_mw.mw = window.mw;
+  wr.bind_mw.rkey = window.rkey;
+  wr.bind_mw.bind_info = window.bind;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_, &wr, &bad);
+  if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_send (bind a memory window): ", std::strerror(rc)));
+  posted_sends_++;
+  in_flight_.emplace(wr.wr_id, InFlight{});
+  window.bound = true;
+  return absl::OkStatus();
 }
 
 absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool is_reject,
@@ -515,7 +588,17 @@ bool VerbsConnection::PostDataLocked(Outgoing& item) {
 void VerbsConnection::PumpLocked() {
   if (stopped_ || !status_.ok()) return;
   while (!control_queue_.empty() && !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
-    absl::Status posted = PostControlLocked(control_queue_.front(), false);
+    QueuedControl& next = control_queue_.front();
+    // The send queue runs in order: the window is bound before the peer can learn its key.
+    if (next.bind_first != nullptr && !next.bind_first->bound) {
+      absl::Status bound = PostBindLocked(*next.bind_first);
+      if (!bound.ok()) {
+        LOG_EVERY_N_SEC(ERROR, 10) << bound;
+        break;
+      }
+      continue;
+    }
+    absl::Status posted = PostControlLocked(next.message, false);
     if (!posted.ok()) break;
     control_queue_.pop_front();
   }

@@ -34,7 +34,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "cc/transport/grant_book.h"
@@ -53,11 +52,18 @@ struct DeviceContext {
   ibv_context* const context;  // owned by rdma_cm (rdma_get_devices)
   ibv_pd* const pd;
   const std::string name;
+  // Type 2 memory windows: a window is bound to one queue pair, so the key a peer is given works
+  // on its own connection only. Without them a region's key is valid on every queue pair of `pd`.
+  const bool memory_windows;
+  // Access flags of memory peers may write into: remote writes go through windows when the device
+  // has them, so the registration itself grants none.
+  int remote_region_access() const;
   // Emptied before the protection domain goes: its registrations belong to it.
   std::unique_ptr<RegistrationCache> send_cache;
 };
 
-// A region peers may write into: registered with remote-write access on every device in use.
+// A region peers may write into: registered on every device in use, for remote writes through
+// per-connection memory windows (or directly where the device has none).
 class VerbsRegion : public MemoryRegion {
  public:
   VerbsRegion(uint32_t id, char* data, size_t size,
@@ -135,6 +141,18 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
     PendingWrite write;
     uint64_t posted = 0;  // bytes of the message already posted
   };
+  // Remote-write access this connection gives its peer to one region, or to its grant table.
+  struct Window {
+    ibv_mw* mw = nullptr;  // null where the device has no windows: the key is the registration's
+    ibv_mw_bind_info bind{};
+    uint32_t rkey = 0;     // the key the peer is told
+    bool bound = true;     // false until the bind is posted on this queue pair
+    std::shared_ptr<MemoryRegion> region;  // stays registered while a window may point into it
+  };
+  struct QueuedControl {
+    std::string message;
+    Window* bind_first = nullptr;  // bound on the send queue ahead of the message announcing it
+  };
   // What a posted work request's completion means.
   struct InFlight {
     int send_slot = -1;     // a control message's buffer to free
@@ -171,7 +189,12 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
   // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
   void ReleaseSlotLocked(uint64_t grant_id);
-  void EnqueueControlLocked(std::string message);
+  // Fills `window` for [addr, addr + length) of `registration`: a type 2 window bound later to
+  // this queue pair where the device has them, else the registration's own key.
+  absl::Status OpenWindow(Window& window, const Registration& registration, const void* addr,
+                          uint64_t length);
+  absl::Status PostBindLocked(Window& window);
+  void EnqueueControlLocked(std::string message, Window* bind_first = nullptr);
   void EnqueueFrameLocked(const wire::Frame& frame) { EnqueueControlLocked(wire::Encode(frame)); }
   // Posts as much of the outgoing queue as the send queue, send buffers and window allow.
   void PumpLocked();
@@ -223,7 +246,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   uint64_t next_wr_id_ = 1;
   std::unordered_map<uint64_t, InFlight> in_flight_;
   // Control messages go first, so a long message does not hold back heartbeats and grants.
-  std::deque<std::string> control_queue_;
+  std::deque<QueuedControl> control_queue_;
   std::deque<Outgoing> data_queue_;
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
   // Grant ids travel as immediates below kGrantImmBit.
@@ -234,7 +257,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::unordered_map<uint64_t, uint32_t> written_slots_;  // grant id -> slot of the peer's table
   std::optional<RemoteRegion> peer_grant_table_;
   std::vector<uint32_t> free_peer_slots_;
-  std::unordered_set<uint32_t> announced_regions_;
+  Window grant_table_window_;
+  std::unordered_map<uint32_t, Window> region_windows_;  // regions announced to the peer, by id
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
   absl::Time last_receive_;
   absl::Time last_send_;

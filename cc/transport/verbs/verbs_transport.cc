@@ -178,7 +178,7 @@ class VerbsTransport : public Transport {
     std::vector<std::pair<ibv_pd*, std::shared_ptr<verbs::Registration>>> registrations;
     for (const auto& device : devices_) {
       auto registration = verbs::Registration::Create(
-          device->pd, data, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+          device->pd, data, length, device->remote_region_access(),
           absl::StrCat("a receive region of ", bytes, " bytes (AllocateRegion)"));
       if (!registration.ok()) {
         registrations.clear();
