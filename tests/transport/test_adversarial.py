@@ -51,6 +51,8 @@ def check_batch(batch, expected, verdict, problems, context):
     # Memory first: a write out of bounds is the worst outcome, whatever else went wrong.
     assert not verdict["changed_outside_grants"], \
         f"{context}: the victim's region changed outside its grants at {verdict['changed_outside_grants']}"
+    assert not verdict["bystander_changed"], \
+        f"{context}: memory granted to no peer changed at {verdict['bystander_changed']}"
     assert verdict["region_sha256"] == hashlib.sha256(batch.model.victim_region).hexdigest(), \
         f"{context}: the victim's granted ranges do not hold exactly what the hostile peer wrote"
     assert not problems, f"{context}: {problems}"

@@ -62,6 +62,9 @@ class Victim:
         self.transport = transport(backend, "victim", connect_timeout=connect_timeout,
                                    peer_timeout=peer_timeout)
         self.listener = self.transport.listen(f"{HOST}:0")
+        # Memory no peer is ever granted: no write of any peer may change it.
+        self.bystander = self.transport.allocate_region(REGION_SIZE)
+        memoryview(self.bystander)[:] = bytes([CANARY]) * REGION_SIZE
         self.level = (open_descriptors(), threads())
         self.attacked = None
 
@@ -99,6 +102,8 @@ class Victim:
         report["changed_outside_grants"] = [
             i for i in range(REGION_SIZE) if not granted[i] and contents[i] != CANARY][:16]
         report["region_sha256"] = hashlib.sha256(contents).hexdigest()
+        report["bystander_changed"] = [i for i, byte in enumerate(bytes(memoryview(self.bystander)))
+                                       if byte != CANARY][:16]
         del connection, region, grants, writes, contents
         report.update(self.leftovers())
         return report

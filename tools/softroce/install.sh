@@ -18,6 +18,7 @@ PACKAGES=(
   perftest             # ib_write_bw & co
   rdmacm-utils         # rping
   iproute2             # ip, rdma
+  python3-pyverbs      # the hostile verbs peer of tests/transport/verbs (Debian's python3)
 )
 
 missing=()
