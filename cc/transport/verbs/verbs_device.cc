@@ -297,15 +297,16 @@ std::string DescribeDevices() { return Describe(InventoryAll(true)); }
 
 absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const std::string& peer) {
   absl::StatusOr<Source> source = SourceToward(destination, length);
+  if (source.ok() && (source->ifindex == 0 || IsIpoib(source->interface))) return absl::OkStatus();
+  const std::vector<DeviceReport> devices = InventoryAll(true);
   const std::string fix = absl::StrCat(
-      "RDMA devices here: ", DescribeDevices(), ". Name the peer by the IP address of its RDMA "
+      "RDMA devices here: ", Describe(devices), ". Name the peer by the IP address of its RDMA "
       "interface (in the cluster spec, or rdma_addresses=), or set TF_RDMA_BACKEND=tcp");
   if (!source.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("no RDMA device reaches ", peer, ": this host has no IP route to it (",
                                                       source.status().message(), "). ", fix));
   }
-  if (source->ifindex == 0 || IsIpoib(source->interface)) return absl::OkStatus();
-  for (const DeviceReport& device : InventoryAll(true)) {
+  for (const DeviceReport& device : devices) {
     for (const PortReport& port : device.ports) {
       if (port.interfaces.count(source->ifindex) != 0) return absl::OkStatus();
     }
