@@ -96,6 +96,13 @@ absl::StatusOr<sockaddr_storage> ResolveIp(const Endpoint& endpoint, bool passiv
   return address;
 }
 
+// verbs::CheckRdmaRoute for the endpoint's address; OK if it does not resolve (the connect says why).
+absl::Status RouteTo(const Endpoint& endpoint, const std::string& peer) {
+  absl::StatusOr<sockaddr_storage> destination = ResolveIp(endpoint, false);
+  if (!destination.ok()) return absl::OkStatus();
+  return verbs::CheckRdmaRoute(reinterpret_cast<const sockaddr*>(&*destination), sizeof(*destination), peer);
+}
+
 rdma_conn_param ConnectionParameters(uint32_t qp_num) {
   rdma_conn_param param{};
   param.responder_resources = 1;
@@ -228,11 +235,7 @@ class VerbsTransport : public Transport {
       // until the timeout. Asked after a failure only, so a connect that works pays nothing.
       if (!route_checked) {
         route_checked = true;
-        absl::StatusOr<sockaddr_storage> destination = ResolveIp(endpoint, false);
-        absl::Status route = destination.ok()
-            ? verbs::CheckRdmaRoute(reinterpret_cast<const sockaddr*>(&*destination), sizeof(*destination),
-                                    endpoint.ToString())
-            : absl::OkStatus();
+        absl::Status route = RouteTo(endpoint, endpoint.ToString());
         if (!route.ok()) {
           tried.connection = route;
           tried.retry = false;
@@ -448,6 +451,11 @@ absl::Status VerbsBackendAvailable() {
   absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
   if (!settings.ok()) return settings.status();
   return verbs::CheckVerbsUsable(*settings);
+}
+
+absl::Status VerbsReaches(const std::string& host) {
+  // The port plays no part in routing; resolving needs one.
+  return RouteTo(Endpoint{host, 1}, host);
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options) {
