@@ -284,7 +284,8 @@ def test_an_address_no_rdma_device_reaches_fails_at_once_naming_the_devices(devi
     """127.0.0.1, a new user's first cluster spec: no RDMA device reaches it, so the connect fails
     at once, not after retrying for the connect timeout, and says why and what to do."""
     name, port, _ = device
-    listener = transport("verbs", "receiver").listen(f"{HOST}:0")
+    receiver = transport("verbs", "receiver")
+    listener = receiver.listen(f"{HOST}:0")
     loopback = "127.0.0.1:" + listener.endpoint.rsplit(":", 1)[1]
     started = time.monotonic()
     with pytest.raises(errors.TransportError) as raised:
