@@ -72,7 +72,7 @@ std::string GidAddress(const ibv_gid& gid) {
 }
 
 // Fills the port's IP addresses and interfaces from its GID table. Walks every entry (rxe has
-// 1024), so only errors ask for it, never a connect that works.
+// 1024): for errors and for a connection being set up, never per transfer.
 void AddAddresses(ibv_context* context, const ibv_port_attr& attr, PortReport* port) {
   port->infiniband = attr.link_layer == IBV_LINK_LAYER_INFINIBAND;
   if (port->infiniband) return;
@@ -159,17 +159,21 @@ struct Source {
   unsigned ifindex = 0;
 };
 
+// An error only when the kernel has no route; a source it cannot tell has ifindex 0.
 absl::StatusOr<Source> SourceToward(const sockaddr* destination, socklen_t length) {
   const int fd = socket(destination->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (fd < 0) return Source{};
   // A datagram socket's connect sends nothing: it only asks the kernel for the route.
   sockaddr_storage local{};
   socklen_t local_length = sizeof(local);
-  const bool routed = connect(fd, destination, length) == 0 &&
-                      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0;
+  const bool routed = connect(fd, destination, length) == 0;
   const int error = errno;
+  const bool named = routed && getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0;
   close(fd);
-  if (!routed) return absl::UnavailableError(std::strerror(error));
+  if (!routed && (error == ENETUNREACH || error == EHOSTUNREACH)) {
+    return absl::UnavailableError(std::strerror(error));
+  }
+  if (!named) return Source{};
   Source source;
   char text[INET6_ADDRSTRLEN] = {};
   const void* raw = local.ss_family == AF_INET
