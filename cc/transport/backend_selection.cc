@@ -27,7 +27,10 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& requested, const 
   absl::Status shm = BackendAvailable(Backend::kShm);
   if (*local && shm.ok()) return BackendChoice{Backend::kShm, "peer is on this host"};
   absl::Status verbs = BackendAvailable(Backend::kVerbs);
-  if (verbs.ok()) return BackendChoice{Backend::kVerbs, "an RDMA device is usable"};
+  // A peer address no RDMA device reaches (on a plain Ethernet interface) is for tcp: verbs would
+  // only fail to connect.
+  if (verbs.ok()) verbs = RdmaReaches(peer_host);
+  if (verbs.ok()) return BackendChoice{Backend::kVerbs, "an RDMA device reaches the peer"};
   std::string why = absl::StrCat("verbs unusable: ", verbs.message());
   if (*local) absl::StrAppend(&why, "; shm unusable: ", shm.message());
   return BackendChoice{Backend::kTcp, why};

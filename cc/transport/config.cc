@@ -58,7 +58,8 @@ const std::vector<ConfigVariable>& ConfigVariables() {
   static const auto* variables = new std::vector<ConfigVariable>{
       {"TF_RDMA_BACKEND", "auto",
        "Transport for tensors between tasks: auto (shm for peers on this host, verbs where an RDMA "
-       "device works, else tcp), verbs, tcp or shm. An explicit backend that cannot work is an error."},
+       "device reaches the peer's address, else tcp), verbs, tcp or shm. An explicit backend that "
+       "cannot work is an error."},
       {"TF_RDMA_PEER_TIMEOUT_MS", "30000",
        "A peer silent this long (no data, no heartbeat) is declared dead and its pending transfers fail."},
       {"TF_RDMA_CONNECT_TIMEOUT_MS", "60000",

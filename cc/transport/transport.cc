@@ -77,6 +77,14 @@ absl::Status BackendAvailable(Backend backend) {
   return absl::InvalidArgumentError("unknown backend");
 }
 
+absl::Status RdmaReaches(const std::string& host) {
+#ifdef TF_RDMA_HAVE_VERBS
+  return VerbsReaches(host);
+#else
+  return BackendAvailable(Backend::kVerbs);
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
                                                            const TransportOptions& options) {
   if (options.peer_timeout <= absl::ZeroDuration() || options.connect_timeout <= absl::ZeroDuration()) {

@@ -168,6 +168,9 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
 
 // Whether `backend` can work in this process, and if not, why (e.g. "no RDMA device found").
 absl::Status BackendAvailable(Backend backend);
+// Whether some RDMA device reaches `host` (the interface this host sends to it from is an RDMA
+// device's), and if not, why, naming the devices and their addresses. Call once verbs is available.
+absl::Status RdmaReaches(const std::string& host);
 
 }  // namespace tf_rdma
 

@@ -18,13 +18,15 @@ def test_auto_picks_shm_for_a_peer_on_this_host_and_says_why(peer_host):
     assert _transport.choose_backend("auto", peer_host) == ("shm", "peer is on this host")
 
 
-def test_auto_for_a_peer_on_another_host_takes_verbs_if_usable_else_tcp_saying_why():
+def test_auto_for_a_peer_on_another_host_takes_verbs_if_an_rdma_device_reaches_it_else_tcp_saying_why():
     backend, reason = _transport.choose_backend("auto", ANOTHER_HOST)
     verbs_usable, why_not = _transport.backend_available("verbs")
-    if verbs_usable:
-        assert (backend, reason) == ("verbs", "an RDMA device is usable")
-    else:
+    if not verbs_usable:
         assert (backend, reason) == ("tcp", f"verbs unusable: {why_not}")
+    elif backend == "verbs":  # the route to it leaves through an RDMA device's interface
+        assert reason == "an RDMA device reaches the peer"
+    else:
+        assert (backend, reason.split(": ", 2)[:2]) == ("tcp", ["verbs unusable", f"no RDMA device reaches {ANOTHER_HOST}"])
 
 
 def test_the_choice_and_its_reason_are_logged(caplog):

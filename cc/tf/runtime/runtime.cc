@@ -361,6 +361,22 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   bool identity_checked = false;
+  // Over verbs the peer dials this task's address through its RDMA device; if that address is on
+  // no RDMA device of this host (127.0.0.1), it never arrives. The peer's own connect fails at
+  // once, but its step may have finished already: say it here too rather than wait out the timeout.
+  if (options_.config.backend == "verbs" && BackendAvailable(Backend::kVerbs).ok()) {
+    std::string host;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      host = peers_.at(options_.local_task).address.host;
+    }
+    absl::Status reachable = RdmaReaches(host);
+    if (!reachable.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task ", peer_task, " cannot connect to this task (", options_.local_task, ") over verbs at ", host,
+          ", the address the cluster gives it: ", reachable.message()));
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     Peer& state = peers_.at(peer_task);

@@ -1,14 +1,20 @@
 #include "cc/transport/verbs/verbs_device.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <net/if_arp.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/log/log.h"
@@ -41,14 +47,52 @@ const char* GidTypeName(uint32_t type) {
   }
 }
 
-// "rxe0 (port 1: ACTIVE)" for every device in the list, opening each briefly.
+// What a device's port is and how rdma_cm reaches it, for errors.
+struct PortReport {
+  int number = 0;
+  ibv_port_state state = IBV_PORT_NOP;
+  bool infiniband = false;             // reached by its IPoIB interface's address, not by its GIDs
+  std::vector<std::string> addresses;  // "10.77.0.1 on dummy0", from the port's RoCE GIDs
+  std::set<unsigned> interfaces;       // ifindexes of the netdevs those GIDs belong to
+};
+
 struct DeviceReport {
   std::string name;
-  std::vector<std::pair<int, ibv_port_state>> ports;
+  std::vector<PortReport> ports;
   std::string error;  // set when the device could not be opened or queried
 };
 
-std::vector<DeviceReport> Inventory(ibv_device** devices, int count) {
+// The IP address a RoCE GID stands for: IPv4 for the IPv4-mapped ones.
+std::string GidAddress(const ibv_gid& gid) {
+  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(gid.raw, kMapped, sizeof(kMapped)) != 0) return GidToString(gid);
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, gid.raw + 12, text, sizeof(text));
+  return text;
+}
+
+// Fills the port's IP addresses and interfaces from its GID table. Walks every entry (rxe has
+// 1024): for errors and for a connection being set up, never per transfer.
+void AddAddresses(ibv_context* context, const ibv_port_attr& attr, PortReport* port) {
+  port->infiniband = attr.link_layer == IBV_LINK_LAYER_INFINIBAND;
+  if (port->infiniband) return;
+  for (int i = 0; i < attr.gid_tbl_len; ++i) {
+    ibv_gid_entry entry{};
+    if (ibv_query_gid_ex(context, port->number, i, &entry, 0) != 0 || entry.ndev_ifindex == 0) continue;
+    if (IsLinkLocal(entry.gid)) continue;
+    port->interfaces.insert(entry.ndev_ifindex);
+    char name[IF_NAMESIZE] = {};
+    std::string address = GidAddress(entry.gid);
+    if (if_indextoname(entry.ndev_ifindex, name) != nullptr) absl::StrAppend(&address, " on ", name);
+    // RoCE v1 and v2 GIDs of one address say the same here.
+    if (std::find(port->addresses.begin(), port->addresses.end(), address) == port->addresses.end()) {
+      port->addresses.push_back(std::move(address));
+    }
+  }
+}
+
+// Every device in the list with its ports, opening each briefly; with their IP addresses if asked.
+std::vector<DeviceReport> Inventory(ibv_device** devices, int count, bool with_addresses) {
   std::vector<DeviceReport> reports;
   for (int i = 0; i < count; ++i) {
     DeviceReport report{ibv_get_device_name(devices[i])};
@@ -59,11 +103,14 @@ std::vector<DeviceReport> Inventory(ibv_device** devices, int count) {
     } else if (ibv_query_device(context, &attr) != 0) {
       report.error = absl::StrCat("cannot query: ", std::strerror(errno));
     } else {
-      for (int port = 1; port <= attr.phys_port_cnt; ++port) {
+      for (int number = 1; number <= attr.phys_port_cnt; ++number) {
         ibv_port_attr port_attr{};
-        if (ibv_query_port(context, port, &port_attr) == 0) {
-          report.ports.emplace_back(port, port_attr.state);
-        }
+        if (ibv_query_port(context, number, &port_attr) != 0) continue;
+        PortReport port;
+        port.number = number;
+        port.state = port_attr.state;
+        if (with_addresses) AddAddresses(context, port_attr, &port);
+        report.ports.push_back(std::move(port));
       }
     }
     if (context != nullptr) ibv_close_device(context);
@@ -72,6 +119,17 @@ std::vector<DeviceReport> Inventory(ibv_device** devices, int count) {
   return reports;
 }
 
+// The inventory of every device ibv_get_device_list returns (empty if none).
+std::vector<DeviceReport> InventoryAll(bool with_addresses) {
+  int count = 0;
+  ibv_device** devices = ibv_get_device_list(&count);
+  if (devices == nullptr) return {};
+  std::vector<DeviceReport> reports = Inventory(devices, count, with_addresses);
+  ibv_free_device_list(devices);
+  return reports;
+}
+
+// "rxe0 (port 1 ACTIVE, 10.77.0.1 on dummy0); rxe1 (...)"; addresses only if inventoried.
 std::string Describe(const std::vector<DeviceReport>& reports) {
   std::vector<std::string> parts;
   for (const auto& report : reports) {
@@ -80,12 +138,72 @@ std::string Describe(const std::vector<DeviceReport>& reports) {
       continue;
     }
     std::vector<std::string> ports;
-    for (const auto& [number, state] : report.ports) {
-      ports.push_back(absl::StrCat("port ", number, " ", PortStateName(state)));
+    for (const PortReport& port : report.ports) {
+      std::string text = absl::StrCat("port ", port.number, " ", PortStateName(port.state));
+      if (port.infiniband) {
+        absl::StrAppend(&text, ", InfiniBand: reached by its IPoIB interface's address");
+      } else if (!port.addresses.empty()) {
+        absl::StrAppend(&text, ", ", absl::StrJoin(port.addresses, ", "));
+      }
+      ports.push_back(std::move(text));
     }
-    parts.push_back(absl::StrCat(report.name, " (", absl::StrJoin(ports, ", "), ")"));
+    parts.push_back(absl::StrCat(report.name, " (", absl::StrJoin(ports, "; "), ")"));
   }
-  return absl::StrJoin(parts, "; ");
+  return parts.empty() ? "none" : absl::StrJoin(parts, "; ");
+}
+
+// The local address the kernel sends from toward `destination`, and the interface that holds it.
+struct Source {
+  std::string address;
+  std::string interface;  // empty if no interface holds it
+  unsigned ifindex = 0;
+};
+
+// An error only when the kernel has no route; a source it cannot tell has ifindex 0.
+absl::StatusOr<Source> SourceToward(const sockaddr* destination, socklen_t length) {
+  const int fd = socket(destination->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Source{};
+  // A datagram socket's connect sends nothing: it only asks the kernel for the route.
+  sockaddr_storage local{};
+  socklen_t local_length = sizeof(local);
+  const bool routed = connect(fd, destination, length) == 0;
+  const int error = errno;
+  const bool named = routed && getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0;
+  close(fd);
+  if (!routed && (error == ENETUNREACH || error == EHOSTUNREACH)) {
+    return absl::UnavailableError(std::strerror(error));
+  }
+  if (!named) return Source{};
+  Source source;
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw = local.ss_family == AF_INET
+                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+  inet_ntop(local.ss_family, raw, text, sizeof(text));
+  source.address = text;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return source;
+  for (ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != local.ss_family) continue;
+    const bool same = local.ss_family == AF_INET
+        ? reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<sockaddr_in*>(&local)->sin_addr.s_addr
+        : std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                      &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, sizeof(in6_addr)) == 0;
+    if (!same) continue;
+    source.interface = i->ifa_name;
+    source.ifindex = if_nametoindex(i->ifa_name);
+    break;
+  }
+  freeifaddrs(interfaces);
+  return source;
+}
+
+// IPoIB interfaces carry rdma_cm to InfiniBand ports; their GIDs name no netdev.
+bool IsIpoib(const std::string& interface) {
+  std::ifstream type("/sys/class/net/" + interface + "/type");
+  int value = 0;
+  return static_cast<bool>(type >> value) && value == ARPHRD_INFINIBAND;
 }
 
 bool HasCapIpcLock() {
@@ -145,7 +263,7 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
         "no RDMA device: ibv_get_device_list failed (", std::strerror(error), ")",
         error == ENOSYS ? "; this kernel has no RDMA support (CONFIG_INFINIBAND)" : ""));
   }
-  std::vector<DeviceReport> reports = Inventory(devices, count);
+  std::vector<DeviceReport> reports = Inventory(devices, count, false);
   ibv_free_device_list(devices);
   if (reports.empty()) {
     return absl::UnimplementedError(
@@ -157,10 +275,10 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
     if (!settings.device.empty() && report.name != settings.device) continue;
     named_found = true;
     bool port_found = settings.port == 0;
-    for (const auto& [number, state] : report.ports) {
-      if (settings.port != 0 && number != settings.port) continue;
+    for (const PortReport& port : report.ports) {
+      if (settings.port != 0 && port.number != settings.port) continue;
       port_found = true;
-      if (state == IBV_PORT_ACTIVE) return absl::OkStatus();
+      if (port.state == IBV_PORT_ACTIVE) return absl::OkStatus();
     }
     if (!port_found) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -171,12 +289,35 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
   if (!named_found) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TF_RDMA_VERBS_DEVICE=", settings.device, " does not exist; devices found: ",
-        Describe(reports), ". Use one of those names or unset it"));
+        DescribeDevices(), ". Use one of those names or unset it"));
   }
   return absl::UnimplementedError(absl::StrCat(
       "no active port on ", settings.device.empty() ? "any RDMA device" : settings.device,
       ": ", Describe(reports), ". Check the cable/link (`ibv_devinfo`, `rdma link`), or choose "
       "another device with TF_RDMA_VERBS_DEVICE / TF_RDMA_VERBS_PORT"));
+}
+
+std::string DescribeDevices() { return Describe(InventoryAll(true)); }
+
+absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const std::string& peer) {
+  absl::StatusOr<Source> source = SourceToward(destination, length);
+  if (source.ok() && (source->ifindex == 0 || IsIpoib(source->interface))) return absl::OkStatus();
+  const std::vector<DeviceReport> devices = InventoryAll(true);
+  const std::string fix = absl::StrCat(
+      "RDMA devices here: ", Describe(devices), ". Name the peer by the IP address of its RDMA "
+      "interface (in the cluster spec, or rdma_addresses=), or set TF_RDMA_BACKEND=tcp");
+  if (!source.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("no RDMA device reaches ", peer, ": this host has no IP route to it (",
+                                                      source.status().message(), "). ", fix));
+  }
+  for (const DeviceReport& device : devices) {
+    for (const PortReport& port : device.ports) {
+      if (port.interfaces.count(source->ifindex) != 0) return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no RDMA device reaches ", peer, ": this host sends to it from ", source->address, " on ",
+      source->interface, ", and ", source->interface, " is no RDMA device's interface. ", fix));
 }
 
 absl::Status CheckPortAndGid(ibv_context* context, int port, int gid_index) {

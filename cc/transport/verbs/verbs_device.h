@@ -5,6 +5,7 @@
 #define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_DEVICE_H_
 
 #include <infiniband/verbs.h>
+#include <sys/socket.h>
 
 #include <cstddef>
 #include <string>
@@ -29,6 +30,16 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings);
 // Checks that `context` (an open device) fits the overrides: the port exists and is active, the GID
 // index exists on it and is not link-local. `port` is the port to check (the override or resolved).
 absl::Status CheckPortAndGid(ibv_context* context, int port, int gid_index);
+
+// Every RDMA device with its ports' states and the IP addresses rdma_cm reaches each port by:
+// "rxe0 (port 1 ACTIVE, 10.77.0.1 on dummy0)". Walks the GID tables: for errors only.
+std::string DescribeDevices();
+
+// rdma_cm reaches an IP address only through an RDMA device: the interface this host sends from
+// toward `destination` must be a RoCE port's netdev (or an IPoIB interface). FailedPrecondition
+// naming `peer`, that interface, the devices with their addresses and the fix if it is not;
+// OK otherwise. Goes by the routing table, so a peer that is merely not up yet passes.
+absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const std::string& peer);
 
 std::string DeviceName(ibv_context* context);
 std::string GidToString(const ibv_gid& gid);

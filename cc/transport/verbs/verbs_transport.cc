@@ -96,6 +96,13 @@ absl::StatusOr<sockaddr_storage> ResolveIp(const Endpoint& endpoint, bool passiv
   return address;
 }
 
+// verbs::CheckRdmaRoute for the endpoint's address; OK if it does not resolve (the connect says why).
+absl::Status RouteTo(const Endpoint& endpoint, const std::string& peer) {
+  absl::StatusOr<sockaddr_storage> destination = ResolveIp(endpoint, false);
+  if (!destination.ok()) return absl::OkStatus();
+  return verbs::CheckRdmaRoute(reinterpret_cast<const sockaddr*>(&*destination), sizeof(*destination), peer);
+}
+
 rdma_conn_param ConnectionParameters(uint32_t qp_num) {
   rdma_conn_param param{};
   param.responder_resources = 1;
@@ -214,13 +221,25 @@ class VerbsTransport : public Transport {
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override {
+    bool route_checked = false;
     return ConnectWithRetries(Backend::kVerbs, endpoint, options_.connect_timeout, [&](absl::Time deadline) {
       ConnectAttempt tried;
       absl::StatusOr<std::shared_ptr<VerbsConnection>> connection = ConnectOnce(endpoint, deadline, &tried.retry);
       if (connection.ok()) {
         tried.connection = std::shared_ptr<Connection>(*std::move(connection));
-      } else {
-        tried.connection = connection.status();
+        return tried;
+      }
+      tried.connection = connection.status();
+      // An address no RDMA device reaches (127.0.0.1, a plain Ethernet interface's) fails every
+      // attempt alike, and how rdma_cm fails varies: name the cause at once instead of retrying
+      // until the timeout. Asked after a failure only, so a connect that works pays nothing.
+      if (!route_checked) {
+        route_checked = true;
+        absl::Status route = RouteTo(endpoint, endpoint.ToString());
+        if (!route.ok()) {
+          tried.connection = route;
+          tried.retry = false;
+        }
       }
       return tried;
     });
@@ -238,7 +257,8 @@ class VerbsTransport : public Transport {
       return absl::FailedPreconditionError(absl::StrCat(
           address, " is reached through RDMA device ", verbs::DeviceName(id->verbs),
           ", but TF_RDMA_VERBS_DEVICE restricts tf_rdma to ", absl::StrJoin(names, ", "),
-          ". Use the IP address of that device's interface, or unset TF_RDMA_VERBS_DEVICE"));
+          ". RDMA devices here: ", verbs::DescribeDevices(), ". Name the peer by an IP address that ",
+          absl::StrJoin(names, ", "), " reaches, or unset TF_RDMA_VERBS_DEVICE"));
     }
     if (settings_.port != 0 && id->port_num != settings_.port) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -433,6 +453,11 @@ absl::Status VerbsBackendAvailable() {
   return verbs::CheckVerbsUsable(*settings);
 }
 
+absl::Status VerbsReaches(const std::string& host) {
+  // The port plays no part in routing; resolving needs one.
+  return RouteTo(Endpoint{host, 1}, host);
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options) {
   absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
   if (!settings.ok()) return settings.status();
@@ -446,11 +471,9 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
         "rdma_cm sees no RDMA device (rdma_get_devices returned none); is the rdma_ucm module loaded?");
   }
   std::vector<std::shared_ptr<DeviceContext>> devices;
-  std::vector<std::string> seen;
   absl::Status problem;
   for (int i = 0; i < count; ++i) {
     const std::string name = verbs::DeviceName(contexts[i]);
-    seen.push_back(name);
     if (!settings->device.empty() && name != settings->device) continue;
     if (!settings->device.empty() && settings->port != 0) {
       // With both named, a bad port or GID index is reported now rather than at the first connect.
@@ -468,7 +491,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   if (!problem.ok()) return problem;
   if (devices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings->device,
-                                            " does not exist; rdma_cm sees ", absl::StrJoin(seen, ", "),
+                                            " does not exist; devices found: ", verbs::DescribeDevices(),
                                             ". Use one of those names or unset it"));
   }
   return std::make_unique<VerbsTransport>(options, *std::move(settings), std::move(devices));

@@ -16,6 +16,8 @@ namespace tf_rdma {
 
 // Why verbs cannot work here (no device, no active port, a bad override), or OK.
 absl::Status VerbsBackendAvailable();
+// Whether an RDMA device reaches `host` (see verbs::CheckRdmaRoute); `host` names it in the error.
+absl::Status VerbsReaches(const std::string& host);
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options);
 // Registration cache counters (hits, misses, evictions, invalidations, uncached), pinned bytes, and
 // grants carried by grant-table writes (written, read); process-wide.

@@ -5,6 +5,7 @@ import ctypes
 import mmap
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -141,7 +142,7 @@ def test_nonexistent_device_lists_the_existing_ones(device):
             print(type(e).__name__, e)
     """, env={"TF_RDMA_VERBS_DEVICE": "mlx5_9"})
     assert "TF_RDMA_VERBS_DEVICE=mlx5_9 does not exist; devices found: " in out, out
-    assert f"{name} (port {port} ACTIVE)" in out, out
+    assert f"{name} (port {port} ACTIVE, {HOST} on " in out, out
     assert "ConfigError" in out, out
 
 
@@ -276,6 +277,88 @@ def test_grants_beyond_the_grant_table_wait_for_a_free_slot():
         assert all(landed[8 * tag:8 * tag + 8] == tag.to_bytes(8, "little") for tag in range(1, count - 1))
         assert landed[8 * (count - 1):] == b"\0" * 8
         assert grant_counts()[0] - written == count - 2, "all but the revoked one were written"
+
+
+@needs_verbs
+def test_an_address_no_rdma_device_reaches_fails_at_once_naming_the_devices(device):
+    """127.0.0.1, a new user's first cluster spec: no RDMA device reaches it, so the connect fails
+    at once, not after retrying for the connect timeout, and says why and what to do."""
+    name, port, _ = device
+    receiver = transport("verbs", "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    loopback = "127.0.0.1:" + listener.endpoint.rsplit(":", 1)[1]
+    started = time.monotonic()
+    with pytest.raises(errors.TransportError) as raised:
+        transport("verbs", "sender", connect_timeout=30).connect(loopback)
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert f"no RDMA device reaches {loopback}: this host sends to it from 127.0.0.1 on lo" in message, message
+    assert f"RDMA devices here: {name} (port {port} ACTIVE, {HOST} on " in message, message
+    assert "address of its RDMA interface" in message and "TF_RDMA_BACKEND=tcp" in message, message
+
+
+in_guest = pytest.mark.skipif(socket.gethostname() != "softroce-guest",
+                              reason="relies on the Soft-RoCE guest's networks")
+
+
+@needs_verbs
+@in_guest
+def test_auto_takes_verbs_where_an_rdma_device_reaches_the_peer_else_tcp():
+    # 10.77.0.2 is on rxe0's netdev's subnet; the guest has no other route, so TEST-NET-2 has none.
+    assert _transport.choose_backend("auto", "10.77.0.2") == ("verbs", "an RDMA device reaches the peer")
+    backend, reason = _transport.choose_backend("auto", "198.51.100.7")
+    assert backend == "tcp", reason
+    assert reason.startswith("verbs unusable: no RDMA device reaches 198.51.100.7: this host has no IP route "
+                             "to it (Network is unreachable). RDMA devices here: rxe0 (port 1 ACTIVE, "
+                             "10.77.0.1 on dummy0)"), reason
+
+
+SECOND_NETDEV, SECOND_DEVICE, SECOND_ADDRESS = "tfrdma1", "tfrdma_rxe1", "10.78.0.1"
+
+
+@pytest.fixture
+def second_rdma_device():
+    """A second Soft-RoCE device on a dummy netdev of its own, in the throwaway guest only (it adds
+    kernel devices). rdma_cm reaches HOST through the first device. Only child processes may open
+    it: `rdma link delete` waits for every process that has it open."""
+    if socket.gethostname() != "softroce-guest" or os.geteuid() != 0:
+        pytest.skip("adds an rxe device: only as root in the throwaway Soft-RoCE guest")
+    setup = [["ip", "link", "add", SECOND_NETDEV, "type", "dummy"],
+             ["ip", "addr", "add", f"{SECOND_ADDRESS}/24", "dev", SECOND_NETDEV],
+             ["ip", "link", "set", SECOND_NETDEV, "up"],
+             ["rdma", "link", "add", SECOND_DEVICE, "type", "rxe", "netdev", SECOND_NETDEV]]
+    try:
+        for command in setup:
+            subprocess.run(command, check=True, capture_output=True)
+        ready = time.monotonic() + 20
+        while not any(not gid.startswith("fe80") for _, gid, _ in gids_of(SECOND_DEVICE, 1)):
+            assert time.monotonic() < ready, f"{SECOND_DEVICE} got no GID for {SECOND_ADDRESS}"
+            time.sleep(0.1)
+        yield
+    finally:
+        subprocess.run(["rdma", "link", "delete", SECOND_DEVICE], capture_output=True)
+        subprocess.run(["ip", "link", "delete", SECOND_NETDEV], capture_output=True)
+
+
+@needs_verbs
+def test_a_device_that_does_not_reach_the_peer_is_named_with_every_devices_address(device, second_rdma_device):
+    name, port, _ = device
+    out = run_python(f"""
+        import time
+        from tf_rdma import _transport
+        started = time.monotonic()
+        try:
+            _transport.Transport("verbs", cluster_key=b"k", connect_timeout=30).connect("{HOST}:1")
+        except Exception as e:
+            print(type(e).__name__, e)
+        print("seconds", time.monotonic() - started)
+    """, env={"TF_RDMA_VERBS_DEVICE": SECOND_DEVICE})
+    assert (f"{HOST}:1 is reached through RDMA device {name}, but TF_RDMA_VERBS_DEVICE restricts tf_rdma to "
+            f"{SECOND_DEVICE}. RDMA devices here: ") in out, out
+    assert f"{name} (port {port} ACTIVE, {HOST} on " in out, out
+    assert f"{SECOND_DEVICE} (port 1 ACTIVE, {SECOND_ADDRESS} on {SECOND_NETDEV})" in out, out
+    assert f"Name the peer by an IP address that {SECOND_DEVICE} reaches, or unset TF_RDMA_VERBS_DEVICE" in out, out
+    assert float(out.split("seconds ")[1].split()[0]) < 5, out
 
 
 @needs_verbs
