@@ -2,7 +2,8 @@
 
 usage: peer_process.py BACKEND ENDPOINT KEY_HEX PEER_TIMEOUT ACTION...
 actions: write:TAG:SIZE:SEED (write a pattern and wait for it to land), grant:TAG:SIZE (grant and
-wait), print:TEXT, sleep:SECONDS. Prints "connected" once connected.
+wait), expect:TAG:SIZE:SEED (grant, wait, and exit with an error unless exactly that pattern
+landed), print:TEXT, sleep:SECONDS. Prints "connected" once connected.
 """
 import sys
 import time
@@ -28,6 +29,12 @@ def main():
         elif kind == "grant":
             tag, size = map(int, args)
             connection.grant(tag, region, 0, size).wait(60)
+        elif kind == "expect":
+            tag, size, seed = map(int, args)
+            landed = transport.allocate_region(max(size, 1))
+            received = connection.grant(tag, landed, 0, size).wait(60)
+            if received != size or memoryview(landed)[:size] != pattern(size, seed):
+                sys.exit(f"expect:{tag}: {received} bytes landed, not the {size} of pattern seed {seed}")
         elif kind == "print":
             print(args[0], flush=True)
         elif kind == "sleep":
