@@ -7,10 +7,16 @@ overlay on top.  In the guest, ``rxe0`` is brought up on a dummy netdev (10.77.0
 GID index 1 is RoCE v2), the command runs, its combined stdout/stderr and exit code come
 back to the host through a second, per-job 9p share, and the guest powers off.
 
+Two guests (``run_linked``) each get their own kernel and ``rxe0`` on a virtio NIC, the NICs
+joined by a virtual Ethernet link (guest-a 10.78.0.1, guest-b 10.78.0.2), and share a read-write
+directory to coordinate through.
+
 CLI::
 
     python tools/softroce/guest.py run [--timeout S] [--memory 2G] [--env N=V ...]
                                        [--cwd DIR] [--memlock KB|unlimited] -- CMD ARGS...
+    python tools/softroce/guest.py run-linked --a 'SHELL CMD' --b 'SHELL CMD'
+                                       [--second-rdma-device] [--timeout S] [--smp N]
     python tools/softroce/guest.py check     # prerequisites / native RDMA
     python tools/softroce/guest.py build     # (re)build the cached vmlinux + initramfs
 
@@ -19,6 +25,7 @@ Python API::
     from guest import run, native_rdma_available, missing_prerequisites
     res = run(["ibv_devinfo"], timeout=60)
     res.returncode, res.output, res.boot_seconds
+    a, b = run_linked(LinkedCommand(["cmd-a"]), LinkedCommand(["cmd-b"]), timeout=60)
 
 Python 3.11 standard library only.
 """
@@ -879,6 +886,25 @@ def _cli_run(args: argparse.Namespace) -> int:
     return res.returncode
 
 
+def _cli_run_linked(args: argparse.Namespace) -> int:
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        results = run_linked(LinkedCommand(["bash", "-c", args.a], cwd=args.cwd),
+                             LinkedCommand(["bash", "-c", args.b], cwd=args.cwd),
+                             timeout=args.timeout, second_rdma_device=args.second_rdma_device,
+                             memory=args.memory, smp=args.smp, boot_timeout=args.boot_timeout,
+                             linger=args.linger, log=log)
+    except GuestError as e:
+        print(f"guest.py: {e}", file=sys.stderr)
+        return HARNESS_ERROR_EXIT_CODE
+    for name, res in zip(LINK_HOSTNAMES, results):
+        print(f"===== {name}: boot {res.boot_seconds:.1f} s, command {res.run_seconds:.1f} s, "
+              f"exit {res.returncode}{' (TIMEOUT)' if res.timed_out else ''}\n{res.output}", end="")
+    return max(res.returncode for res in results)
+
+
 def _cli_check(args: argparse.Namespace) -> int:
     missing = missing_prerequisites()
     print(f"native RDMA device on the host: {'yes' if native_rdma_available() else 'no'}")
@@ -918,6 +944,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("-q", "--quiet", action="store_true", help="no timing line at the end")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     r.set_defaults(func=_cli_run)
+    ln = sub.add_parser("run-linked", help="boot two linked guests, run --a in guest-a and --b in "
+                                          "guest-b (bash -c), print both outputs")
+    ln.add_argument("--a", required=True, help="shell command for guest-a (%s)" % LINK_IPS[0])
+    ln.add_argument("--b", required=True, help="shell command for guest-b (%s)" % LINK_IPS[1])
+    ln.add_argument("--second-rdma-device", action="store_true",
+                    help=f"guest-a also gets {SECOND_RDMA_DEVICE} on a dummy netdev at {GUEST_IP}")
+    ln.add_argument("--timeout", type=float, default=600.0, help="seconds each command may run")
+    ln.add_argument("--linger", type=float, default=60.0,
+                    help="seconds a command may go on after the other one ended; default 60")
+    ln.add_argument("--boot-timeout", type=float, default=180.0)
+    ln.add_argument("--memory", default="2G", help="RAM of each guest")
+    ln.add_argument("--smp", type=int, default=2, help="vCPUs of each guest; default 2")
+    ln.add_argument("--cwd", help="directory both commands run in (default: the current one)")
+    ln.set_defaults(func=_cli_run_linked)
     c = sub.add_parser("check", help="report missing prerequisites and native RDMA")
     c.set_defaults(func=_cli_check)
     b = sub.add_parser("build", help="build the cached vmlinux + initramfs")
