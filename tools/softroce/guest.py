@@ -424,9 +424,11 @@ class _GuestNetwork:
     shared: bool  # mount the linked guests' common share at SHARED_MOUNT
 
 
-SINGLE_GUEST_NETWORK = _GuestNetwork(
-    hostname="softroce-guest", hosts=((GUEST_IP, "softroce-guest"),),
-    rdma=(_RdmaLink(GUEST_RDMA_DEVICE, GUEST_NETDEV, GUEST_IP, nic=False),), shared=False)
+def _single_guest_network() -> _GuestNetwork:
+    """The network of a guest run alone: rxe0 on dummy0 (read at call time: tests change it)."""
+    return _GuestNetwork(
+        hostname="softroce-guest", hosts=((GUEST_IP, "softroce-guest"),),
+        rdma=(_RdmaLink(GUEST_RDMA_DEVICE, GUEST_NETDEV, GUEST_IP, nic=False),), shared=False)
 
 
 def _network_setup(net: _GuestNetwork) -> str:
@@ -471,7 +473,7 @@ echo "softroce-stage2: {link.device} on {link.netdev} ({link.ip}) ACTIVE (gid[{G
 
 
 def _stage2_script(cmd: Sequence[str], env: dict[str, str], cwd: str, memlock: str,
-                   net: _GuestNetwork = SINGLE_GUEST_NETWORK) -> str:
+                   net: _GuestNetwork) -> str:
     q = shlex.quote
     J = JOB_MOUNT
     envargs = " ".join(q(f"{k}={v}") for k, v in env.items())
@@ -560,7 +562,7 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
     output bytes as they come.  Raises GuestError if the guest does not boot or rxe0 does
     not come up, PrerequisitesMissing when host packages are missing.
     """
-    spec = _GuestSpec(list(cmd), env, cwd, memlock, SINGLE_GUEST_NETWORK, {
+    spec = _GuestSpec(list(cmd), env, cwd, memlock, _single_guest_network(), {
         "SOFTROCE_IP": GUEST_IP, "SOFTROCE_DEVICE": GUEST_RDMA_DEVICE}, stream)
     return _run_booting_twice([spec], timeout, memory=memory, smp=smp, boot_timeout=boot_timeout,
                               linger=0.0, log=log)[0]
