@@ -25,3 +25,5 @@ def pytest_generate_tests(metafunc):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "stream_backends_only: raw-socket tests (tcp, shm)")
+    config.addinivalue_line("markers", "peer_process: the peer runs in a process of its own (helpers."
+                                       "start_peer); the two-host run puts it on the other host")

@@ -169,3 +169,40 @@ def test_setup_failure_reports_console_tail(softroce, monkeypatch):
     assert "setup failed" in text
     assert "tail of the guest console" in text
     assert "softroce-stage2: FAILED: ip addr add" in text
+
+
+LINKED_A = r"""
+ip -4 -o addr show eth0; rdma link show
+rping -s -a 10.78.0.1 -C 3 -v || exit 1
+exit 3
+"""
+LINKED_B = r"""
+ip -4 -o addr show eth0; rdma link show
+for i in $(seq 60); do rping -c -a 10.78.0.1 -C 3 -v && break; sleep 0.5; done
+while [ ! -e "$SOFTROCE_SHARED/guest-a.exit" ]; do sleep 0.2; done
+echo "guest-a exited $(cat "$SOFTROCE_SHARED/guest-a.exit")"
+sleep 1000
+"""
+
+
+# Above the sum of this test's own waits, so they fail first, with the guests' output.
+@pytest.mark.timeout(400)
+def test_linked_guests_talk_rdma_over_their_link_and_coordinate(softroce):
+    """Two guests, rxe0 on each one's eth0, guest-a with a second device: rping (rdma_cm, RC)
+    between them; guest-b learns guest-a's exit code through the shared directory, and is killed
+    `linger` seconds after guest-a ended, its result a timeout."""
+    a, b = softroce.run_linked(softroce.LinkedCommand(["bash", "-c", LINKED_A]),
+                               softroce.LinkedCommand(["bash", "-c", LINKED_B]),
+                               timeout=240, linger=5, second_rdma_device=True)
+    report = f"--- guest-a ---\n{a.output}\n--- guest-b ---\n{b.output}"
+    assert a.returncode == 3 and not a.timed_out, report
+    assert "inet 10.78.0.1/24" in a.output and "inet 10.78.0.2/24" in b.output, report
+    assert re.search(r"link rxe0/1 state ACTIVE .*netdev eth0", a.output), report
+    assert re.search(r"link rxe1/1 state ACTIVE .*netdev dummy0", a.output), report
+    assert "rxe1" not in b.output, report  # the second device is guest-a's alone
+    assert a.output.count("server ping data: rdma-ping-") == 3, report
+    assert b.output.count("ping data: rdma-ping-") == 3, report
+    assert "guest-a exited 3" in b.output, report
+    assert b.timed_out and b.returncode == guest.TIMEOUT_EXIT_CODE, report
+    assert b.total_seconds < a.total_seconds + 30, (a, b)  # killed after the linger, not the timeout
+    assert not os.path.exists(a.job_dir) and not os.path.exists(b.job_dir)

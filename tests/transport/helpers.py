@@ -9,11 +9,14 @@ import threading
 import time
 from pathlib import Path
 
+from remote_process import RemoteProcess
 from tf_rdma import _transport
 
 KEY = b"test-cluster-key"
 HOST = os.environ.get("TF_RDMA_TEST_HOST", "127.0.0.1")
 PEER_SCRIPT = Path(__file__).with_name("peer_process.py")
+# Not TF_RDMA_*: tf_rdma refuses TF_RDMA_ variables it does not know (a typo must not pass silently).
+PEER_AGENT = os.environ.get("TRANSPORT_TEST_PEER_AGENT", "")
 
 
 def transport(backend, name="local", key=KEY, **kwargs):
@@ -63,11 +66,14 @@ def pattern(size, seed=0):
 
 
 def start_peer(backend, endpoint, *actions, key=KEY, peer_timeout=30.0):
-    """A sender in another process; `actions` as peer_process.py takes them."""
-    env = dict(os.environ)
-    return subprocess.Popen(
-        [sys.executable, str(PEER_SCRIPT), backend, endpoint, key.hex(), str(peer_timeout), *actions],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    """A sender in another process; `actions` as peer_process.py takes them. With
+    TRANSPORT_TEST_PEER_AGENT=HOST:PORT, the process runs on that other host (remote_process.py),
+    with that host's environment: the suite across two hosts."""
+    argv = [sys.executable, str(PEER_SCRIPT), backend, endpoint, key.hex(), str(peer_timeout), *actions]
+    if PEER_AGENT:
+        return RemoteProcess(PEER_AGENT, argv)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
 
 
 def _stdout_lines(process):

@@ -228,6 +228,27 @@ def test_close_fails_everything_pending_on_both_sides(backend):
             to_receiver.write(3, b"z").wait(5)
 
 
+@pytest.mark.peer_process
+@pytest.mark.parametrize("size", [1, (1 << 20) + 3, 16 << 20])
+def test_bytes_cross_between_processes_exactly_both_ways(backend, size):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    peer = start_peer(backend, listener.endpoint, f"write:1:{size}:5", f"expect:2:{size}:6", "print:done")
+    try:
+        wait_for_line(peer, "connected")
+        connection = listener.accept(10)
+        region = receiver.allocate_region(size)
+        assert connection.grant(1, region, 0, size).wait(60) == size
+        assert memoryview(region)[:size] == pattern(size, seed=5)
+        connection.write(2, pattern(size, seed=6)).wait(60)
+        wait_for_line(peer, "done", timeout=60)  # the peer checked every byte it received
+        assert peer.wait(30) == 0, peer.stderr.read()
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+@pytest.mark.peer_process
 def test_killed_peer_fails_pending_grants_promptly(backend):
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")
@@ -245,6 +266,7 @@ def test_killed_peer_fails_pending_grants_promptly(backend):
         connection.check()
 
 
+@pytest.mark.peer_process
 def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
     # 2 s: heartbeats (a quarter of it) still arrive in time from a peer under emulation (verbs in
     # the Soft-RoCE guest), where 1 s proved too tight.
@@ -257,7 +279,7 @@ def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
     grant = connection.grant(1, receiver.allocate_region(10), 0, 10)
     time.sleep(1.5 * peer_timeout)  # longer than the timeout: the idle peer's heartbeats keep it alive
     assert not grant.done()
-    os.kill(peer.pid, signal.SIGSTOP)
+    peer.send_signal(signal.SIGSTOP)
     started = time.monotonic()
     try:
         with pytest.raises(errors.PeerUnavailableError, match="unresponsive"):
@@ -270,6 +292,7 @@ def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
         peer.wait()
 
 
+@pytest.mark.peer_process
 def test_restarted_peer_connects_again(backend):
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")

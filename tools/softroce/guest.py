@@ -7,10 +7,16 @@ overlay on top.  In the guest, ``rxe0`` is brought up on a dummy netdev (10.77.0
 GID index 1 is RoCE v2), the command runs, its combined stdout/stderr and exit code come
 back to the host through a second, per-job 9p share, and the guest powers off.
 
+Two guests (``run_linked``) each get their own kernel and ``rxe0`` on a virtio NIC, the NICs
+joined by a virtual Ethernet link (guest-a 10.78.0.1, guest-b 10.78.0.2), and share a read-write
+directory to coordinate through.
+
 CLI::
 
     python tools/softroce/guest.py run [--timeout S] [--memory 2G] [--env N=V ...]
                                        [--cwd DIR] [--memlock KB|unlimited] -- CMD ARGS...
+    python tools/softroce/guest.py run-linked --a 'SHELL CMD' --b 'SHELL CMD'
+                                       [--second-rdma-device] [--timeout S] [--smp N]
     python tools/softroce/guest.py check     # prerequisites / native RDMA
     python tools/softroce/guest.py build     # (re)build the cached vmlinux + initramfs
 
@@ -19,6 +25,7 @@ Python API::
     from guest import run, native_rdma_available, missing_prerequisites
     res = run(["ibv_devinfo"], timeout=60)
     res.returncode, res.output, res.boot_seconds
+    a, b = run_linked(LinkedCommand(["cmd-a"]), LinkedCommand(["cmd-b"]), timeout=60)
 
 Python 3.11 standard library only.
 """
@@ -62,6 +69,13 @@ QEMU = "qemu-system-x86_64"
 QBOOT_ROM = "/usr/share/qemu/qboot.rom"
 BUSYBOX = "/bin/busybox"
 JOB_MOUNT = "/run/softroce-job"  # where the per-job share is mounted in the guest
+
+# Two linked guests (run_linked): each has rxe0 on its virtio NIC, on one Ethernet link.
+LINK_NETDEV = "eth0"  # the kernel's name for the first NIC (no udev renames it)
+LINK_IPS = ("10.78.0.1", "10.78.0.2")
+LINK_HOSTNAMES = ("guest-a", "guest-b")
+SECOND_RDMA_DEVICE = "rxe1"  # guest-a's extra device, on dummy0 at GUEST_IP, when asked for
+SHARED_MOUNT = "/run/softroce-shared"  # a host directory both linked guests mount read-write
 
 # Modules the initramfs needs before it can reach the host's /lib/modules (in that order).
 INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
@@ -392,10 +406,83 @@ def ensure_artifacts(log: Callable[[str], None] | None = None) -> Artifacts:
 # The per-job stage-2 script (runs as PID 1 in the guest after switch_root)
 
 
-def _stage2_script(cmd: Sequence[str], env: dict[str, str], cwd: str, memlock: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class _RdmaLink:
+    """One rxe device in a guest and the netdev under it: a dummy (traffic stays in the guest)
+    or the guest's virtio NIC on the link to the other guest."""
+    device: str
+    netdev: str
+    ip: str
+    nic: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _GuestNetwork:
+    hostname: str
+    hosts: tuple[tuple[str, str], ...]  # /etc/hosts lines (ip, name)
+    rdma: tuple[_RdmaLink, ...]  # in creation order
+    shared: bool  # mount the linked guests' common share at SHARED_MOUNT
+
+
+def _single_guest_network() -> _GuestNetwork:
+    """The network of a guest run alone: rxe0 on dummy0 (read at call time: tests change it)."""
+    return _GuestNetwork(
+        hostname="softroce-guest", hosts=((GUEST_IP, "softroce-guest"),),
+        rdma=(_RdmaLink(GUEST_RDMA_DEVICE, GUEST_NETDEV, GUEST_IP, nic=False),), shared=False)
+
+
+def _network_setup(net: _GuestNetwork) -> str:
+    """Shell lines that bring up every rxe device of `net`, each ACTIVE with its RoCE v2 GID."""
+    q = shlex.quote
+    lines = [f"hostname {net.hostname}"]
+    lines += [f"echo {q(ip + ' ' + name)} >> /etc/hosts" for ip, name in net.hosts]
+    lines.append('ip link set lo up || die "ip link set lo up"')
+    lines.append('modprobe -a rdma_rxe rdma_ucm ib_uverbs || die "modprobe rdma_rxe rdma_ucm ib_uverbs"')
+    if any(not link.nic for link in net.rdma):
+        lines.append('modprobe dummy numdummies=0 || die "modprobe dummy"')
+    if any(link.nic for link in net.rdma):
+        # No udev in the guest: nothing loads the NIC's driver unless we do.
+        lines.append('modprobe virtio_net || die "modprobe virtio_net"')
+    for link in net.rdma:
+        if link.nic:
+            lines.append(f"for i in $(seq 100); do [ -e /sys/class/net/{link.netdev} ] && break; sleep 0.1; done")
+            lines.append(f'[ -e /sys/class/net/{link.netdev} ] || die "no {link.netdev}: the virtio NIC did not appear"')
+        else:
+            lines.append(f'ip link add {link.netdev} type dummy || die "ip link add {link.netdev}"')
+        lines.append(f'ip addr add {link.ip}/{GUEST_PREFIX} dev {link.netdev} || die "ip addr add"')
+        lines.append(f'ip link set {link.netdev} up || die "ip link set {link.netdev} up"')
+        lines.append(f'rdma link add {link.device} type rxe netdev {link.netdev} '
+                     f'|| die "rdma link add {link.device}"')
+    for i, link in enumerate(net.rdma):
+        lines.append(f"""P=/sys/class/infiniband/{link.device}/ports/1
+for i in $(seq 200); do
+    st=$(cat $P/state 2>/dev/null)
+    gid=$(cat $P/gids/{GUEST_GID_INDEX} 2>/dev/null)
+    case "$st" in *ACTIVE*)
+        [ -n "$gid" ] && [ "$gid" != "0000:0000:0000:0000:0000:0000:0000:0000" ] && break;;
+    esac
+    sleep 0.1
+done
+case "$st" in *ACTIVE*) ;; *) die "{link.device} port state is '$st', not ACTIVE";; esac
+[ -e /dev/infiniband/uverbs{i} ] || die "/dev/infiniband/uverbs{i} missing"
+echo "softroce-stage2: {link.device} on {link.netdev} ({link.ip}) ACTIVE (gid[{GUEST_GID_INDEX}]=$gid)\"""")
+    if net.shared:
+        lines.append(f"mkdir -p {SHARED_MOUNT} && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 "
+                     f'shared {SHARED_MOUNT} || die "mount of the shared directory (9p) failed"')
+    return "\n".join(lines)
+
+
+def _stage2_script(cmd: Sequence[str], env: dict[str, str], cwd: str, memlock: str,
+                   net: _GuestNetwork) -> str:
     q = shlex.quote
     J = JOB_MOUNT
     envargs = " ".join(q(f"{k}={v}") for k, v in env.items())
+    devices = " ".join(link.device for link in net.rdma)
+    # A linked guest also tells the other one, through the shared directory, that its command
+    # ended and how (the other's command may wait for it, e.g. a peer serving until then).
+    announce = (f"echo $rc > {SHARED_MOUNT}/{net.hostname}.exit.tmp && "
+                f"mv {SHARED_MOUNT}/{net.hostname}.exit.tmp {SHARED_MOUNT}/{net.hostname}.exit"
+                if net.shared else "")
     return f"""#!/bin/bash
 J={J}
 export PATH={GUEST_PATH}
@@ -408,30 +495,10 @@ die() {{
     sleep 30
 }}
 state booted
-echo "softroce-stage2: bringing up {GUEST_RDMA_DEVICE}"
-hostname softroce-guest
-echo "{GUEST_IP} softroce-guest" >> /etc/hosts
-ip link set lo up || die "ip link set lo up"
-modprobe -a rdma_rxe rdma_ucm ib_uverbs || die "modprobe rdma_rxe rdma_ucm ib_uverbs"
-modprobe dummy numdummies=0 || die "modprobe dummy"
-ip link add {GUEST_NETDEV} type dummy || die "ip link add {GUEST_NETDEV}"
-ip addr add {GUEST_IP}/{GUEST_PREFIX} dev {GUEST_NETDEV} || die "ip addr add"
-ip link set {GUEST_NETDEV} up || die "ip link set {GUEST_NETDEV} up"
-rdma link add {GUEST_RDMA_DEVICE} type rxe netdev {GUEST_NETDEV} \
-    || die "rdma link add {GUEST_RDMA_DEVICE}"
-P=/sys/class/infiniband/{GUEST_RDMA_DEVICE}/ports/1
-for i in $(seq 200); do
-    st=$(cat $P/state 2>/dev/null)
-    gid=$(cat $P/gids/{GUEST_GID_INDEX} 2>/dev/null)
-    case "$st" in *ACTIVE*)
-        [ -n "$gid" ] && [ "$gid" != "0000:0000:0000:0000:0000:0000:0000:0000" ] && break;;
-    esac
-    sleep 0.1
-done
-case "$st" in *ACTIVE*) ;; *) die "{GUEST_RDMA_DEVICE} port state is '$st', not ACTIVE";; esac
-[ -e /dev/infiniband/uverbs0 ] || die "/dev/infiniband/uverbs0 missing"
+echo "softroce-stage2: bringing up {devices}"
+{_network_setup(net)}
 ulimit -l {q(memlock)} || die "ulimit -l {memlock}"
-echo "softroce-stage2: {GUEST_RDMA_DEVICE} ACTIVE (gid[{GUEST_GID_INDEX}]=$gid), running command"
+echo "softroce-stage2: running command"
 state started
 if cd -- {q(cwd)}; then
     env -i {envargs} {" ".join(q(c) for c in cmd)} < /dev/null > $J/output 2>&1
@@ -441,6 +508,7 @@ else
     rc=125
 fi
 echo $rc > $J/rc.tmp && mv $J/rc.tmp $J/rc
+{announce}
 sync
 echo o > /proc/sysrq-trigger
 sleep 30
@@ -483,28 +551,6 @@ def run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
         smp: int = 2, boot_timeout: float = 180.0,
         stream: IO[bytes] | None = None,
         log: Callable[[str], None] | None = None) -> GuestResult:
-    """Boot a Soft-RoCE guest, run ``cmd`` in it and return its result (see _run_once).
-
-    A guest that never booted is booted once more: under TCG on a loaded host, qemu now and then
-    stays silent from the start (no console output at all); a second boot has always come up.
-    The command never ran in that case, so running it again changes nothing.
-    """
-    for attempt in (1, 2):
-        try:
-            return _run_once(cmd, timeout, env, cwd, memlock, memory=memory, smp=smp,
-                             boot_timeout=boot_timeout, stream=stream, log=log)
-        except GuestError as error:
-            if attempt == 2 or "did not boot" not in str(error):
-                raise
-            if log:
-                log(f"softroce: {error}; booting a fresh guest")
-
-
-def _run_once(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None,
-              cwd: str | None = None, memlock: str = "unlimited", *, memory: str = "2G",
-              smp: int = 2, boot_timeout: float = 180.0,
-              stream: IO[bytes] | None = None,
-              log: Callable[[str], None] | None = None) -> GuestResult:
     """Boot a Soft-RoCE guest, run ``cmd`` in it and return its result.
 
     ``timeout`` bounds the command (from the moment it starts in the guest); booting is
@@ -516,129 +562,289 @@ def _run_once(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = N
     output bytes as they come.  Raises GuestError if the guest does not boot or rxe0 does
     not come up, PrerequisitesMissing when host packages are missing.
     """
-    cmd = list(cmd)
-    if not cmd:
-        raise ValueError("empty command")
-    if not re.fullmatch(r"unlimited|\d+", memlock):
-        raise ValueError(f"bad memlock {memlock!r} (KB or 'unlimited')")
+    spec = _GuestSpec(list(cmd), env, cwd, memlock, _single_guest_network(), {
+        "SOFTROCE_IP": GUEST_IP, "SOFTROCE_DEVICE": GUEST_RDMA_DEVICE}, stream)
+    return _run_booting_twice([spec], timeout, memory=memory, smp=smp, boot_timeout=boot_timeout,
+                              linger=0.0, log=log)[0]
+
+
+@dataclasses.dataclass
+class LinkedCommand:
+    """What one of two linked guests runs (see run_linked)."""
+    cmd: Sequence[str]
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    memlock: str = "unlimited"
+    stream: IO[bytes] | None = None
+
+
+def run_linked(a: LinkedCommand, b: LinkedCommand, timeout: float, *,
+               second_rdma_device: bool = False, memory: str = "2G", smp: int = 2,
+               boot_timeout: float = 180.0, linger: float = 60.0,
+               log: Callable[[str], None] | None = None) -> tuple[GuestResult, GuestResult]:
+    """Boot two Soft-RoCE guests joined by a virtual Ethernet link and run a command in each.
+
+    Guest ``a`` (hostname guest-a) is LINK_IPS[0] and guest ``b`` LINK_IPS[1] on their
+    ``eth0`` (virtio-net; the two NICs exchange frames as UDP datagrams between two qemu
+    processes on 127.0.0.1, so nothing leaves the machine and neither needs root or a tap).
+    Each has its own kernel and ``rxe0`` on its ``eth0``: RDMA between them crosses the link.
+    With ``second_rdma_device``, guest a also has ``rxe1`` on a dummy netdev at GUEST_IP,
+    created before rxe0 so that it is the first device listed; only rxe0 reaches guest b.
+
+    Both guests mount one read-write host directory at SHARED_MOUNT (``SOFTROCE_SHARED`` in
+    the commands' environment) to coordinate; when a command ends, its guest writes the exit
+    code to ``SHARED_MOUNT/<hostname>.exit``.  Once one command has ended, the other has
+    ``linger`` seconds to end too, else its guest is killed and its result is a timeout, so a
+    peer waiting for a partner that failed costs no more than that.  ``timeout`` bounds each
+    command from its start.  The environment has SOFTROCE_IP / SOFTROCE_PEER_IP (own and
+    other guest's link address), SOFTROCE_DEVICE=rxe0 and SOFTROCE_HOSTNAME.
+    """
     memory = _parse_memory(memory)
-    cwd = os.path.abspath(cwd or os.getcwd())
-    full_env = {
-        "PATH": GUEST_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root",
-        "LANG": "C.UTF-8", "TERM": "dumb",
-        "SOFTROCE_GUEST": "1", "SOFTROCE_IP": GUEST_IP,
-        "SOFTROCE_DEVICE": GUEST_RDMA_DEVICE, "SOFTROCE_GID_INDEX": str(GUEST_GID_INDEX),
-    }
-    for k, v in (env or {}).items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise ValueError(f"bad environment variable name {k!r}")
-        full_env[k] = str(v)
+    hosts = tuple(zip(LINK_IPS, LINK_HOSTNAMES))
+    specs = []
+    for i, command in enumerate((a, b)):
+        rdma = [_RdmaLink(GUEST_RDMA_DEVICE, LINK_NETDEV, LINK_IPS[i], nic=True)]
+        if second_rdma_device and i == 0:
+            rdma.insert(0, _RdmaLink(SECOND_RDMA_DEVICE, GUEST_NETDEV, GUEST_IP, nic=False))
+        net = _GuestNetwork(hostname=LINK_HOSTNAMES[i], hosts=hosts, rdma=tuple(rdma), shared=True)
+        specs.append(_GuestSpec(list(command.cmd), command.env, command.cwd, command.memlock, net, {
+            "SOFTROCE_IP": LINK_IPS[i], "SOFTROCE_PEER_IP": LINK_IPS[1 - i],
+            "SOFTROCE_DEVICE": GUEST_RDMA_DEVICE, "SOFTROCE_HOSTNAME": LINK_HOSTNAMES[i],
+            "SOFTROCE_SHARED": SHARED_MOUNT}, command.stream))
+    first, second = _run_booting_twice(specs, timeout, memory=memory, smp=smp,
+                                       boot_timeout=boot_timeout, linger=linger, log=log)
+    return first, second
+
+
+@dataclasses.dataclass
+class _GuestSpec:
+    cmd: list[str]
+    env: dict[str, str] | None
+    cwd: str | None
+    memlock: str
+    net: _GuestNetwork
+    softroce_env: dict[str, str]  # SOFTROCE_* describing this guest
+    stream: IO[bytes] | None
+
+
+def _run_booting_twice(specs: list[_GuestSpec], timeout: float, **kw) -> list[GuestResult]:
+    """_run_guests, once more if a guest never booted.
+
+    Under TCG on a loaded host, qemu now and then stays silent from the start (no console
+    output at all); a second boot has always come up. No command ran in that case (the guests
+    are started together and a command starts only once its guest is up; linked ones are
+    rebooted together), so running them again changes nothing.
+    """
+    try:
+        return _run_guests(specs, timeout, **kw)
+    except GuestError as error:
+        if "did not boot" not in str(error):
+            raise
+        if kw.get("log"):
+            kw["log"](f"softroce: {error}; booting afresh")
+    return _run_guests(specs, timeout, **kw)
+
+
+def _free_udp_ports(count: int) -> list[int]:
+    """Ports free for UDP on 127.0.0.1 now (held until all are chosen, so they differ)."""
+    import socket
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class _Guest:
+    """One qemu process and its job directory, watched by _run_guests."""
+
+    def __init__(self, spec: _GuestSpec, jobdir: Path, name: str) -> None:
+        self.spec, self.jobdir, self.name = spec, jobdir, name
+        self.proc: subprocess.Popen | None = None
+        self.out_f: IO[bytes] | None = None
+        self.chunks: list[bytes] = []
+        self.t_started: float | None = None
+        self.t_rc: float | None = None
+        self.t_end: float | None = None
+        self.timed_out = False
+
+    @property
+    def console(self) -> Path:
+        return self.jobdir / "console.log"
+
+    def pump(self) -> None:
+        data = self.out_f.read() if self.out_f else b""
+        if data:
+            self.chunks.append(data)
+            if self.spec.stream is not None:
+                self.spec.stream.write(data)
+                self.spec.stream.flush()
+
+    def failure(self, msg: str) -> GuestError:
+        tail = _tail(self.console)
+        qerr = "\n".join(l for l in _tail(self.jobdir / "qemu.log", 2000).splitlines()
+                         if "terminating on signal" not in l).strip()
+        who = f"{self.name}: " if self.name else ""
+        text = f"{who}{msg}\n--- tail of the guest console ---\n{tail.rstrip()}"
+        if qerr:
+            text += f"\n--- qemu ---\n{qerr}"
+        return GuestError(text)
+
+    def state(self) -> list[str]:
+        path = self.jobdir / "state"
+        return path.read_text().split() if path.exists() else []
+
+    def finished(self) -> bool:
+        return self.t_end is not None
+
+
+def _run_guests(specs: list[_GuestSpec], timeout: float, *, memory: str = "2G", smp: int = 2,
+                boot_timeout: float = 180.0, linger: float = 0.0,
+                log: Callable[[str], None] | None = None) -> list[GuestResult]:
+    """Boot one guest per spec (two are joined by a link, see run_linked), run each command and
+    return their results. Raises GuestError if any guest does not boot or set up."""
+    for spec in specs:
+        if not spec.cmd:
+            raise ValueError("empty command")
+        if not re.fullmatch(r"unlimited|\d+", spec.memlock):
+            raise ValueError(f"bad memlock {spec.memlock!r} (KB or 'unlimited')")
+    memory = _parse_memory(memory)
+    envs = []
+    for spec in specs:
+        full_env = {
+            "PATH": GUEST_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root",
+            "LANG": "C.UTF-8", "TERM": "dumb", "SOFTROCE_GUEST": "1",
+            **spec.softroce_env, "SOFTROCE_GID_INDEX": str(GUEST_GID_INDEX),
+        }
+        for k, v in (spec.env or {}).items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"bad environment variable name {k!r}")
+            full_env[k] = str(v)
+        envs.append(full_env)
 
     art = ensure_artifacts(log)
-    jobdir = Path(tempfile.mkdtemp(prefix="softroce-job-"))
+    linked = len(specs) > 1
     keep = os.environ.get("TF_RDMA_SOFTROCE_KEEP_JOB") == "1"
-    proc: subprocess.Popen | None = None
+    scratch = Path(tempfile.mkdtemp(prefix="softroce-run-")) if linked else None
+    guests: list[_Guest] = []
     try:
-        (jobdir / "stage2.sh").write_text(_stage2_script(cmd, full_env, cwd, memlock))
-        (jobdir / "output").touch()
-        console = jobdir / "console.log"
-        qemu_cmd = [
-            _which(QEMU) or QEMU, "-nodefaults", "-no-user-config", "-no-reboot",
-            "-display", "none", "-monitor", "none", "-nic", "none",
-            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", memory,
-            "-bios", QBOOT_ROM,
-            "-kernel", str(art.vmlinux), "-initrd", str(art.initramfs),
-            "-append", KERNEL_ARGS + " " + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
-            "-serial", f"file:{console}",
-            "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
-            "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
-            "-fsdev", f"local,id=job,path={jobdir},security_model=none",
-            "-device", "virtio-9p-pci,fsdev=job,mount_tag=job",
-        ]
+        for i, spec in enumerate(specs):
+            jobdir = Path(tempfile.mkdtemp(prefix="softroce-job-", dir=scratch))
+            guests.append(_Guest(spec, jobdir, spec.net.hostname if linked else ""))
+        shared = scratch / "shared" if scratch else None
+        if shared:
+            shared.mkdir()
+        ports = _free_udp_ports(len(specs)) if linked else []
         t0 = time.monotonic()
-        with open(jobdir / "qemu.log", "wb") as qlog:
-            proc = subprocess.Popen(qemu_cmd, stdin=subprocess.DEVNULL, stdout=qlog,
-                                    stderr=subprocess.STDOUT)
-        out_f = open(jobdir / "output", "rb")
-        chunks: list[bytes] = []
-        t_started: float | None = None
-        t_rc: float | None = None
-        timed_out = False
+        for i, (g, full_env) in enumerate(zip(guests, envs)):
+            cwd = os.path.abspath(g.spec.cwd or os.getcwd())
+            (g.jobdir / "stage2.sh").write_text(
+                _stage2_script(g.spec.cmd, full_env, cwd, g.spec.memlock, g.spec.net))
+            (g.jobdir / "output").touch()
+            qemu_cmd = [
+                _which(QEMU) or QEMU, "-nodefaults", "-no-user-config", "-no-reboot",
+                "-display", "none", "-monitor", "none", "-nic", "none",
+                "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", memory,
+                "-bios", QBOOT_ROM,
+                "-kernel", str(art.vmlinux), "-initrd", str(art.initramfs),
+                "-append", KERNEL_ARGS + " " + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
+                "-serial", f"file:{g.console}",
+                "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
+                "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+                "-fsdev", f"local,id=job,path={g.jobdir},security_model=none",
+                "-device", "virtio-9p-pci,fsdev=job,mount_tag=job",
+            ]
+            if linked:
+                # Each NIC sends its frames as datagrams to the other's port: a point-to-point
+                # Ethernet link that needs no root, no tap and no start order between the two.
+                qemu_cmd += [
+                    "-netdev", f"socket,id=link,udp=127.0.0.1:{ports[1 - i]},"
+                               f"localaddr=127.0.0.1:{ports[i]}",
+                    "-device", f"virtio-net-pci,netdev=link,mac=52:54:00:4e:00:{i + 1:02x}",
+                    "-fsdev", f"local,id=shared,path={shared},security_model=none",
+                    "-device", "virtio-9p-pci,fsdev=shared,mount_tag=shared",
+                ]
+            with open(g.jobdir / "qemu.log", "wb") as qlog:
+                g.proc = subprocess.Popen(qemu_cmd, stdin=subprocess.DEVNULL, stdout=qlog,
+                                          stderr=subprocess.STDOUT)
+            g.out_f = open(g.jobdir / "output", "rb")
 
-        def pump() -> None:
-            data = out_f.read()
-            if data:
-                chunks.append(data)
-                if stream is not None:
-                    stream.write(data)
-                    stream.flush()
-
-        def fail(msg: str) -> GuestError:
-            tail = _tail(console)
-            qerr = "\n".join(l for l in _tail(jobdir / "qemu.log", 2000).splitlines()
-                             if "terminating on signal" not in l).strip()
-            text = f"{msg}\n--- tail of the guest console ---\n{tail.rstrip()}"
-            if qerr:
-                text += f"\n--- qemu ---\n{qerr}"
-            return GuestError(text)
-
-        try:
-            while True:
-                pump()
-                now = time.monotonic()
-                state = (jobdir / "state").read_text() if (jobdir / "state").exists() else ""
-                if t_started is None and "started" in state.split():
-                    t_started = now
-                if "error" in state.split():
+        while not all(g.finished() for g in guests):
+            now = time.monotonic()
+            ended = [g.t_rc or g.t_end for g in guests if g.t_rc or g.t_end]
+            t_first_end = min(ended) if ended else None
+            for g in guests:
+                if g.finished():
+                    continue
+                g.pump()
+                state = g.state()
+                if g.t_started is None and "started" in state:
+                    g.t_started = now
+                if "error" in state:
                     try:
-                        proc.wait(5)  # the guest powers itself off after a setup error
+                        g.proc.wait(5)  # the guest powers itself off after a setup error
                     except subprocess.TimeoutExpired:
                         pass
-                    _kill(proc)
-                    raise fail("softroce guest setup failed: "
-                               + state.split("error", 1)[1].strip().splitlines()[0])
-                if proc.poll() is not None:
-                    break
-                if (jobdir / "rc").exists():  # done; qemu should be powering off
-                    t_rc = t_rc or now
-                    if now - t_rc > 10:
-                        _kill(proc)
-                        break
-                if t_started is None and now - t0 > boot_timeout:
-                    _kill(proc)
-                    raise fail(f"softroce guest did not boot within {boot_timeout:.0f} s")
-                if t_started is not None and now - t_started > timeout:
-                    _kill(proc)
-                    timed_out = True
-                    break
-                time.sleep(0.05)
-            pump()
-            t_end = time.monotonic()
-        finally:
-            out_f.close()
-        if t_started is None:
-            raise fail(f"softroce guest stopped before the command started "
-                       f"(qemu exit code {proc.returncode})")
-        output = b"".join(chunks).decode(errors="replace")
-        if timed_out:
-            rc = TIMEOUT_EXIT_CODE
-        else:
-            try:
-                rc = int((jobdir / "rc").read_text().strip())
-            except (OSError, ValueError):
-                raise fail("softroce guest stopped before the command finished "
-                           f"(qemu exit code {proc.returncode})") from None
-        return GuestResult(
-            returncode=rc, output=output, boot_seconds=round(t_started - t0, 2),
-            run_seconds=round(t_end - t_started, 2), total_seconds=round(t_end - t0, 2),
-            timed_out=timed_out, kernel=art.kver, console=_tail(console), job_dir=str(jobdir))
+                    _kill(g.proc)
+                    text = (g.jobdir / "state").read_text()
+                    raise g.failure("softroce guest setup failed: "
+                                    + text.split("error", 1)[1].strip().splitlines()[0])
+                stop = g.proc.poll() is not None
+                if (g.jobdir / "rc").exists():  # done; qemu should be powering off
+                    g.t_rc = g.t_rc or now
+                    if now - g.t_rc > 10:
+                        stop = True
+                if g.t_started is None and now - t0 > boot_timeout:
+                    _kill(g.proc)
+                    raise g.failure(f"softroce guest did not boot within {boot_timeout:.0f} s")
+                if g.t_started is not None and now - g.t_started > timeout:
+                    stop = g.timed_out = True
+                if t_first_end is not None and g.t_rc is None and now - t_first_end > linger:
+                    stop = g.timed_out = True  # the other guest's command ended long ago
+                if stop:
+                    _kill(g.proc)
+                    g.pump()
+                    g.t_end = time.monotonic()
+                    if g.t_started is None:
+                        raise g.failure(f"softroce guest stopped before the command started "
+                                        f"(qemu exit code {g.proc.returncode})")
+            time.sleep(0.05)
+
+        results = []
+        for g in guests:
+            g.out_f.close()
+            output = b"".join(g.chunks).decode(errors="replace")
+            if g.timed_out:
+                rc = TIMEOUT_EXIT_CODE
+            else:
+                try:
+                    rc = int((g.jobdir / "rc").read_text().strip())
+                except (OSError, ValueError):
+                    raise g.failure("softroce guest stopped before the command finished "
+                                    f"(qemu exit code {g.proc.returncode})") from None
+            results.append(GuestResult(
+                returncode=rc, output=output, boot_seconds=round(g.t_started - t0, 2),
+                run_seconds=round(g.t_end - g.t_started, 2), total_seconds=round(g.t_end - t0, 2),
+                timed_out=g.timed_out, kernel=art.kver, console=_tail(g.console),
+                job_dir=str(g.jobdir)))
+        return results
     finally:
-        if proc is not None:
-            _kill(proc)
+        for g in guests:
+            if g.proc is not None:
+                _kill(g.proc)
+            if g.out_f is not None:
+                g.out_f.close()
+        kept = [str(g.jobdir) for g in guests] if not scratch else [str(scratch)]
         if keep:
-            print(f"softroce: job dir kept: {jobdir}", file=sys.stderr)
+            print(f"softroce: job dir kept: {' '.join(kept)}", file=sys.stderr)
         else:
-            shutil.rmtree(jobdir, ignore_errors=True)
+            for path in kept:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -680,6 +886,25 @@ def _cli_run(args: argparse.Namespace) -> int:
     return res.returncode
 
 
+def _cli_run_linked(args: argparse.Namespace) -> int:
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        results = run_linked(LinkedCommand(["bash", "-c", args.a], cwd=args.cwd),
+                             LinkedCommand(["bash", "-c", args.b], cwd=args.cwd),
+                             timeout=args.timeout, second_rdma_device=args.second_rdma_device,
+                             memory=args.memory, smp=args.smp, boot_timeout=args.boot_timeout,
+                             linger=args.linger, log=log)
+    except GuestError as e:
+        print(f"guest.py: {e}", file=sys.stderr)
+        return HARNESS_ERROR_EXIT_CODE
+    for name, res in zip(LINK_HOSTNAMES, results):
+        print(f"===== {name}: boot {res.boot_seconds:.1f} s, command {res.run_seconds:.1f} s, "
+              f"exit {res.returncode}{' (TIMEOUT)' if res.timed_out else ''}\n{res.output}", end="")
+    return max(res.returncode for res in results)
+
+
 def _cli_check(args: argparse.Namespace) -> int:
     missing = missing_prerequisites()
     print(f"native RDMA device on the host: {'yes' if native_rdma_available() else 'no'}")
@@ -719,6 +944,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("-q", "--quiet", action="store_true", help="no timing line at the end")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     r.set_defaults(func=_cli_run)
+    ln = sub.add_parser("run-linked", help="boot two linked guests, run --a in guest-a and --b in "
+                                          "guest-b (bash -c), print both outputs")
+    ln.add_argument("--a", required=True, help="shell command for guest-a (%s)" % LINK_IPS[0])
+    ln.add_argument("--b", required=True, help="shell command for guest-b (%s)" % LINK_IPS[1])
+    ln.add_argument("--second-rdma-device", action="store_true",
+                    help=f"guest-a also gets {SECOND_RDMA_DEVICE} on a dummy netdev at {GUEST_IP}")
+    ln.add_argument("--timeout", type=float, default=600.0, help="seconds each command may run")
+    ln.add_argument("--linger", type=float, default=60.0,
+                    help="seconds a command may go on after the other one ended; default 60")
+    ln.add_argument("--boot-timeout", type=float, default=180.0)
+    ln.add_argument("--memory", default="2G", help="RAM of each guest")
+    ln.add_argument("--smp", type=int, default=2, help="vCPUs of each guest; default 2")
+    ln.add_argument("--cwd", help="directory both commands run in (default: the current one)")
+    ln.set_defaults(func=_cli_run_linked)
     c = sub.add_parser("check", help="report missing prerequisites and native RDMA")
     c.set_defaults(func=_cli_check)
     b = sub.add_parser("build", help="build the cached vmlinux + initramfs")

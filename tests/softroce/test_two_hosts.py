@@ -1,0 +1,76 @@
+"""Verbs between two hosts: two linked Soft-RoCE guests (tools/softroce/guest.py run_linked), each
+with its own kernel and rxe0 on its own virtual NIC, joined by a virtual Ethernet link. guest-a also
+has a second RDMA device, rxe1, which cannot reach guest-b: the device must be chosen per peer.
+
+- The transport suite's cases whose peer is another process (marked peer_process), with that
+  process on guest-b, plus which device guest-a uses for guest-b (device_choice_across_hosts.py).
+- A TF1 session with the ps on guest-a and the worker on guest-b, over gRPC and over tf_rdma with
+  TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host.
+
+Skipped when the harness's host packages are missing, unless CI is set: then it fails
+(tests/softroce/conftest.py).
+"""
+import json
+import re
+
+import pytest
+
+from guest_loader import PYTHON, REPO, guest
+
+AGENT_PORT = 7700
+
+
+def linked(softroce, a_cmd, a_env, b_cmd, b_env, timeout):
+    a, b = softroce.run_linked(
+        softroce.LinkedCommand(a_cmd, env=a_env, cwd=str(REPO)),
+        softroce.LinkedCommand(b_cmd, env=b_env, cwd=str(REPO)),
+        timeout=timeout, second_rdma_device=True)
+    report = (f"--- guest-a (exit {a.returncode}, boot {a.boot_seconds} s, ran {a.run_seconds} s) ---\n"
+              f"{a.output[-8000:]}\n--- guest-b (exit {b.returncode}, boot {b.boot_seconds} s, ran "
+              f"{b.run_seconds} s) ---\n{b.output[-5000:]}")
+    print(report)  # timings in the log of a passing run too (pytest -s / -rP)
+    return a, b, report
+
+
+# Above the sum of this test's own waits, so they fail first, with the guests' output.
+@pytest.mark.timeout(700)
+def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
+    peer_ip = guest.LINK_IPS[1]
+    a, b, report = linked(
+        softroce,
+        [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--backends", "verbs",
+         "-m", "peer_process", "tests/transport/test_transport.py",
+         "tests/softroce/device_choice_across_hosts.py"],
+        {"TF_RDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
+        [PYTHON, "tests/transport/remote_process.py", "serve", peer_ip, str(AGENT_PORT),
+         "--until", f"{guest.SHARED_MOUNT}/guest-a.exit"], {},
+        timeout=600)
+    summary = a.output.strip().splitlines()[-1] if a.output.strip() else ""
+    assert a.returncode == 0, report
+    assert re.search(r"\d+ passed", summary), report
+    assert not re.search(r"failed|skipped|error", summary), report
+    assert b.returncode == 0, report  # the agent served until guest-a was done
+
+
+# Above the sum of this test's own waits, so they fail first, with the guests' output.
+@pytest.mark.timeout(700)
+def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc(softroce):
+    ps_ip, worker_ip = guest.LINK_IPS
+    script = str(REPO / "tests" / "softroce" / "tf_across_hosts.py")
+    env = {"TF_RDMA_BACKEND": "auto", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    a, b, report = linked(softroce, [PYTHON, script, "ps", ps_ip, worker_ip], env,
+                          [PYTHON, script, "worker", ps_ip, worker_ip], env, timeout=600)
+    assert b.returncode == 0 and a.returncode == 0, report
+
+    def result(output):
+        return json.loads(next(l for l in output.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+
+    worker = result(b.output)
+    assert worker["rdma"] == worker["grpc"], report
+    peer = worker["stats"]["peers"]["/job:ps/replica:0/task:0"]
+    assert peer["backend"] == "verbs", peer
+    assert peer["tensors_received"] > 0 and peer["tensors_sent"] > 0 and peer["dead_tensors"] > 0, peer
+    # The ps connects to the worker (the task with the smaller name does), so auto chose there.
+    ps = result(a.output)["peers"]["/job:worker/replica:0/task:0"]
+    assert (ps["backend"], ps["backend_reason"]) == ("verbs", "an RDMA device is usable"), ps
+    assert ps["tensors_sent"] > 0 and ps["tensors_received"] > 0, ps
