@@ -97,8 +97,6 @@ constexpr char kInstall[] =
 enum Library { IBVERBS, RDMACM, kLibraryCount };
 constexpr const char* kLibraryFile[kLibraryCount] = {"libibverbs.so.1", "librdmacm.so.1"};
 
-}  // namespace
-
 // The resolved functions: written once by LoadRdmaLibraries (under std::call_once, so every
 // thread that saw it return OK, and every thread started after, sees them), read by the forwarders.
 struct RdmaFunctions {
@@ -107,8 +105,6 @@ struct RdmaFunctions {
 #undef TF_RDMA_POINTER
 };
 RdmaFunctions resolved;
-
-namespace {
 
 std::string DlError() {
   const char* error = dlerror();
