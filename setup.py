@@ -48,6 +48,18 @@ def verbs_headers_present(compiler):
 
 
 VERBS_SOURCES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("cc/transport/verbs/*.cc"))
+# Printed, not raised: a build without verbs still serves tcp and shm, and TF_RDMA_BACKEND=verbs
+# then says how to rebuild. pip shows a successful build's output only with -v.
+NO_VERBS_WARNING = "\n".join("tf_rdma: " + line for line in [
+    "*" * 78,
+    "WARNING: building WITHOUT the verbs (RDMA) backend: rdma-core's development headers",
+    "(infiniband/verbs.h, rdma/rdma_cma.h) are not on this host. tcp and shm will work; verbs will",
+    "not, on any host this build is installed on.",
+    "For verbs, install them and rebuild tf_rdma:",
+    "  apt-get install libibverbs-dev librdmacm-dev     (Debian, Ubuntu)",
+    "  dnf install rdma-core-devel                      (RHEL, Fedora)",
+    "*" * 78,
+])
 
 
 class BuildError(SystemExit):
@@ -99,10 +111,12 @@ class IncrementalBuildExt(build_ext):
         if verbs_headers_present(compiler):
             sources += VERBS_SOURCES
             cflags.append("-DTF_RDMA_HAVE_VERBS")
-            libraries = ["-libverbs", "-lrdmacm"]
+            # Not -libverbs -lrdmacm: cc/transport/verbs/rdma_libraries.cc dlopen()s them when verbs
+            # is first asked for, so this build also imports on hosts without rdma-core. -ldl for
+            # glibc older than 2.34, where dlopen is not in libc itself.
+            libraries = ["-ldl"]
         else:
-            print("tf_rdma: rdma-core headers not found (libibverbs-dev, librdmacm-dev): building "
-                  "without the verbs backend", flush=True)
+            print(NO_VERBS_WARNING, file=sys.stderr, flush=True)
         key = sha256(json.dumps([compiler, cflags]).encode()).hexdigest()[:12]
         obj_dir = ROOT / "build" / "obj" / key
         objects = [obj_dir / (src[:-3] + ".o") for src in sources]

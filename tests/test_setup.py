@@ -1,7 +1,10 @@
 """setup.py's check of the target environment's TensorFlow: it finds it even under pip's build
 isolation, and without TensorFlow, or with one older than 2.16, it stops saying what to install.
-The interpreters here are small wrappers around this one, so no other Python is needed."""
+The interpreters here are small wrappers around this one, so no other Python is needed. And a
+build on a host without rdma-core's headers: it warns loudly, and its verbs says how to rebuild."""
 import importlib.util
+import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -74,3 +77,56 @@ def test_tensorflow_older_than_2_16_stops_the_build_naming_both_versions(setup_p
     with pytest.raises(setup_py.BuildError, match=r"tf_rdma needs TensorFlow >= 2\.16, found 2\.15\.1\. "
                                                   r"Upgrade TensorFlow"):
         setup_py.installed_tensorflow()
+
+
+def test_a_build_without_rdma_core_headers_says_so_loudly_and_verbs_then_says_how_to_rebuild(setup_py, tmp_path):
+    # The transport extension only (the TensorFlow one is built the same way and costs minutes),
+    # into tmp_path, from a mount namespace where rdma-core's header folders are empty. Its objects
+    # are cached in build/obj under their own flags, as any build's, so a rerun links only.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("hiding the headers needs root and unshare (CI runs as root)")
+    hide = "".join(f"mount -t tmpfs none {folder} && " for folder in ("/usr/include/infiniband", "/usr/include/rdma")
+                   if Path(folder).is_dir())
+    build = textwrap.dedent(f"""
+        import importlib.util
+        from setuptools import Distribution, Extension
+        spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", {str(ROOT / "setup.py")!r})
+        setup_py = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(setup_py)
+        dist = Distribution({{"name": "tf_rdma", "cmdclass": {{"build_ext": setup_py.IncrementalBuildExt}},
+                              "ext_modules": [Extension("tf_rdma._transport", setup_py.TRANSPORT_MODULE)]}})
+        command = dist.get_command_obj("build_ext")
+        command.build_lib, command.build_temp = {str(tmp_path / "lib")!r}, {str(tmp_path / "temp")!r}
+        command.ensure_finalized()
+        command.run()
+    """)
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", f'{hide}exec "$0" -c "$1"',
+                             sys.executable, build], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("WARNING: building WITHOUT the verbs (RDMA) backend: rdma-core's development headers",
+                 "apt-get install libibverbs-dev librdmacm-dev", "dnf install rdma-core-devel"):
+        assert line in result.stderr, result.stderr
+
+    package = tmp_path / "lib" / "tf_rdma"
+    for module in (ROOT / "tf_rdma").glob("*.py"):
+        shutil.copy(module, package)
+    probe = textwrap.dedent(f"""
+        import tf_rdma
+        from tf_rdma import _transport
+        from tf_rdma.transport import choose_backend
+        assert tf_rdma.__file__.startswith({str(package)!r}), tf_rdma.__file__
+        assert not hasattr(_transport, "decode_verbs_message"), "built with verbs after all"
+        assert _transport.backend_available("tcp") == (True, "")
+        choose_backend("198.51.100.7")  # TEST-NET-2: never this host; nothing is sent to it
+    """)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    environment.update(PYTHONPATH=str(tmp_path / "lib"), TF_RDMA_BACKEND="verbs")
+    asked = subprocess.run([sys.executable, "-c", probe], env=environment, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)  # not this checkout's tf_rdma, from the working directory
+    assert asked.returncode != 0, asked.stdout + asked.stderr
+    last_line = asked.stderr.strip().splitlines()[-1]
+    assert "TF_RDMA_BACKEND=verbs but that backend is not available: this tf_rdma build has no verbs backend: " \
+           "rdma-core's development headers (infiniband/verbs.h, rdma/rdma_cma.h) were missing when it was " \
+           "built. Install them (`apt-get install libibverbs-dev librdmacm-dev` on Debian/Ubuntu, `dnf install " \
+           "rdma-core-devel` on RHEL/Fedora), then rebuild tf_rdma (`pip install --force-reinstall --no-deps " \
+           "/path/to/tf_rdma`)" in last_line, last_line

@@ -11,6 +11,7 @@
 #include "cc/transport/shm/shm_transport.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #ifdef TF_RDMA_HAVE_VERBS
+#include "cc/transport/verbs/rdma_libraries.h"
 #include "cc/transport/verbs/verbs_transport.h"
 #endif
 
@@ -66,12 +67,19 @@ absl::Status BackendAvailable(Backend backend) {
     }
     case Backend::kVerbs:
 #ifdef TF_RDMA_HAVE_VERBS
+    {
+      // First, since every verbs call goes through the libraries this loads (rdma_libraries.h).
+      absl::Status libraries = verbs::LoadRdmaLibraries();
+      if (!libraries.ok()) return libraries;
       return VerbsBackendAvailable();
+    }
 #else
       return absl::UnimplementedError(
-          "this tf_rdma build has no verbs backend: rdma-core's headers (infiniband/verbs.h, "
-          "rdma/rdma_cma.h) were missing when it was built. Install libibverbs-dev and librdmacm-dev "
-          "(rdma-core), then reinstall tf_rdma");
+          "this tf_rdma build has no verbs backend: rdma-core's development headers "
+          "(infiniband/verbs.h, rdma/rdma_cma.h) were missing when it was built. Install them "
+          "(`apt-get install libibverbs-dev librdmacm-dev` on Debian/Ubuntu, `dnf install "
+          "rdma-core-devel` on RHEL/Fedora), then rebuild tf_rdma (`pip install --force-reinstall "
+          "--no-deps /path/to/tf_rdma`)");
 #endif
   }
   return absl::InvalidArgumentError("unknown backend");
