@@ -362,12 +362,13 @@ def test_a_device_that_does_not_reach_the_peer_is_named_with_every_devices_addre
 
 
 @needs_verbs
+@pytest.mark.flaps_rdma_link
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root to take the link down")
 def test_link_down_fails_pending_writes_with_a_qp_error(device):
     """The RDMA path dies under a live connection: the QP fails (rxe: local QP operation error,
     real NICs: retry exceeded) or the heartbeat expires, and every pending operation fails within
-    the peer timeout. Keep this test last: after a link flap with live connections, rdma_cm on
-    Soft-RoCE connects nothing more in the same guest (`rping` hangs too), a kernel rxe quirk."""
+    the peer timeout. It runs last (flaps_rdma_link): after a link flap with live connections,
+    rdma_cm on Soft-RoCE connects nothing more in the same guest (`rping` hangs too)."""
     name, port, _ = device
     # "link rxe0/1 state ACTIVE physical_state LINK_UP netdev dummy0"
     netdev = subprocess.run(["rdma", "link", "show", f"{name}/{port}"], capture_output=True,
