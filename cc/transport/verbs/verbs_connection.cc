@@ -104,9 +104,21 @@ VerbsRegion::VerbsRegion(uint32_t id, char* data, size_t size,
     : MemoryRegion(id, data, size), registrations_(std::move(registrations)), devices_(std::move(devices)) {}
 
 VerbsRegion::~VerbsRegion() {
-  // Deregister while the pages are still mapped.
+  // Windows first (a registration with windows bound into it cannot go), then deregister while
+  // the pages are still mapped.
+  for (ibv_mw* window : windows_) ibv_dealloc_mw(window);
   registrations_.clear();
   munmap(data(), std::max<size_t>(size(), 1));
+}
+
+absl::StatusOr<ibv_mw*> VerbsRegion::NewWindow(ibv_pd* pd) {
+  ibv_mw* window = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  if (window == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("ibv_alloc_mw: ", std::strerror(errno)));
+  }
+  std::lock_guard<std::mutex> lock(windows_mu_);
+  windows_.push_back(window);
+  return window;
 }
 
 const Registration* VerbsRegion::RegistrationFor(ibv_pd* pd) const {
@@ -138,11 +150,7 @@ VerbsConnection::VerbsConnection(rdma_cm_id* id, rdma_event_channel* events,
       peer_name_(peer_address_) {}
 
 VerbsConnection::~VerbsConnection() {
-  // Windows first: a region cannot be deregistered while a window is bound into it.
-  for (auto& [id, window] : region_windows_) {
-    if (window.mw != nullptr) ibv_dealloc_mw(window.mw);
-  }
-  region_windows_.clear();
+  // Before the grant table's registration goes (regions deallocate their own windows).
   if (grant_table_window_.mw != nullptr) ibv_dealloc_mw(grant_table_window_.mw);
   if (qp_ != nullptr) ibv_destroy_qp(qp_);
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
@@ -209,7 +217,7 @@ absl::Status VerbsConnection::Setup() {
   if (!table.ok()) return table.status();
   grant_table_registration_ = *table;
   absl::Status window = OpenWindow(grant_table_window_, *grant_table_registration_, grant_table_,
-                                   kGrantSlots * kGrantSlotSize);
+                                   kGrantSlots * kGrantSlotSize, nullptr);
   if (!window.ok()) return window;
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
   ibv_port_attr port{};
@@ -344,7 +352,7 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     done({fits, 0});
     return 0;
   }
-  const auto* verbs_region = dynamic_cast<const VerbsRegion*>(region.get());
+  auto* verbs_region = dynamic_cast<VerbsRegion*>(region.get());
   const Registration* registration =
       verbs_region ? verbs_region->RegistrationFor(device_->pd) : nullptr;
   if (registration == nullptr) {
@@ -364,7 +372,7 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
   const uint32_t region_id = region->id();
   if (auto [it, announce] = region_windows_.try_emplace(region_id); announce) {
     Window& window = it->second;
-    absl::Status opened = OpenWindow(window, *registration, region->data(), region->size());
+    absl::Status opened = OpenWindow(window, *registration, region->data(), region->size(), verbs_region);
     if (!opened.ok()) {
       region_windows_.erase(it);
       lock.unlock();
@@ -374,7 +382,8 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     window.region = region;
     EnqueueControlLocked(EncodeRegion({region_id, window.rkey, reinterpret_cast<uint64_t>(region->data()),
                                        region->size()}),
-                         &window);
+                         &window, region);
+    SweepWindowsLocked();
   }
   const uint64_t id = book_.Issue(tag, std::move(region), offset, capacity, std::move(done));
   unwritten_grants_.push_back(wire::Grant{id, tag, region_id, offset, capacity});
@@ -467,23 +476,36 @@ void VerbsConnection::Close(const absl::Status& reason) {
 
 // ---- posting ----
 
-void VerbsConnection::EnqueueControlLocked(std::string message, Window* bind_first) {
-  control_queue_.push_back(QueuedControl{std::move(message), bind_first});
+void VerbsConnection::EnqueueControlLocked(std::string message, Window* bind_first,
+                                           std::shared_ptr<MemoryRegion> region) {
+  control_queue_.push_back(QueuedControl{std::move(message), bind_first, std::move(region)});
   PumpLocked();
 }
 
+void VerbsConnection::SweepWindowsLocked() {
+  if (region_windows_.size() < sweep_at_) return;
+  // Regions stay announced while queued REGION messages point at their windows; those are alive.
+  for (auto it = region_windows_.begin(); it != region_windows_.end();) {
+    it = it->second.region.expired() ? region_windows_.erase(it) : std::next(it);
+  }
+  sweep_at_ = std::max<size_t>(64, 2 * region_windows_.size());
+}
+
 absl::Status VerbsConnection::OpenWindow(Window& window, const Registration& registration,
-                                         const void* addr, uint64_t length) {
+                                         const void* addr, uint64_t length, VerbsRegion* owner) {
   if (!device_->memory_windows) {
     window.rkey = registration.rkey();
     return absl::OkStatus();
   }
-  window.mw = ibv_alloc_mw(device_->pd, IBV_MW_TYPE_2);
-  if (window.mw == nullptr) {
+  absl::StatusOr<ibv_mw*> allocated = owner != nullptr ? owner->NewWindow(device_->pd)
+                                                       : absl::StatusOr<ibv_mw*>(ibv_alloc_mw(device_->pd, IBV_MW_TYPE_2));
+  if (!allocated.ok() || *allocated == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate a memory window on RDMA device ", device_->name, " for peer ", peer_address_,
-        ": ", std::strerror(errno), " (each connection takes one per receive region it is granted)"));
+        ": ", allocated.ok() ? std::strerror(errno) : allocated.status().message(),
+        " (each connection takes one per receive region it is granted)"));
   }
+  window.mw = *allocated;
   window.rkey = ibv_inc_rkey(window.mw->rkey);
   window.bind = ibv_mw_bind_info{registration.mr(), reinterpret_cast<uint64_t>(addr), length,
                                  IBV_ACCESS_REMOTE_WRITE};
@@ -491,7 +513,7 @@ absl::Status VerbsConnection::OpenWindow(Window& window, const Registration& reg
   return absl::OkStatus();
 }
 
-absl::Status VerbsConnection::PostBindLocked(Window& window) {
+absl::Status VerbsConnection::PostBindLocked(Window& window, std::shared_ptr<MemoryRegion> region) {
   ibv_send_wr wr{};
   wr.wr_id = next_wr_id_++;
   wr.opcode = IBV_WR_BIND_MW;
@@ -503,7 +525,9 @@ absl::Status VerbsConnection::PostBindLocked(Window& window) {
   const int rc = ibv_post_send(qp_, &wr, &bad);
   if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_send (bind a memory window): ", std::strerror(rc)));
   posted_sends_++;
-  in_flight_.emplace(wr.wr_id, InFlight{});
+  InFlight flight;
+  flight.region = std::move(region);
+  in_flight_.emplace(wr.wr_id, std::move(flight));
   window.bound = true;
   return absl::OkStatus();
 }
@@ -591,7 +615,7 @@ void VerbsConnection::PumpLocked() {
     QueuedControl& next = control_queue_.front();
     // The send queue runs in order: the window is bound before the peer can learn its key.
     if (next.bind_first != nullptr && !next.bind_first->bound) {
-      absl::Status bound = PostBindLocked(*next.bind_first);
+      absl::Status bound = PostBindLocked(*next.bind_first, next.region);
       if (!bound.ok()) {
         LOG_EVERY_N_SEC(ERROR, 10) << bound;
         break;

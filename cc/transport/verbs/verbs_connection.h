@@ -72,8 +72,14 @@ class VerbsRegion : public MemoryRegion {
   ~VerbsRegion() override;
   // Null when the region is not registered in `pd` (another transport's, or another device's).
   const Registration* RegistrationFor(ibv_pd* pd) const;
+  // A type 2 memory window for a connection to bind into this region. The region owns it and
+  // deallocates it before deregistering: a peer's key dies with the memory, however long the
+  // connection it was given on lives.
+  absl::StatusOr<ibv_mw*> NewWindow(ibv_pd* pd);
 
  private:
+  std::mutex windows_mu_;
+  std::vector<ibv_mw*> windows_;
   std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
@@ -147,11 +153,12 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
     ibv_mw_bind_info bind{};
     uint32_t rkey = 0;     // the key the peer is told
     bool bound = true;     // false until the bind is posted on this queue pair
-    std::shared_ptr<MemoryRegion> region;  // stays registered while a window may point into it
+    std::weak_ptr<MemoryRegion> region;  // whose window it is (it owns it); none: the grant table's
   };
   struct QueuedControl {
     std::string message;
     Window* bind_first = nullptr;  // bound on the send queue ahead of the message announcing it
+    std::shared_ptr<MemoryRegion> region;  // keeps that window's region until the bind completed
   };
   // What a posted work request's completion means.
   struct InFlight {
@@ -160,6 +167,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
     bool is_reject = false;
     WriteDone done;         // the message's last work request: the write is complete
     std::shared_ptr<Registration> registration;
+    std::shared_ptr<MemoryRegion> region;  // a window's, while its bind is in flight
   };
 
   VerbsConnection(rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
@@ -189,12 +197,17 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
   // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
   void ReleaseSlotLocked(uint64_t grant_id);
-  // Fills `window` for [addr, addr + length) of `registration`: a type 2 window bound later to
-  // this queue pair where the device has them, else the registration's own key.
+  // Fills `window` for [addr, addr + length) of `registration`: a type 2 window (from `owner`,
+  // else this connection's own) bound later to this queue pair where the device has them, else
+  // the registration's own key.
   absl::Status OpenWindow(Window& window, const Registration& registration, const void* addr,
-                          uint64_t length);
-  absl::Status PostBindLocked(Window& window);
-  void EnqueueControlLocked(std::string message, Window* bind_first = nullptr);
+                          uint64_t length, VerbsRegion* owner);
+  absl::Status PostBindLocked(Window& window, std::shared_ptr<MemoryRegion> region);
+  void EnqueueControlLocked(std::string message, Window* bind_first = nullptr,
+                            std::shared_ptr<MemoryRegion> region = nullptr);
+  // Forgets the windows of regions that are gone, so a connection granting a fresh region per
+  // transfer does not accumulate them.
+  void SweepWindowsLocked();
   void EnqueueFrameLocked(const wire::Frame& frame) { EnqueueControlLocked(wire::Encode(frame)); }
   // Posts as much of the outgoing queue as the send queue, send buffers and window allow.
   void PumpLocked();
@@ -259,6 +272,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::vector<uint32_t> free_peer_slots_;
   Window grant_table_window_;
   std::unordered_map<uint32_t, Window> region_windows_;  // regions announced to the peer, by id
+  size_t sweep_at_ = 64;                                 // region_windows_ size of the next sweep
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
   absl::Time last_receive_;
   absl::Time last_send_;

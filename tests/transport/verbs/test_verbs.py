@@ -2,6 +2,7 @@
 `python3 tools/softroce/guest.py run --env TF_RDMA_TEST_HOST=10.77.0.1 --cwd /work/main --
 /work/main/.venv/bin/python -m pytest tests/transport/verbs`); elsewhere only the "why not" test runs."""
 import ctypes
+import gc
 import mmap
 import os
 import shutil
@@ -221,6 +222,29 @@ def test_grant_of_a_foreign_region_is_refused():
         tcp_region = transport("tcp").allocate_region(100)
         with pytest.raises(errors.ConfigError, match="only regions allocated by the verbs transport"):
             from_sender.grant(1, tcp_region, 0, 100).wait(10)
+
+
+@needs_verbs
+def test_regions_granted_on_a_live_connection_are_freed_once_dropped():
+    """A region's memory window belongs to the region: a connection that was granted a fresh
+    region per transfer does not keep them registered (pinned) until it closes."""
+    payload = pattern(1 << 20)  # one source buffer: the sender's registration cache keeps it once
+    with connected_pair("verbs") as (receiver, from_sender, to_receiver):
+        def transfer(tag):
+            region = receiver.allocate_region(1 << 20)
+            grant = from_sender.grant(tag, region, 0, 1 << 20)
+            to_receiver.write(tag, payload).wait(10)
+            assert grant.wait(10) == 1 << 20
+            assert bytes(memoryview(region)) == payload
+
+        transfer(0)  # the first one's lasting costs (grant tables, send cache) are the baseline
+        gc.collect()
+        baseline = _transport.verbs_stats()["pinned_bytes"]
+        for tag in range(1, 21):
+            transfer(tag)
+        gc.collect()
+        grown = _transport.verbs_stats()["pinned_bytes"] - baseline
+        assert grown < 2 << 20, f"{grown} bytes stay pinned after 20 regions of 1 MiB were dropped"
 
 
 def grant_counts():
