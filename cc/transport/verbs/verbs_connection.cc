@@ -106,18 +106,28 @@ VerbsRegion::VerbsRegion(uint32_t id, char* data, size_t size,
 VerbsRegion::~VerbsRegion() {
   // Windows first (a registration with windows bound into it cannot go), then deregister while
   // the pages are still mapped.
-  for (ibv_mw* window : windows_) ibv_dealloc_mw(window);
+  for (const auto& window : windows_) window->Deallocate();
   registrations_.clear();
   munmap(data(), std::max<size_t>(size(), 1));
 }
 
-absl::StatusOr<ibv_mw*> VerbsRegion::NewWindow(ibv_pd* pd) {
-  ibv_mw* window = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-  if (window == nullptr) {
+absl::StatusOr<std::shared_ptr<MemoryWindow>> MemoryWindow::Allocate(ibv_pd* pd) {
+  ibv_mw* mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  if (mw == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("ibv_alloc_mw: ", std::strerror(errno)));
   }
+  return std::make_shared<MemoryWindow>(mw);
+}
+
+absl::StatusOr<std::shared_ptr<MemoryWindow>> VerbsRegion::NewWindow(ibv_pd* pd) {
+  absl::StatusOr<std::shared_ptr<MemoryWindow>> window = MemoryWindow::Allocate(pd);
+  if (!window.ok()) return window;
   std::lock_guard<std::mutex> lock(windows_mu_);
-  windows_.push_back(window);
+  // A pool region outlives many connections: forget the windows their connections freed.
+  windows_.erase(std::remove_if(windows_.begin(), windows_.end(),
+                                [](const auto& old) { return old->get() == nullptr; }),
+                 windows_.end());
+  windows_.push_back(*window);
   return window;
 }
 
@@ -150,8 +160,11 @@ VerbsConnection::VerbsConnection(rdma_cm_id* id, rdma_event_channel* events,
       peer_name_(peer_address_) {}
 
 VerbsConnection::~VerbsConnection() {
-  // Before the grant table's registration goes (regions deallocate their own windows).
-  if (grant_table_window_.mw != nullptr) ibv_dealloc_mw(grant_table_window_.mw);
+  // Windows bound to the queue pair go before it, the grant table's before its registration.
+  if (grant_table_window_.mw != nullptr) grant_table_window_.mw->Deallocate();
+  for (auto& [id, window] : region_windows_) {
+    if (window.mw != nullptr) window.mw->Deallocate();
+  }
   if (qp_ != nullptr) ibv_destroy_qp(qp_);
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
   if (completion_channel_ != nullptr) ibv_destroy_comp_channel(completion_channel_);
@@ -497,16 +510,16 @@ absl::Status VerbsConnection::OpenWindow(Window& window, const Registration& reg
     window.rkey = registration.rkey();
     return absl::OkStatus();
   }
-  absl::StatusOr<ibv_mw*> allocated = owner != nullptr ? owner->NewWindow(device_->pd)
-                                                       : absl::StatusOr<ibv_mw*>(ibv_alloc_mw(device_->pd, IBV_MW_TYPE_2));
-  if (!allocated.ok() || *allocated == nullptr) {
+  absl::StatusOr<std::shared_ptr<MemoryWindow>> allocated =
+      owner != nullptr ? owner->NewWindow(device_->pd) : MemoryWindow::Allocate(device_->pd);
+  if (!allocated.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate a memory window on RDMA device ", device_->name, " for peer ", peer_address_,
-        ": ", allocated.ok() ? std::strerror(errno) : allocated.status().message(),
+        ": ", allocated.status().message(),
         " (each connection takes one per receive region it is granted)"));
   }
-  window.mw = *allocated;
-  window.rkey = ibv_inc_rkey(window.mw->rkey);
+  window.mw = *std::move(allocated);
+  window.rkey = ibv_inc_rkey(window.mw->get()->rkey);
   window.bind = ibv_mw_bind_info{registration.mr(), reinterpret_cast<uint64_t>(addr), length,
                                  IBV_ACCESS_REMOTE_WRITE};
   window.bound = false;
@@ -518,7 +531,7 @@ absl::Status VerbsConnection::PostBindLocked(Window& window, std::shared_ptr<Mem
   wr.wr_id = next_wr_id_++;
   wr.opcode = IBV_WR_BIND_MW;
   wr.send_flags = IBV_SEND_SIGNALED;
-  wr.bind_mw.mw = window.mw;
+  wr.bind_mw.mw = window.mw->get();
   wr.bind_mw.rkey = window.rkey;
   wr.bind_mw.bind_info = window.bind;
   ibv_send_wr* bad = nullptr;

@@ -27,6 +27,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -62,6 +63,26 @@ struct DeviceContext {
   std::unique_ptr<RegistrationCache> send_cache;
 };
 
+// A type 2 memory window, bound to one connection's queue pair and pointing into one region. It
+// is deallocated by whichever goes first: the region (a peer's key dies with the memory) or the
+// connection (a window bound to a queue pair must go before the queue pair: rxe's destroy waits
+// for the windows that reference it).
+class MemoryWindow {
+ public:
+  static absl::StatusOr<std::shared_ptr<MemoryWindow>> Allocate(ibv_pd* pd);
+  explicit MemoryWindow(ibv_mw* mw) : mw_(mw) {}
+  ~MemoryWindow() { Deallocate(); }
+  MemoryWindow(const MemoryWindow&) = delete;
+  MemoryWindow& operator=(const MemoryWindow&) = delete;
+  ibv_mw* get() const { return mw_.load(); }
+  void Deallocate() {
+    if (ibv_mw* mw = mw_.exchange(nullptr)) ibv_dealloc_mw(mw);
+  }
+
+ private:
+  std::atomic<ibv_mw*> mw_;
+};
+
 // A region peers may write into: registered on every device in use, for remote writes through
 // per-connection memory windows (or directly where the device has none).
 class VerbsRegion : public MemoryRegion {
@@ -72,14 +93,14 @@ class VerbsRegion : public MemoryRegion {
   ~VerbsRegion() override;
   // Null when the region is not registered in `pd` (another transport's, or another device's).
   const Registration* RegistrationFor(ibv_pd* pd) const;
-  // A type 2 memory window for a connection to bind into this region. The region owns it and
-  // deallocates it before deregistering: a peer's key dies with the memory, however long the
-  // connection it was given on lives.
-  absl::StatusOr<ibv_mw*> NewWindow(ibv_pd* pd);
+  // A type 2 memory window for a connection to bind into this region. The region deallocates it
+  // (if its connection has not) before deregistering: a peer's key dies with the memory, however
+  // long the connection it was given on lives.
+  absl::StatusOr<std::shared_ptr<MemoryWindow>> NewWindow(ibv_pd* pd);
 
  private:
   std::mutex windows_mu_;
-  std::vector<ibv_mw*> windows_;
+  std::vector<std::shared_ptr<MemoryWindow>> windows_;
   std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
@@ -149,11 +170,11 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   };
   // Remote-write access this connection gives its peer to one region, or to its grant table.
   struct Window {
-    ibv_mw* mw = nullptr;  // null where the device has no windows: the key is the registration's
+    std::shared_ptr<MemoryWindow> mw;  // none where the device has no windows: the key is the registration's
     ibv_mw_bind_info bind{};
     uint32_t rkey = 0;     // the key the peer is told
     bool bound = true;     // false until the bind is posted on this queue pair
-    std::weak_ptr<MemoryRegion> region;  // whose window it is (it owns it); none: the grant table's
+    std::weak_ptr<MemoryRegion> region;  // whose window it is; none: the grant table's
   };
   struct QueuedControl {
     std::string message;
@@ -197,8 +218,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
   // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
   void ReleaseSlotLocked(uint64_t grant_id);
-  // Fills `window` for [addr, addr + length) of `registration`: a type 2 window (from `owner`,
-  // else this connection's own) bound later to this queue pair where the device has them, else
+  // Fills `window` for [addr, addr + length) of `registration`: a type 2 window (shared with
+  // `owner`, else this connection's own) bound later to this queue pair where the device has them, else
   // the registration's own key.
   absl::Status OpenWindow(Window& window, const Registration& registration, const void* addr,
                           uint64_t length, VerbsRegion* owner);
