@@ -87,6 +87,9 @@ absl::Status BackendAvailable(Backend backend) {
 
 absl::Status RdmaReaches(const std::string& host) {
 #ifdef TF_RDMA_HAVE_VERBS
+  // Its route check calls into rdma-core, which must be loaded first (rdma_libraries.h).
+  absl::Status libraries = verbs::LoadRdmaLibraries();
+  if (!libraries.ok()) return libraries;
   return VerbsReaches(host);
 #else
   return BackendAvailable(Backend::kVerbs);
