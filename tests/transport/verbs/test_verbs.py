@@ -16,12 +16,8 @@ import pytest
 
 from helpers import HOST, connected_pair, pattern, transport
 from tf_rdma import _transport, bench, errors
+from verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
-VERBS_OK, VERBS_WHY_NOT = _transport.backend_available("verbs")
-# Where verbs cannot work (no RDMA device), tests/softroce/test_verbs_suite.py runs these in a
-# Soft-RoCE guest instead.
-needs_verbs = pytest.mark.skipif(not VERBS_OK, reason=f"verbs unavailable here ({VERBS_WHY_NOT}); "
-                                 "they run in the Soft-RoCE guest")
 
 
 def run_python(code, env=None, prefix=()):

@@ -20,34 +20,16 @@ import os
 import subprocess
 import time
 from collections import Counter
-from pathlib import Path
-
-import pytest
 
 from helpers import KEY, next_line, transport
-from tf_rdma import _transport
+from verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
 from victim_process import VictimProcess
 
-VERBS_OK, VERBS_WHY_NOT = _transport.backend_available("verbs")
-needs_verbs = pytest.mark.skipif(not VERBS_OK, reason=f"verbs unavailable here ({VERBS_WHY_NOT}); "
-                                 "tests/softroce/test_verbs_suite.py runs it in the Soft-RoCE guest")
-PYVERBS_PYTHON = "/usr/bin/python3"  # Debian's interpreter, where python3-pyverbs installs
-PEER_SCRIPT = Path(__file__).with_name("hostile_verbs_peer.py")
 SEED = int(os.environ.get("FUZZ_SEED", "9"))
 # Under TCG a connection costs about 0.6 s and ends after 2-3 messages on average (most fuzzed
-# messages are refused): CI runs 500; FUZZ_VERBS_MESSAGES=2000 is the full campaign (about 8 min).
+# messages are refused): CI runs 500; FUZZ_VERBS_MESSAGES=2000 is the full campaign (404 s measured).
 MESSAGES = int(os.environ.get("FUZZ_VERBS_MESSAGES", "500"))
 LEGIT_EVERY = 4  # batches between the legitimate peer's checks (each costs a connection)
-
-
-def require_pyverbs():
-    probe = subprocess.run([PYVERBS_PYTHON, "-c", "import pyverbs.cmid"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        message = (f"pyverbs is missing ({(probe.stderr.strip().splitlines() or ['?'])[-1]}); "
-                   "tools/softroce/install.sh installs python3-pyverbs")
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI is set: the verbs campaign must run)")
-        pytest.skip(message)
 
 
 def settle_baseline(victim):
@@ -72,7 +54,7 @@ def test_fuzzed_messages_after_a_valid_handshake():
     assert ok, answer
     settle_baseline(victim)
     host, port = victim.endpoint.rsplit(":", 1)
-    peer = subprocess.Popen([PYVERBS_PYTHON, str(PEER_SCRIPT), host, port, KEY.hex(), "0"],
+    peer = subprocess.Popen([PYVERBS_PYTHON, str(HOSTILE_PEER), host, port, KEY.hex(), "0"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert json.loads(next_line(peer, timeout=60)) == {"connected": 0}
     sent, batches, kinds, endings = 0, 0, Counter(), Counter()

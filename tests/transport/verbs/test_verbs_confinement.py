@@ -4,44 +4,26 @@ guesses) the key another connection was given cannot use it. The peer here is
 hostile_verbs_peer.py, written with pyverbs from the wire format; it holds several connections and
 replays one connection's keys on another, as a compromised cluster member could."""
 import json
-import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers import HOST, KEY, next_line, transport
-from tf_rdma import _transport
+from verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
 
-VERBS_OK, VERBS_WHY_NOT = _transport.backend_available("verbs")
-needs_verbs = pytest.mark.skipif(not VERBS_OK, reason=f"verbs unavailable here ({VERBS_WHY_NOT}); "
-                                 "tests/softroce/test_verbs_suite.py runs it in the Soft-RoCE guest")
-
-PYVERBS_PYTHON = "/usr/bin/python3"  # Debian's interpreter, where python3-pyverbs installs
-PEER_SCRIPT = Path(__file__).with_name("hostile_verbs_peer.py")
 REGION_SIZE = 64 << 10
 CANARY = 0xA5
-
-
-def pyverbs_missing():
-    probe = subprocess.run([PYVERBS_PYTHON, "-c", "import pyverbs.cmid"], capture_output=True, text=True)
-    return probe.returncode != 0 and (probe.stderr.strip().splitlines() or ["no output"])[-1]
 
 
 @pytest.fixture
 def intruder():
     """(victim transport, {peer name: accepted connection}, ask) with three hostile connections."""
-    missing = pyverbs_missing()
-    if missing:
-        message = f"pyverbs is missing ({missing}); tools/softroce/install.sh installs python3-pyverbs"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI is set: the confinement test must run)")
-        pytest.skip(message)
+    require_pyverbs()
     victim = transport("verbs", "victim")
     listener = victim.listen(f"{HOST}:0")
     host, port = listener.endpoint.rsplit(":", 1)
-    peer = subprocess.Popen([PYVERBS_PYTHON, str(PEER_SCRIPT), host, port, KEY.hex(), "3"],
+    peer = subprocess.Popen([PYVERBS_PYTHON, str(HOSTILE_PEER), host, port, KEY.hex(), "3"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ask(command):
