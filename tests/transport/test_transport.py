@@ -1,5 +1,6 @@
 """The transport contract, once, for every backend (--backends; tcp and shm by default, verbs on
 Soft-RoCE). Each test names the behaviour it pins down."""
+import gc
 import os
 import random
 import signal
@@ -413,6 +414,11 @@ def test_a_forked_child_working_while_transfers_run_disturbs_nothing(backend):
 
         sender = threading.Thread(target=send_all)
         sender.start()
+        # Earlier tests' garbage (objects in cycles, some with threads of their own) is collected
+        # here, not in the child: there threading's after-fork hook can start a collection, and a
+        # finalizer that joins or signals a thread the child does not have crashed it (SIGSEGV in
+        # a full run, inside threading._after_fork).
+        gc.collect()
         child = os.fork()
         if child == 0:
             # Work that touches fresh and inherited memory, then leave without running the
