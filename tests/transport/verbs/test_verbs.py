@@ -19,7 +19,6 @@ from tf_rdma import _transport, bench, errors
 from verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
 
-
 def run_python(code, env=None, prefix=()):
     """Runs `code` in a fresh interpreter (own environment / limits); returns its stdout+stderr."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_VERBS_")}
@@ -241,6 +240,54 @@ def test_regions_granted_on_a_live_connection_are_freed_once_dropped():
         gc.collect()
         grown = _transport.verbs_stats()["pinned_bytes"] - baseline
         assert grown < 2 << 20, f"{grown} bytes stay pinned after 20 regions of 1 MiB were dropped"
+
+
+def threads_now():
+    return len(os.listdir("/proc/self/task"))
+
+
+def settled_threads():
+    """This process's thread count once connections that just closed have wound down."""
+    previous = None
+    for _ in range(40):
+        count = threads_now()
+        if count == previous:
+            return count
+        previous = count
+        time.sleep(0.25)
+    raise AssertionError(f"threads never settled: {previous}")
+
+
+@needs_verbs
+def test_a_connection_closed_while_its_region_lives_on_winds_down_at_once():
+    """The windows bound to a connection's queue pair go before it, also when their region
+    outlives the connection: each such close once stalled about 51 s under rxe."""
+    size = 1 << 20
+    receiver, sender = transport("verbs", "receiver"), transport("verbs", "sender")
+    listener = receiver.listen(f"{HOST}:0")
+
+    def transfer_then_close(region):
+        to_receiver = sender.connect(listener.endpoint)
+        from_sender = listener.accept(10)
+        grant = from_sender.grant(1, region, 0, size)
+        to_receiver.write(1, pattern(size)).wait(10)
+        assert grant.wait(10) == size
+        to_receiver.close()
+        from_sender.close()
+
+    transfer_then_close(receiver.allocate_region(size))  # the transports' own threads start
+    gc.collect()
+    baseline = settled_threads()
+    region = receiver.allocate_region(size)
+    started = time.monotonic()
+    transfer_then_close(region)
+    gc.collect()
+    while threads_now() > baseline and time.monotonic() - started < 60:
+        time.sleep(0.05)
+    wound_down = time.monotonic() - started
+    assert threads_now() <= baseline and wound_down < 10, \
+        f"the close took {wound_down:.1f} s to wind down ({threads_now() - baseline} threads above the baseline now)"
+    assert bytes(memoryview(region)) == pattern(size)  # the region itself lives on, intact
 
 
 def grant_counts():
