@@ -65,8 +65,8 @@ struct DeviceContext {
 
 // A type 2 memory window, bound to one connection's queue pair and pointing into one region. It
 // is deallocated by whichever goes first: the region (a peer's key dies with the memory) or the
-// connection (a window bound to a queue pair must go before the queue pair: rxe's destroy waits
-// for the windows that reference it).
+// connection, before its queue pair (under rxe, destroying a queue pair with a window still
+// bound to it stalled each close for about 51 s).
 class MemoryWindow {
  public:
   static absl::StatusOr<std::shared_ptr<MemoryWindow>> Allocate(ibv_pd* pd);
