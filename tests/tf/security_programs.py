@@ -43,9 +43,10 @@ def push_and_pull(cluster, job, index, sizes):
     tf.compat.v1.disable_eager_execution()
     server = tf_rdma.Server(cluster, job_name=job, task_index=index)
     with tf.device("/job:ps/task:0"):
-        variables = [tf.compat.v1.Variable(tf.zeros([n]), name=f"w{index}_{n}") for n in sizes]
+        # float64: float32 sums of millions of elements stop being exact within a few hundred steps
+        variables = [tf.compat.v1.Variable(tf.zeros([n], tf.float64), name=f"w{index}_{n}") for n in sizes]
     with tf.device(f"/job:{job}/task:{index}"):
-        updates = [v.assign_add(tf.ones([n])) for v, n in zip(variables, sizes)]
+        updates = [v.assign_add(tf.ones([n], tf.float64)) for v, n in zip(variables, sizes)]
         with tf.control_dependencies(updates):
             totals = [tf.reduce_sum(v.read_value()) for v in variables]
     with tf.compat.v1.Session(server.target) as session:
@@ -53,7 +54,8 @@ def push_and_pull(cluster, job, index, sizes):
         step = 0
         while True:
             step += 1
-            assert session.run(totals) == [float(step * n) for n in sizes]
+            got, want = session.run(totals), [float(step * n) for n in sizes]
+            assert got == want, f"step {step}: read back {got}, expected {want}"
             if step == 3:
                 print("warm", flush=True)
 

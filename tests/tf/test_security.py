@@ -64,3 +64,4 @@ def test_a_peer_can_write_only_into_memory_that_holds_its_own_tensors(tmp_path):
         while shared_memory_mapped_by(ps) & with_ps[0] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not shared_memory_mapped_by(ps) & with_ps[0], "the dead worker's regions stayed in the ps"
+        assert workers[1].poll() is None, cluster.log("worker", 1)[-3000:]  # its steps read back exact sums
