@@ -132,17 +132,19 @@ resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + (64 << 20), resource.RL
 '''
 
 
-def test_a_peer_exhausting_the_address_space_fails_its_connection_only(backend):
+def test_a_peer_exhausting_the_address_space_fails_its_connection_only(backend, monkeypatch):
     """Under RLIMIT_AS, a peer's flood (tcp: GRANTs under distinct tags, within
     TF_RDMA_MAX_GRANTS_PER_PEER; shm: sparse regions of 256 MiB, within
     TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER) runs the listener's process out of memory: that
     connection fails with a ResourceLimitError saying so, the process lives on, leaves nothing
     behind, and serves a legitimate peer."""
-    # shm's flood is mappings, not malloc: there a thread's first allocation reserving an arena of
-    # its own (64 MiB, all the headroom) would decide at random whether a legitimate handshake fits,
-    # so every thread shares one arena (mallopt M_ARENA_MAX = -8). tcp's flood is the peer's grants
-    # in the reader thread's arena, which that reservation is part of.
-    one_arena = "import ctypes\nctypes.CDLL(None).mallopt(-8, 1)\n" if backend == "shm" else ""
+    # A thread's first allocation may reserve a malloc arena of its own (64 MiB, all the
+    # headroom), which would decide at random whether a legitimate handshake's thread fits: every
+    # thread shares one arena (mallopt M_ARENA_MAX = -8). tcp's flood then grows that arena, whose
+    # free space from before the limit is unknown: the peer may keep 16 times the default number
+    # of grants outstanding, far more than any such slack holds.
+    monkeypatch.setenv("TF_RDMA_MAX_GRANTS_PER_PEER", str(1 << 20))
+    one_arena = "import ctypes\nctypes.CDLL(None).mallopt(-8, 1)\n"
     victim = VictimProcess(backend, limit_setup=one_arena + ADDRESS_SPACE_HEADROOM)
     member = transport(backend, "member")
     try:
@@ -160,7 +162,7 @@ def test_a_peer_exhausting_the_address_space_fails_its_connection_only(backend):
                 pass  # refused mid-flood, as it should be
         else:
             assert not flood.flood(b"".join(w.grant(i, 1, i, 1, 0, 10) for i in range(first, first + 1024))
-                                   for first in range(1, 65536, 1024)), "the flood was taken whole"
+                                   for first in range(1, 1 << 20, 1024)), "the flood was taken whole"
         assert not flood.finish()
         verdict = victim.ask("verdict")
         assert verdict["error_class"] == "ResourceLimitError", verdict["error"]
