@@ -43,6 +43,9 @@ def main(argv=None):
                        help="collective: worker counts (default 2,3)")
     bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
                                                   "reported as medians (default 3)")
+    bench.add_argument("--verbs-poll-us", type=lambda t: [int(x) for x in t.split(",")],
+                       help="transport, verbs: run the latency sizes once per TF_RDMA_VERBS_POLL_US "
+                            "value, e.g. 0,50 (default: the configured one)")
     bench.add_argument("--workloads", type=lambda t: t.split(","),
                        help="tf: some of transfer,many,hops,ps-train (default all)")
     bench.add_argument("--quick", action="store_true", help="tf: smaller sizes and budgets (under a minute)")
@@ -109,7 +112,8 @@ def main(argv=None):
             results = bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
                                        args.latency_sizes, args.bytes_per_size,
                                        args.round_trips, host=args.host,
-                                       rounds=args.rounds or bench_module.DEFAULT_ROUNDS)
+                                       rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
+                                       verbs_poll_windows=args.verbs_poll_us)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)

@@ -18,7 +18,10 @@ ib_write_lat's, lower is better). What makes the two comparable:
 - the device, port and GID index are those the verbs backend uses: TF_RDMA_VERBS_DEVICE, _PORT and
   _GID_INDEX when set, else the RoCE v2 GID of the bench host's IP address (what rdma_cm picks),
   else the first ACTIVE port.
-Not the same: ib_write_lat busy-polls the landing buffer, tf_rdma waits for completion events.
+Not the same: ib_write_lat busy-polls the landing buffer; tf_rdma polls its completion queue for
+TF_RDMA_VERBS_POLL_US after each completion, then sleeps on completion events.
+`verbs_poll_windows` (`--verbs-poll-us 0,50`) runs the latency sizes once per value in each round.
+Each latency row also gives the driving process's CPU use during its round trips (100% = a core).
 
 A shared or emulated host (Soft-RoCE under TCG) can swing by 2x between runs seconds apart, so verbs
 is measured in `rounds` rounds: in each, every throughput size is one tf_rdma run and one
@@ -31,6 +34,7 @@ ratios (each taken between two runs seconds apart), with `_min`/`_max` giving th
 The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.1); verbs needs an
 address of the RDMA netdev there, since rdma_cm picks the device by IP address.
 """
+import contextlib
 import ipaddress
 import os
 import re
@@ -44,6 +48,7 @@ import time
 from pathlib import Path
 
 from tf_rdma import _transport
+from tf_rdma.config import load_config
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 20, 64 << 20)
@@ -120,23 +125,43 @@ def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
                            bytes.fromhex(key).decode("latin-1"), ready)
 
 
-def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host=None):
+@contextlib.contextmanager
+def _environment(settings):
+    """`settings` in this process's environment, where the transport's C++ side reads its
+    configuration when it starts; restored afterwards."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host=None, settings=None):
+    """One run of the transport bench; `settings` (TF_RDMA_* name -> value) apply to both of its
+    processes."""
     host = bench_host(host)
+    settings = settings or {}
     key = secrets.token_hex(16)
     peer = subprocess.Popen(
         [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend,
          *_plan_args(sizes, latency_sizes, bytes_per_size, round_trips)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, HOST_ENV: host})
+        env={**os.environ, **settings, HOST_ENV: host})
     try:
         peer.stdin.write(key + "\n")
         peer.stdin.close()
         line = peer.stdout.readline().split()
         if len(line) != 3 or line[0] != "READY":
             raise RuntimeError(f"bench peer for {backend} did not start (exit code {peer.poll()})")
-        report = _transport.bench_drive(
-            backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
-            _endpoint(host, line[1]), _endpoint(host, line[2]), bytes.fromhex(key).decode("latin-1"))
+        with _environment(settings):
+            report = _transport.bench_drive(
+                backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
+                _endpoint(host, line[1]), _endpoint(host, line[2]), bytes.fromhex(key).decode("latin-1"))
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
@@ -391,8 +416,8 @@ def add_perftest(report, perftest):
 # Per-round figures of the rows, summarized as medians; the ratios also get their spread.
 _THROUGHPUT_FIGURES = ("transport_gbps", "tcp_socket_gbps", "memcpy_gbps", "vs_tcp_socket", "vs_memcpy",
                        "ib_write_bw_gbps", "vs_ib_write_bw")
-_LATENCY_FIGURES = ("transport_us", "tcp_socket_us", "vs_tcp_socket", "ib_write_lat_us",
-                    "ib_write_lat_typical_us", "vs_ib_write_lat")
+_LATENCY_FIGURES = ("transport_us", "transport_cpu_percent", "tcp_socket_us", "vs_tcp_socket",
+                    "ib_write_lat_us", "ib_write_lat_typical_us", "vs_ib_write_lat")
 
 
 def _median(values):
@@ -401,12 +426,13 @@ def _median(values):
 
 
 def summarize_rows(rows, figures):
-    """One row per size from each round's rows of that size: medians, spread of the ratios, rounds."""
+    """One row per size (and verbs poll window) from each round's rows of that size: medians,
+    spread of the ratios, rounds."""
     by_size = {}
     for row in rows:
-        by_size.setdefault(row["size"], []).append(row)
+        by_size.setdefault((row["size"], row.get("poll_us")), []).append(row)
     summary = []
-    for size, same in by_size.items():
+    for same in by_size.values():
         row = {key: value for key, value in same[0].items() if key not in figures}
         for figure in figures:
             row[figure] = _median(r[figure] for r in same)
@@ -442,24 +468,43 @@ def summarize_perftest(runs):
     return summary
 
 
-def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DEFAULT_ROUNDS):
-    """verbs against perftest, in interleaved rounds (see the module docstring)."""
+def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DEFAULT_ROUNDS,
+              poll_windows=None):
+    """verbs against perftest, in interleaved rounds (see the module docstring). The latency sizes
+    run once per TF_RDMA_VERBS_POLL_US value of `poll_windows` in each round (default: the
+    configured one), so both modes and ib_write_lat are measured minutes apart at most."""
     depth = grant_depth()
-    pairs = [([size], []) for size in sizes] + ([([], latency_sizes)] if latency_sizes else [])
+    if poll_windows is None:
+        poll_windows = [load_config().verbs_poll_us]
+    pairs = [([size], [], [None]) for size in sizes]
+    if latency_sizes:
+        pairs.append(([], latency_sizes, poll_windows))
     rows, latency_rows, perftest_runs = [], [], []
     for index in range(rounds):
-        for pair_sizes, pair_latency_sizes in pairs:
+        for pair_sizes, pair_latency_sizes, windows in pairs:
             args = (pair_sizes, pair_latency_sizes, bytes_per_size, round_trips, host)
+
+            def ours():
+                reports = []
+                for window in windows:
+                    settings = {} if window is None else {"TF_RDMA_VERBS_POLL_US": str(window)}
+                    report = run_backend("verbs", *args, settings=settings)
+                    for row in report["latency"]:
+                        row["poll_us"] = window
+                    reports.append(report)
+                return reports
+
             if index % 2 == 0:
-                report = run_backend("verbs", *args)
+                reports = ours()
                 perftest = run_perftest(*args, depth)
             else:
                 perftest = run_perftest(*args, depth)
-                report = run_backend("verbs", *args)
+                reports = ours()
             perftest_runs.append(perftest)
-            add_perftest(report, dict(perftest))  # a copy: it rekeys the tables for JSON
-            rows += report["throughput"]
-            latency_rows += report["latency"]
+            for report in reports:
+                add_perftest(report, dict(perftest))  # a copy: it rekeys the tables for JSON
+                rows += report["throughput"]
+                latency_rows += report["latency"]
     return {"rounds": rounds,
             "throughput": summarize_rows(rows, _THROUGHPUT_FIGURES),
             "latency": summarize_rows(latency_rows, _LATENCY_FIGURES),
@@ -467,7 +512,7 @@ def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DE
 
 
 def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
-        bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS):
+        bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS, verbs_poll_windows=None):
     sizes, latency_sizes = parse_sizes(sizes), parse_sizes(latency_sizes)
     host = bench_host(host)
     usable = available_backends()
@@ -476,7 +521,8 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
         if usable[backend] is not None:
             results[backend] = {"unavailable": usable[backend]}
         elif backend == "verbs":
-            results[backend] = run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds)
+            results[backend] = run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds,
+                                         verbs_poll_windows)
         else:
             results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
                                            host)
@@ -518,7 +564,9 @@ def render(results):
             lines.append(line)
         lines.append(f"{backend}: one-way latency (us)")
         for r in report["latency"]:
-            line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f} vs tcp socket "
+            line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f}"
+                    + (f" polling {r['poll_us']} us" if r.get("poll_us") is not None else "")
+                    + f", CPU {r['transport_cpu_percent']:.0f}%; vs tcp socket "
                     f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")
             if perftest and r.get("ib_write_lat_us") is not None:
                 line += (f"; vs ib_write_lat {r['ib_write_lat_us']:.1f} avg (ratio "

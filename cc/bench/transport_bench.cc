@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +23,13 @@ namespace tf_rdma::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -340,11 +348,14 @@ absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& optio
     absl::StatusOr<std::shared_ptr<MemoryRegion>> region = (*transport)->AllocateRegion(3 * size);
     if (!region.ok()) return fail(region.status());
     LatencyResult result{size};
+    const double cpu_start = ProcessCpuSeconds();
     auto start = Clock::now();
     absl::Status bounced = Bounce(conn, *region, size, plan.latency_round_trips, PongTag(l),
                                   PingTag(l), /*starts=*/true);
     if (!bounced.ok()) return fail(bounced);
-    result.transport_us = Seconds(start) / plan.latency_round_trips / 2 * 1e6;
+    const double bounce_seconds = Seconds(start);
+    result.transport_cpu_percent = (ProcessCpuSeconds() - cpu_start) / bounce_seconds * 100;
+    result.transport_us = bounce_seconds / plan.latency_round_trips / 2 * 1e6;
     start = Clock::now();
     for (int i = 0; i < plan.latency_round_trips; ++i) {
       absl::Status status = SendBytes(baseline, source.get(), size);

@@ -34,6 +34,9 @@ struct LatencyResult {
   uint64_t size = 0;
   double transport_us = 0;   // one-way: half the round trip
   double tcp_socket_us = 0;
+  // The driving process's CPU time (all threads, user and system) over the wall time of its
+  // transport round trips: 100 is one core kept busy. Polling for completions shows here.
+  double transport_cpu_percent = 0;
 };
 
 struct BenchReport {

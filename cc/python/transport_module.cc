@@ -157,6 +157,7 @@ py::dict ConfigToDict(const Config& config) {
   d["verbs_device"] = config.verbs_device;
   d["verbs_port"] = config.verbs_port;
   d["verbs_gid_index"] = config.verbs_gid_index;
+  d["verbs_poll_us"] = absl::ToInt64Microseconds(config.verbs_poll_window);
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
   d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
@@ -367,6 +368,7 @@ PYBIND11_MODULE(_transport, m) {
             d["size"] = l.size;
             d["transport_us"] = l.transport_us;
             d["tcp_socket_us"] = l.tcp_socket_us;
+            d["transport_cpu_percent"] = l.transport_cpu_percent;
             latency.append(d);
           }
           py::dict out;

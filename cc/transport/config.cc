@@ -77,6 +77,10 @@ const std::vector<ConfigVariable>& ConfigVariables() {
       {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
        "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
        "of the local IP address, as rdma_cm resolves it."},
+      {"TF_RDMA_VERBS_POLL_US", "0",
+       "verbs: microseconds a connection keeps polling for completions after the last one before "
+       "it sleeps on completion events (0: sleep at once). Polling lowers small-message latency "
+       "and spends a core while it lasts."},
       {"TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "64",
        "Handshakes a listener runs at once (a thread and a descriptor each); clients beyond it are "
        "refused at once."},
@@ -148,6 +152,14 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
       }
       config.verbs_gid_index = index;
+    } else if (name == "TF_RDMA_VERBS_POLL_US") {
+      int micros = -1;
+      if (!absl::SimpleAtoi(value, &micros) || micros < 0 || micros > 1000000) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_VERBS_POLL_US='", value, "' is not a number of microseconds between 0 and "
+            "1000000; set it to e.g. 50, or 0 (or unset) to sleep on completion events at once"));
+      }
+      config.verbs_poll_window = absl::Microseconds(micros);
     } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
       absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
                                        &config.limits.max_concurrent_handshakes);

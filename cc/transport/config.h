@@ -14,6 +14,8 @@
 
 namespace tf_rdma {
 
+inline constexpr int kDefaultVerbsPollMicros = 0;
+
 struct Config {
   std::string backend = "auto";  // auto | verbs | tcp | shm
   absl::Duration peer_timeout = absl::Seconds(30);
@@ -26,6 +28,9 @@ struct Config {
   std::string verbs_device;
   int verbs_port = 0;
   int verbs_gid_index = -1;
+  // How long a verbs connection's progress thread keeps polling its completion queue after the
+  // last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US).
+  absl::Duration verbs_poll_window = absl::Microseconds(kDefaultVerbsPollMicros);
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
   TransportLimits limits;

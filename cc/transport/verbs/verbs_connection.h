@@ -244,6 +244,9 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status PeerError(const absl::Status& cause) const;
   absl::Status CompletionError(const ibv_wc& wc) const;
   void Wake();
+  // Polls the completion queue until TF_RDMA_VERBS_POLL_US after the last completion; true if it
+  // handled one (the loop goes round again instead of sleeping). Progress thread only.
+  bool SpinForCompletion();
 
   rdma_cm_id* const id_;
   rdma_event_channel* const events_;
@@ -297,6 +300,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
   absl::Time last_receive_;
   absl::Time last_send_;
+  absl::Time last_completion_ = absl::InfinitePast();  // progress thread only
 };
 
 }  // namespace tf_rdma::verbs

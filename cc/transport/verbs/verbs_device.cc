@@ -238,7 +238,8 @@ std::string MemlockAdvice(const std::string& what, size_t bytes, const std::stri
 absl::StatusOr<VerbsSettings> LoadVerbsSettings() {
   absl::StatusOr<Config> config = LoadConfigFromEnvironment();
   if (!config.ok()) return config.status();
-  return VerbsSettings{config->verbs_device, config->verbs_port, config->verbs_gid_index};
+  return VerbsSettings{config->verbs_device, config->verbs_port, config->verbs_gid_index,
+                       config->verbs_poll_window};
 }
 
 std::string DeviceName(ibv_context* context) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tf_rdma::verbs {
 
@@ -20,6 +21,7 @@ struct VerbsSettings {
   std::string device;
   int port = 0;
   int gid_index = -1;
+  absl::Duration poll_window;  // TF_RDMA_VERBS_POLL_US
 };
 absl::StatusOr<VerbsSettings> LoadVerbsSettings();
 
