@@ -24,7 +24,7 @@ def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
     res = softroce.run(
         [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--json",
          "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
-         "--round-trips", "50", "--rounds", "2"],
+         "--round-trips", "50", "--rounds", "2", "--verbs-poll-us", "0,1000"],
         timeout=150, env={"TF_RDMA_TEST_HOST": softroce.GUEST_IP}, cwd=str(REPO))
     assert res.returncode == 0, res.output
     # The JSON is the last thing printed; anything before it is logging.
@@ -41,7 +41,9 @@ def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
     assert report["rounds"] == 2
 
     assert [row["size"] for row in report["throughput"]] == [64 << 10, 1 << 20]
-    assert [row["size"] for row in report["latency"]] == [8, 4 << 10]
+    # Each latency size once per poll window, both measured in every round beside ib_write_lat.
+    assert [(row["size"], row["poll_us"]) for row in report["latency"]] == \
+        [(8, 0), (4 << 10, 0), (8, 1000), (4 << 10, 1000)]
     for row in report["throughput"]:
         measured = perftest["ib_write_bw"][str(row["size"])]
         # perftest's own header says it kept as many writes in flight as tf_rdma's grants allow.
@@ -52,3 +54,4 @@ def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
         measured = perftest["ib_write_lat"][str(row["size"])]
         assert len(measured["rounds_avg_us"]) == 2 and None not in measured["rounds_avg_us"], measured
         assert all(r["vs_ib_write_lat"] is not None for r in row["rounds"]), row
+        assert all(r["transport_cpu_percent"] > 0 for r in row["rounds"]), row

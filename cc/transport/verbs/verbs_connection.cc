@@ -316,6 +316,7 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
 }
 
 void VerbsConnection::Wake() {
+  woken_.store(true, std::memory_order_release);
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
 }
@@ -805,6 +806,8 @@ void VerbsConnection::ProgressLoop() {
     if (fds[2].revents & POLLIN) {
       uint64_t count;
       [[maybe_unused]] ssize_t n = read(wake_fd_, &count, sizeof(count));
+      // After the read: a Wake between the two still leaves its count for the next poll.
+      woken_.store(false, std::memory_order_relaxed);
     }
   }
 }
@@ -812,10 +815,11 @@ void VerbsConnection::ProgressLoop() {
 bool VerbsConnection::SpinForCompletion() {
   // Sleeping on the completion channel costs a thread wakeup per message, which dominates
   // small-message latency; polling a while after the last completion catches the next message of
-  // an exchange without one, at the price of a core while it lasts. Close, the peer's disconnect
-  // and the heartbeat wait for the window's end: it is short against any of their deadlines.
+  // an exchange without one, at the price of a core while it lasts. A Wake (a close, the
+  // handshake's end) ends the polling at once; the peer's disconnect and the heartbeat wait for the
+  // window's end, short against their deadlines.
   const absl::Time until = last_completion_ + settings_.poll_window;
-  while (absl::Now() < until) {
+  while (absl::Now() < until && !woken_.load(std::memory_order_acquire)) {
     ibv_wc wc;
     const int n = ibv_poll_cq(cq_, 1, &wc);
     if (n < 0) return false;

@@ -301,6 +301,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Time last_receive_;
   absl::Time last_send_;
   absl::Time last_completion_ = absl::InfinitePast();  // progress thread only
+  std::atomic<bool> woken_{false};  // Wake() called since the progress thread last read wake_fd_
 };
 
 }  // namespace tf_rdma::verbs

@@ -290,6 +290,34 @@ def test_a_connection_closed_while_its_region_lives_on_winds_down_at_once():
     assert bytes(memoryview(region)) == pattern(size)  # the region itself lives on, intact
 
 
+@needs_verbs
+def test_a_connection_polling_for_completions_moves_data_exactly_and_closes_at_once(monkeypatch):
+    """TF_RDMA_VERBS_POLL_US keeps the progress threads polling between messages (a window that
+    outlasts the test's gaps: they never sleep on events). Every byte still lands exactly, and a
+    close ends the polling at once, not at the window's end."""
+    window_seconds = 1.0
+    monkeypatch.setenv("TF_RDMA_VERBS_POLL_US", str(int(window_seconds * 1e6)))
+    size, count = 4000, 100
+    receiver, sender = transport("verbs", "receiver"), transport("verbs", "sender")
+    listener = receiver.listen(f"{HOST}:0")
+    to_receiver = sender.connect(listener.endpoint)
+    from_sender = listener.accept(10)
+    region = receiver.allocate_region(size)
+    for tag in range(1, count + 1):
+        grant = from_sender.grant(tag, region, 0, size)
+        to_receiver.write(tag, pattern(size, tag)).wait(10)
+        assert grant.wait(10) == size
+        assert bytes(memoryview(region)) == pattern(size, tag), f"message {tag} landed wrong"
+    before_close = threads_now()
+    started = time.monotonic()
+    to_receiver.close()
+    from_sender.close()
+    while threads_now() > before_close - 2 and time.monotonic() - started < 10:  # both progress threads
+        time.sleep(0.01)
+    closed_in = time.monotonic() - started
+    assert closed_in < window_seconds / 2, f"the polling threads ended {closed_in:.2f} s after the close"
+
+
 def grant_counts():
     stats = _transport.verbs_stats()
     return stats["grants_written"], stats["grants_read"]
