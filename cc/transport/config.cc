@@ -77,7 +77,7 @@ const std::vector<ConfigVariable>& ConfigVariables() {
       {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
        "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
        "of the local IP address, as rdma_cm resolves it."},
-      {"TF_RDMA_VERBS_POLL_US", "0",
+      {"TF_RDMA_VERBS_POLL_US", "100",
        "verbs: microseconds a connection keeps polling for completions after the last one before "
        "it sleeps on completion events (0: sleep at once). Polling lowers small-message latency "
        "and spends a core while it lasts."},

@@ -27,7 +27,7 @@ def test_limits_are_read_from_the_environment():
 
 
 def test_the_verbs_poll_window_is_read_and_bounded():
-    assert load_config({}).verbs_poll_us == 0
+    assert load_config({}).verbs_poll_us == 100
     assert load_config({"TF_RDMA_VERBS_POLL_US": "50"}).verbs_poll_us == 50
     for bad in ("-1", "2000000", "50us"):
         with pytest.raises(errors.ConfigError, match=f"TF_RDMA_VERBS_POLL_US='{bad}' is not a number of microseconds"):
