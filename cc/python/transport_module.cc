@@ -14,6 +14,7 @@
 #include "cc/python/status_exception.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/config.h"
+#include "cc/transport/fork_guard.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
@@ -87,10 +88,17 @@ struct WriteHandle {
 class PyConnection {
  public:
   explicit PyConnection(std::shared_ptr<Connection> connection) : connection_(std::move(connection)) {}
-  ~PyConnection() { connection_->Close(absl::CancelledError("the connection object was dropped")); }
+  ~PyConnection() {
+    if (owner_.Inherited()) {
+      LeakInherited(std::move(connection_));
+      return;
+    }
+    connection_->Close(absl::CancelledError("the connection object was dropped"));
+  }
   Connection& get() { return *connection_; }
 
  private:
+  OwningProcess owner_;
   std::shared_ptr<Connection> connection_;
 };
 
@@ -105,6 +113,11 @@ class PyListener {
         }));
   }
   ~PyListener() {
+    if (owner_.Inherited()) {
+      LeakInherited(std::move(listener_));
+      LeakInherited(std::move(accepted_));
+      return;
+    }
     listener_.reset();
     for (auto& connection : accepted_) connection->Close(absl::CancelledError("never accepted"));
   }
@@ -128,6 +141,7 @@ class PyListener {
   }
 
  private:
+  OwningProcess owner_;
   std::unique_ptr<Listener> listener_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -236,7 +250,7 @@ PYBIND11_MODULE(_transport, m) {
       .def_property_readonly("port", &PyListener::port)
       .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0);
 
-  py::class_<Transport>(m, "Transport")
+  py::class_<Transport, std::unique_ptr<Transport, DeleteInOwningProcess>>(m, "Transport")
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
                        double peer_timeout, double connect_timeout, uint32_t protocol_version,
                        size_t max_concurrent_handshakes, size_t max_grants_per_peer,
@@ -244,8 +258,9 @@ PYBIND11_MODULE(_transport, m) {
              const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
                                           shm_max_mapped_bytes_per_peer};
              return ValueOrThrow(CreateTransport(
-                 ValueOrThrow(ParseBackend(backend)),
-                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits)));
+                        ValueOrThrow(ParseBackend(backend)),
+                        MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits)))
+                 .release();  // into the holder, which deletes only in this process (fork_guard.h)
            }),
            py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
            py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,

@@ -51,6 +51,7 @@ absl::StatusOr<std::shared_ptr<Registration>> Registration::Create(ibv_pd* pd, c
 }
 
 Registration::~Registration() {
+  if (owner_.Inherited()) return;  // the context is the parent's too (fork_guard.h)
   const int rc = ibv_dereg_mr(mr_);
   if (rc != 0) LOG(WARNING) << "tf_rdma: ibv_dereg_mr failed: " << std::strerror(rc);
   AddPinnedBytes(-static_cast<ptrdiff_t>(range_.end - range_.begin));

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "cc/transport/fork_guard.h"
 #include "cc/transport/verbs/unmap_monitor.h"
 
 namespace tf_rdma::verbs {
@@ -37,6 +38,7 @@ class Registration {
   Registration(ibv_mr* mr, AddressRange range) : mr_(mr), range_(range) {}
   ibv_mr* const mr_;
   const AddressRange range_;
+  const OwningProcess owner_;
 };
 
 // Process-wide counters, for tests and `python -m tf_rdma info`.

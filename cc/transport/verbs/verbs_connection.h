@@ -37,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cc/transport/fork_guard.h"
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/transport.h"
@@ -76,11 +77,13 @@ class MemoryWindow {
   MemoryWindow& operator=(const MemoryWindow&) = delete;
   ibv_mw* get() const { return mw_.load(); }
   void Deallocate() {
+    if (owner_.Inherited()) return;  // the context is the parent's too (fork_guard.h)
     if (ibv_mw* mw = mw_.exchange(nullptr)) ibv_dealloc_mw(mw);
   }
 
  private:
   std::atomic<ibv_mw*> mw_;
+  const OwningProcess owner_;
 };
 
 // A region peers may write into: registered on every device in use, for remote writes through
