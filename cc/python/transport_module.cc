@@ -95,7 +95,16 @@ class PyConnection {
     }
     connection_->Close(absl::CancelledError("the connection object was dropped"));
   }
-  Connection& get() { return *connection_; }
+  Connection& get() {
+    // Its threads stayed in the parent: a write or grant here would wait for nothing.
+    if (owner_.Inherited()) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "this connection to ", connection_->peer_name(), " belongs to process ", owner_.pid(),
+          ", which forked this one (", getpid(), "): a forked child cannot use its parent's "
+          "connections; create a transport of its own in the child")));
+    }
+    return *connection_;
+  }
 
  private:
   OwningProcess owner_;

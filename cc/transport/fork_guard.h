@@ -16,6 +16,7 @@ class OwningProcess {
  public:
   // True in a child forked after this object was created.
   bool Inherited() const { return getpid() != pid_; }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = getpid();
