@@ -316,7 +316,6 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
 }
 
 void VerbsConnection::Wake() {
-  woken_.store(true, std::memory_order_release);
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
 }
@@ -806,8 +805,6 @@ void VerbsConnection::ProgressLoop() {
     if (fds[2].revents & POLLIN) {
       uint64_t count;
       [[maybe_unused]] ssize_t n = read(wake_fd_, &count, sizeof(count));
-      // After the read: a Wake between the two still leaves its count for the next poll.
-      woken_.store(false, std::memory_order_relaxed);
     }
   }
 }
@@ -815,30 +812,21 @@ void VerbsConnection::ProgressLoop() {
 bool VerbsConnection::SpinForCompletion() {
   // Sleeping on the completion channel costs a thread wakeup per message, which dominates
   // small-message latency; polling a while after the last completion catches the next message of
-  // an exchange without one, at the price of a core while it lasts. A Wake (a close, the
-  // handshake's end) ends the polling at once; the peer's disconnect and the heartbeat wait for the
-  // window's end, short against their deadlines.
+  // an exchange without one, at the price of a core while it lasts. A close needs no wakeup: it
+  // sends the peer a REJECT or flushes the posted receives, and their completions end the polling.
+  // The peer's disconnect and the heartbeat wait for the window's end (at most 1 s).
   const absl::Time until = last_completion_ + settings_.poll_window;
-  while (absl::Now() < until && !woken_.load(std::memory_order_acquire)) {
-    ibv_wc wc;
-    const int n = ibv_poll_cq(cq_, 1, &wc);
-    if (n < 0) return false;
-    if (n == 1) {
-      std::vector<std::function<void()>> callbacks;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        HandleCompletion(wc, &callbacks);
-        PumpLocked();
-      }
+  while (absl::Now() < until) {
+    std::vector<std::function<void()>> callbacks;
+    if (PollCompletions(&callbacks)) {
       for (auto& callback : callbacks) callback();
-      last_completion_ = absl::Now();
       return true;
     }
   }
   return false;
 }
 
-void VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
+bool VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
   // Brief polling before sleeping: a burst of messages is handled without a wakeup each.
   ibv_wc wcs[32];
   bool any = false;
@@ -856,6 +844,7 @@ void VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callba
     spin = 0;
     if (callbacks->size() > 64) break;
   }
+  return any;
 }
 
 void VerbsConnection::HandleCmEvents() {

@@ -201,7 +201,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status PostReceive(int slot);
 
   void ProgressLoop();
-  void PollCompletions(std::vector<std::function<void()>>* callbacks);
+  // Handles the completions there are (a burst: until the queue stays empty); true if any.
+  bool PollCompletions(std::vector<std::function<void()>>* callbacks);
   void HandleCmEvents();
   void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
@@ -248,7 +249,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status CompletionError(const ibv_wc& wc) const;
   void Wake();
   // Polls the completion queue until TF_RDMA_VERBS_POLL_US after the last completion; true if it
-  // handled one (the loop goes round again instead of sleeping). Progress thread only.
+  // handled some (the loop goes round again instead of sleeping). Progress thread only.
   bool SpinForCompletion();
 
   rdma_cm_id* const id_;
@@ -304,7 +305,6 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Time last_receive_;
   absl::Time last_send_;
   absl::Time last_completion_ = absl::InfinitePast();  // progress thread only
-  std::atomic<bool> woken_{false};  // Wake() called since the progress thread last read wake_fd_
 };
 
 }  // namespace tf_rdma::verbs
