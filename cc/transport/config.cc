@@ -153,12 +153,10 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       }
       config.verbs_gid_index = index;
     } else if (name == "TF_RDMA_VERBS_POLL_US") {
-      int micros = -1;
-      if (!absl::SimpleAtoi(value, &micros) || micros < 0 || micros > 1000000) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_VERBS_POLL_US='", value, "' is not a number of microseconds between 0 and "
-            "1000000; set it to e.g. 50, or 0 (or unset) to sleep on completion events at once"));
-      }
+      int64_t micros = 0;
+      absl::Status parsed = ParseLimit(name, value, 0, 1000000, false,
+                                       "100 (0 sleeps on completion events at once)", &micros);
+      if (!parsed.ok()) return parsed;
       config.verbs_poll_window = absl::Microseconds(micros);
     } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
       absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
