@@ -96,19 +96,29 @@ class PyConnection {
     connection_->Close(absl::CancelledError("the connection object was dropped"));
   }
   Connection& get() {
-    // Its threads stayed in the parent: a write or grant here would wait for nothing.
-    if (owner_.Inherited()) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-          "this connection to ", connection_->peer_name(), " belongs to process ", owner_.pid(),
-          ", which forked this one (", getpid(), "): a forked child cannot use its parent's "
-          "connections; create a transport of its own in the child")));
-    }
+    ThrowIfError(owner_.CheckNotInherited(absl::StrCat("the connection to ", connection_->peer_name())));
     return *connection_;
   }
 
  private:
   OwningProcess owner_;
   std::shared_ptr<Connection> connection_;
+};
+
+class PyTransport {
+ public:
+  explicit PyTransport(std::unique_ptr<Transport> transport) : transport_(std::move(transport)) {}
+  ~PyTransport() {
+    if (owner_.Inherited()) LeakInherited(std::move(transport_));
+  }
+  Transport& get() {
+    ThrowIfError(owner_.CheckNotInherited("the transport"));
+    return *transport_;
+  }
+
+ private:
+  OwningProcess owner_;
+  std::unique_ptr<Transport> transport_;
 };
 
 class PyListener {
@@ -133,6 +143,7 @@ class PyListener {
   std::string endpoint() const { return listener_->endpoint().ToString(); }
   int port() const { return listener_->endpoint().port; }
   std::unique_ptr<PyConnection> Accept(double timeout) {
+    ThrowIfError(owner_.CheckNotInherited(absl::StrCat("the listener on ", endpoint())));
     std::shared_ptr<Connection> connection;
     {
       py::gil_scoped_release release;
@@ -259,17 +270,16 @@ PYBIND11_MODULE(_transport, m) {
       .def_property_readonly("port", &PyListener::port)
       .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0);
 
-  py::class_<Transport, std::unique_ptr<Transport, DeleteInOwningProcess>>(m, "Transport")
+  py::class_<PyTransport>(m, "Transport")
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
                        double peer_timeout, double connect_timeout, uint32_t protocol_version,
                        size_t max_concurrent_handshakes, size_t max_grants_per_peer,
                        uint64_t shm_max_mapped_bytes_per_peer) {
              const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
                                           shm_max_mapped_bytes_per_peer};
-             return ValueOrThrow(CreateTransport(
-                        ValueOrThrow(ParseBackend(backend)),
-                        MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits)))
-                 .release();  // into the holder, which deletes only in this process (fork_guard.h)
+             return std::make_unique<PyTransport>(ValueOrThrow(CreateTransport(
+                 ValueOrThrow(ParseBackend(backend)),
+                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits))));
            }),
            py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
            py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,
@@ -277,17 +287,19 @@ PYBIND11_MODULE(_transport, m) {
            py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
            py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
            py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer)
-      .def_property_readonly("backend", [](Transport& t) { return BackendName(t.backend()); })
-      .def("allocate_region", [](Transport& t, size_t bytes) { return ValueOrThrow(t.AllocateRegion(bytes)); })
-      .def("listen", [](Transport& t, const std::string& endpoint) {
-             return std::make_unique<PyListener>(t, endpoint);
+      .def_property_readonly("backend", [](PyTransport& t) { return BackendName(t.get().backend()); })
+      .def("allocate_region",
+           [](PyTransport& t, size_t bytes) { return ValueOrThrow(t.get().AllocateRegion(bytes)); })
+      .def("listen", [](PyTransport& t, const std::string& endpoint) {
+             return std::make_unique<PyListener>(t.get(), endpoint);
            }, py::keep_alive<0, 1>())
-      .def("connect", [](Transport& t, const std::string& endpoint) {
+      .def("connect", [](PyTransport& t, const std::string& endpoint) {
+             Transport& transport = t.get();
              auto parsed = ValueOrThrow(Endpoint::Parse(endpoint));
              std::shared_ptr<Connection> connection;
              {
                py::gil_scoped_release release;
-               connection = ValueOrThrow(t.Connect(parsed));
+               connection = ValueOrThrow(transport.Connect(parsed));
              }
              return std::make_unique<PyConnection>(std::move(connection));
            });

@@ -2,13 +2,18 @@
 // copies whose threads did not come along and whose sockets, shared memory and RDMA resources it
 // shares with the parent: tearing one down in the child (a socket shutdown, a close frame, a
 // deregistration through the shared RDMA context) breaks the parent's, and joining its threads
-// crashes the child. So a forked child that lets go of such an object leaks it instead.
+// crashes the child. So a forked child that lets go of such an object leaks it instead, and using
+// one there is an error rather than a wait on threads (or locks) that stayed in the parent.
 #ifndef TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 #define TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 
 #include <unistd.h>
 
+#include <string_view>
 #include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace tf_rdma {
 
@@ -16,7 +21,14 @@ class OwningProcess {
  public:
   // True in a child forked after this object was created.
   bool Inherited() const { return getpid() != pid_; }
-  pid_t pid() const { return pid_; }
+  // OK in the owning process; in a forked child, an error saying so about `what`.
+  absl::Status CheckNotInherited(std::string_view what) const {
+    if (!Inherited()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " belongs to process ", pid_, ", which forked this one (", getpid(),
+        "): a forked child cannot use its parent's tf_rdma objects; create a transport of its own "
+        "in the child"));
+  }
 
  private:
   pid_t pid_ = getpid();
@@ -28,15 +40,6 @@ template <typename T>
 void LeakInherited(T&& object) {
   new std::decay_t<T>(std::forward<T>(object));
 }
-
-// A unique_ptr deleter that deletes only in the owning process.
-struct DeleteInOwningProcess {
-  OwningProcess owner;
-  template <typename T>
-  void operator()(T* object) const {
-    if (!owner.Inherited()) delete object;
-  }
-};
 
 }  // namespace tf_rdma
 

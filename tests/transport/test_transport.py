@@ -402,8 +402,9 @@ def test_a_forked_child_that_lets_go_of_what_it_inherited_leaves_the_parent_work
     """A child forked from a process with a listener, a connection and a region, which drops the
     tf_rdma objects it inherited (a collection, or its interpreter exiting), must not tear them
     down: their threads are not in the child, and their sockets and RDMA resources are the
-    parent's too. Using an inherited connection there is a clear error, not a wait for nothing. Before the fix the child crashed (SIGSEGV) and shut the parent's connection and
-    listener down."""
+    parent's too. Before the fix the child crashed (SIGSEGV) and shut the parent's connection and
+    listener down. Using an inherited object there is a clear error, not a wait on threads that
+    stayed in the parent."""
     receiver, sender = transport(backend, "receiver"), transport(backend, "sender")
     listener = receiver.listen(f"{HOST}:0")
     to_receiver = sender.connect(listener.endpoint)
@@ -413,12 +414,14 @@ def test_a_forked_child_that_lets_go_of_what_it_inherited_leaves_the_parent_work
     child = os.fork()
     if child == 0:
         try:
-            try:
-                to_receiver.write(1, b"from the child")  # its threads stayed in the parent
-                os._exit(3)
-            except errors.ConfigError as e:
-                if "a forked child cannot use its parent's connections" not in str(e):
-                    os._exit(4)
+            for use in (lambda: to_receiver.write(1, b"from the child"), lambda: listener.accept(0.1),
+                        lambda: receiver.allocate_region(10)):
+                try:
+                    use()
+                    os._exit(3)
+                except errors.ConfigError as e:
+                    if "a forked child cannot use its parent's tf_rdma objects" not in str(e):
+                        os._exit(4)
             del receiver, sender, listener, to_receiver, from_sender, inherited
             gc.collect()
             os._exit(0)
