@@ -49,7 +49,10 @@ RUN_AHEAD_ITERATIONS = 4
 # What "flat" allows once warm-up is over. RSS: the allocator's own noise (arenas, fragmentation)
 # over a run, far below what holding one cancelled step's 1 MiB tensor per round would add.
 # Counts of descriptors and threads must come back to what they were; pools must not grow.
-GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0}
+# Live steps (step rendezvous alive): the ones running and the ones ended within the last second,
+# whose abort waits in case they are still held (cc/tf/rendezvous); a leak adds steps per second.
+GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0,
+                 "live_steps": 20}
 SETTLE = 3  # samples whose lowest stands for a moment, so one sample taken mid-step cannot decide
 WARMUP_FRACTION = 1 / 3
 PROCESSES = ("worker", "ps")  # the long-lived processes, judged; ps 1 restarts so has no trend
@@ -66,8 +69,10 @@ class SoakError(RuntimeError):
 
 # ---- the tasks, each in its own process ----
 
-def _pool_bytes(stats):
-    return sum(pool["region_bytes"] for pool in stats.get("receive_pools", {}).values())
+def _stats_sample(stats):
+    """The receive pools' region bytes and the live steps, from a task's tf_rdma.stats()."""
+    return {"region_bytes": sum(pool["region_bytes"] for pool in stats.get("receive_pools", {}).values()),
+            "live_steps": stats.get("live_steps", 0)}
 
 
 def _serve(spec):
@@ -329,8 +334,8 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
             tensors, nbytes = transfers(worker_stats, ps_stats)
             sample = {"seconds": now - started, **round_report, "restarts": restarts,
                       "tensors": tensors, "bytes": nbytes,
-                      "worker": {**process_sample(worker.process.pid), "region_bytes": _pool_bytes(worker_stats)},
-                      "ps": {**process_sample(ps.process.pid), "region_bytes": _pool_bytes(ps_stats)}}
+                      "worker": {**process_sample(worker.process.pid), **_stats_sample(worker_stats)},
+                      "ps": {**process_sample(ps.process.pid), **_stats_sample(ps_stats)}}
             samples.append(sample)
             if progress and len(samples) % 5 == 0:
                 progress(f"soak over {backend}: {sample['seconds']:.0f} s, {sample['steps']} steps, "
@@ -389,7 +394,7 @@ def render(report):
                      f"with them), {run_report['tensors']} tensors / {_mib(run_report['bytes'])} moved, "
                      f"{run_report['tensors_after_warmup']} tensors after warm-up")
         lines.append(f"  {'s':>5} {'steps':>7} {'tensors':>9}"
-                     + "".join(f" | {p + ' RSS':>12} {'fds':>4} {'thr':>4} {'pools':>10} {'shm':>10}"
+                     + "".join(f" | {p + ' RSS':>12} {'fds':>4} {'thr':>4} {'pools':>10} {'shm':>10} {'live':>4}"
                                for p in PROCESSES))
         for i, s in enumerate(run_report["samples"]):
             mark = "*" if i == run_report["warmup_samples"] else " "
@@ -397,7 +402,7 @@ def render(report):
             for p in PROCESSES:
                 q = s[p]
                 line += (f" | {_mib(q['rss_bytes']):>12} {q['fds']:4d} {q['threads']:4d}"
-                         f" {_mib(q['region_bytes']):>10} {_mib(q['mapped_shm_bytes']):>10}")
+                         f" {_mib(q['region_bytes']):>10} {_mib(q['mapped_shm_bytes']):>10} {q['live_steps']:4d}")
             lines.append(line)
         lines.append("  (* warm-up ends; flat: end - baseline <= bound, each the lowest of "
                      f"{SETTLE} samples in a row)")

@@ -38,6 +38,8 @@ py::dict ServerStats(Runtime& runtime) {
   out["task"] = runtime.local_task();
   out["fallback"] = s.fallback;
   out["receives_planned"] = s.receives_planned;
+  out["live_steps"] = runtime.stats().live_steps();
+  out["failed_steps_kept"] = runtime.stats().failed_steps_kept();
   py::dict peers;
   for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
   out["peers"] = peers;

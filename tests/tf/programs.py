@@ -292,10 +292,10 @@ def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
     os._exit(0)
 
 
-def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps):
+def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps, completed_steps=0):
     """Steps cancelled while this worker's sends run ahead of receives the ps never issues (the
-    soak's loop, tf_rdma/bench_soak.py); saves the worker's stats once the ps has had time to
-    refuse them."""
+    soak's loop, tf_rdma/bench_soak.py), then `completed_steps` that read a ps variable; saves the
+    worker's stats once the ps has had time to refuse them."""
     import tensorflow as tf
     import tf_rdma
     from tf_rdma import bench_soak
@@ -313,7 +313,18 @@ def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps):
             sess.run(loop, options=tf.compat.v1.RunOptions(timeout_in_ms=500))
         except tf.errors.DeadlineExceededError:
             cancelled += 1
+    if completed_steps:
+        with tf.device("/job:ps/task:0"):
+            variable = tf.compat.v1.Variable(tf.ones([256]))
+        with tf.device("/job:worker/task:0"):
+            read = tf.reduce_sum(variable.read_value())
+        sess.run(variable.initializer)
+        for _ in range(completed_steps):
+            sess.run(read)
     time.sleep(2)  # the steps' cleanup reaches this task after the deadline
+    if completed_steps:
+        sess.run(read)  # a cleanup after the grace of the steps still held when they ended
+        time.sleep(0.5)
     with open(output, "w") as f:
         json.dump({"cancelled": cancelled, "stats": tf_rdma.stats()}, f)
     print("done", flush=True)

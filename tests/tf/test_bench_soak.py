@@ -35,7 +35,7 @@ def test_a_short_soak_over_tcp_and_shm_stays_flat_through_cancelled_steps_and_a_
 
 def sample(seconds, worker_rss_mib, worker_fds=20, ps_threads=100):
     quantities = {"rss_bytes": 600 << 20, "fds": 20, "threads": 100, "region_bytes": 64 << 20,
-                  "mapped_shm_bytes": 192 << 20}
+                  "mapped_shm_bytes": 192 << 20, "live_steps": 3}
     return {"seconds": seconds, "steps": seconds * 100, "tensors": seconds * 2500,
             "worker": {**quantities, "rss_bytes": worker_rss_mib << 20, "fds": worker_fds},
             "ps": {**quantities, "threads": ps_threads}}

@@ -178,6 +178,26 @@ def test_sends_a_cancelled_step_never_asked_for_are_withdrawn_not_held(tmp_path,
     assert ps["errors"] == 0, ps
 
 
+def test_ended_steps_leave_no_rendezvous_alive(tmp_path, backend):
+    """TensorFlow keeps every step rendezvous it aborts for the life of the process, and its
+    cleanup aborts any still held, if only for a moment: a long run's memory grew with them. After
+    cancelled steps and hundreds of completed ones, no step but the last may still be alive on
+    either task, apart from the cancelled ones, which TensorFlow keeps whatever the transport."""
+    output = str(tmp_path / "outcome.json")
+    ps_stats = str(tmp_path / "ps_stats.json")
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": backend}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma", stats_file=ps_stats)
+        cluster.start("worker", 0, "run_ahead_cancelled_worker", transport="rdma", output=output, steps=4,
+                      completed_steps=1000)
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+        ps = cluster.stats_dumped_after(ps_stats, time.time())
+    with open(output) as f:
+        worker = json.load(f)["stats"]
+    assert worker["live_steps"] <= 1, worker
+    assert worker["failed_steps_kept"] == 4, worker
+    assert ps["live_steps"] <= 1, ps
+
+
 def cross_with_secrets(tmp_path, ps_secret, worker_secret):
     """programs.cross_once on a worker whose TF_RDMA_SECRET may differ from the ps's; its outcome."""
     output = str(tmp_path / "outcome.json")

@@ -1,5 +1,8 @@
 #include "cc/tf/rendezvous/rdma_rendezvous_mgr.h"
 
+#include <algorithm>
+#include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -7,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/log/log.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -358,7 +362,10 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
  public:
   RdmaRemoteRendezvous(const tensorflow::WorkerEnv* env, int64_t step_id, std::shared_ptr<Runtime> runtime,
                        tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc)
-      : BaseRemoteRendezvous(env, step_id), runtime_(std::move(runtime)), grpc_(std::move(grpc)) {}
+      : BaseRemoteRendezvous(env, step_id), runtime_(std::move(runtime)), grpc_(std::move(grpc)) {
+    runtime_->stats().StepStarted();
+  }
+  ~RdmaRemoteRendezvous() override { runtime_->stats().StepGone(phase_ == Phase::kFailed); }
 
   absl::Status Initialize(tensorflow::WorkerSession* session) override {
     absl::Status status = BaseRemoteRendezvous::Initialize(session);
@@ -369,6 +376,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   }
 
   void StartAbort(const absl::Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      if (phase_ == Phase::kRunning) {
+        // The step's own failure (cancelled, an op's error, a transfer's): TensorFlow keeps its
+        // rendezvous for the life of the process from now on (LocalRendezvous::StartAbort).
+        phase_ = Phase::kFailed;
+        runtime_->stats().StepFailed();
+      }
+    }
     WithdrawPendingPushes();
     BaseRemoteRendezvous::StartAbort(status);
     grpc_->StartAbort(status);
@@ -380,6 +396,40 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
     Push(parsed, args, TaskName(parsed.dst), value, is_dead);
     return absl::OkStatus();
+  }
+
+  // The step's owner is done with it (cleanup). Returns whether the step had failed.
+  bool End() {
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      if (phase_ == Phase::kRunning) phase_ = Phase::kEnded;
+      failed = phase_ == Phase::kFailed;
+    }
+    WithdrawPendingPushes();
+    return failed;
+  }
+
+ private:
+  // Withdraws the step's sends still waiting for their receiver's grant, and any it starts later:
+  // the step was aborted or ended, and the receiver will not take them.
+  void WithdrawPendingPushes() {
+    std::vector<PendingPush> pending;
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      aborted_ = true;
+      for (auto& [id, push] : pending_pushes_) pending.push_back(std::move(push));
+      pending_pushes_.clear();
+    }
+    // Outside the lock: a withdrawn write's callback runs here and finishes its push.
+    for (const PendingPush& push : pending) {
+      if (std::shared_ptr<Connection> connection = push.connection.lock()) {
+        connection->Withdraw(push.tags.header);
+        // An inline tensor has no data write; withdrawing its tag would only crowd the
+        // connection's bounded memory of withdrawn tags.
+        if (push.has_data_write) connection->Withdraw(push.tags.data);
+      }
+    }
   }
 
  protected:
@@ -545,25 +595,6 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     auto it = pending_pushes_.find(push);
     if (it != pending_pushes_.end() && --it->second.writes_left == 0) pending_pushes_.erase(it);
   }
-  void WithdrawPendingPushes() {
-    std::vector<PendingPush> pending;
-    {
-      std::lock_guard<std::mutex> lock(pushes_mu_);
-      aborted_ = true;
-      for (auto& [id, push] : pending_pushes_) pending.push_back(std::move(push));
-      pending_pushes_.clear();
-    }
-    // Outside the lock: a withdrawn write's callback runs here and finishes its push.
-    for (const PendingPush& push : pending) {
-      if (std::shared_ptr<Connection> connection = push.connection.lock()) {
-        connection->Withdraw(push.tags.header);
-        // An inline tensor has no data write; withdrawing its tag would only crowd the
-        // connection's bounded memory of withdrawn tags.
-        if (push.has_data_write) connection->Withdraw(push.tags.data);
-      }
-    }
-  }
-
   struct PendingPush {
     std::weak_ptr<Connection> connection;  // a closed connection has failed the writes already
     TransferTags tags;
@@ -574,6 +605,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   const std::shared_ptr<Runtime> runtime_;
   const tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> grpc_;
   std::mutex pushes_mu_;
+  enum class Phase { kRunning, kFailed, kEnded };
+  Phase phase_ = Phase::kRunning;  // under pushes_mu_, but in the destructor
   bool aborted_ = false;
   uint64_t next_push_ = 1;
   std::unordered_map<uint64_t, PendingPush> pending_pushes_;
@@ -585,10 +618,119 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
 
 }  // namespace
 
+// TensorFlow keeps a reference, for the life of the process, to every step rendezvous it aborts
+// (LocalRendezvous::StartAbort: a late lookup of the step still finds its error). The base manager's
+// Cleanup aborts a step's rendezvous whenever anything still holds it, if only for a moment (a
+// thread between a receive's callback and its Unref, a write completing), so over a long run such
+// rendezvous piled up: the soak's worker grew by about 0.65 KiB a step. So when a step ends, its
+// own pending sends are withdrawn (they hold it) and its rendezvous is aborted only if it is still
+// held kGrace later, when it holds work that must be failed; otherwise it goes when its last
+// holder lets go, and its cache entry with it.
+class RdmaRendezvousMgr::EndedSteps {
+ public:
+  // Runs under the cache's lock: must not drop a reference to a rendezvous (see Ended).
+  void Started(int64_t step_id, RdmaRemoteRendezvous* rendezvous) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert_or_assign(step_id, tsl::core::WeakPtr<RdmaRemoteRendezvous>(rendezvous));
+  }
+
+  // Returns whether the step's abort waits: its rendezvous is still held, and not because it failed
+  // (TensorFlow holds those for good; the base cleanup applies to them).
+  bool Ended(int64_t step_id) {
+    tsl::core::RefCountPtr<RdmaRemoteRendezvous> rendezvous;
+    std::vector<tsl::core::RefCountPtr<RdmaRemoteRendezvous>> released_outside_lock;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      PruneLocked(released_outside_lock);
+      auto it = live_.find(step_id);
+      if (it == live_.end()) return false;
+      rendezvous = it->second.GetNewRef();
+      live_.erase(it);
+    }
+    if (!rendezvous || rendezvous->End()) return false;
+    tsl::core::WeakPtr<RdmaRemoteRendezvous> weak(rendezvous.get());
+    rendezvous.reset();  // maybe the last reference: outside mu_ (see PruneLocked)
+    if (weak.GetNewRef() == nullptr) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back(Held{step_id, std::move(weak), std::chrono::steady_clock::now() + kGrace});
+    return true;
+  }
+
+  // The ended steps whose rendezvous is still held after kGrace.
+  std::vector<int64_t> TakeOverdue() {
+    std::vector<int64_t> overdue;
+    std::vector<tsl::core::RefCountPtr<RdmaRemoteRendezvous>> released_outside_lock;
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!held_.empty()) {
+      tsl::core::RefCountPtr<RdmaRemoteRendezvous> rendezvous = held_.front().rendezvous.GetNewRef();
+      const bool alive = rendezvous != nullptr;
+      released_outside_lock.push_back(std::move(rendezvous));
+      if (alive && held_.front().deadline > now) break;
+      if (alive) overdue.push_back(held_.front().step_id);
+      held_.pop_front();
+    }
+    return overdue;
+  }
+
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.clear();
+    held_.clear();
+  }
+
+ private:
+  // Forgets the steps nobody will clean up (their owner died), amortized over the cleanups. The
+  // references taken to test liveness are dropped by the caller, outside mu_: dropping the last
+  // destroys the rendezvous, which takes the cache's lock, held around Started.
+  void PruneLocked(std::vector<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>& released_outside_lock) {
+    if (live_.size() < prune_at_) return;
+    absl::erase_if(live_, [&](const auto& step) {
+      tsl::core::RefCountPtr<RdmaRemoteRendezvous> rendezvous = step.second.GetNewRef();
+      const bool gone = rendezvous == nullptr;
+      released_outside_lock.push_back(std::move(rendezvous));
+      return gone;
+    });
+    prune_at_ = std::max(kMinPruneAt, 2 * live_.size());
+  }
+
+  static constexpr std::chrono::milliseconds kGrace{1000};
+  static constexpr size_t kMinPruneAt = 1024;
+
+  struct Held {
+    int64_t step_id;
+    tsl::core::WeakPtr<RdmaRemoteRendezvous> rendezvous;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  std::mutex mu_;
+  absl::flat_hash_map<int64_t, tsl::core::WeakPtr<RdmaRemoteRendezvous>> live_;
+  size_t prune_at_ = kMinPruneAt;
+  std::deque<Held> held_;  // in the order the steps ended, so deadlines ascend
+};
+
+RdmaRendezvousMgr::RdmaRendezvousMgr(const tensorflow::WorkerEnv* env, std::shared_ptr<Runtime> runtime)
+    : RpcRendezvousMgr(env), runtime_(std::move(runtime)), steps_(std::make_unique<EndedSteps>()) {}
+
+RdmaRendezvousMgr::~RdmaRendezvousMgr() = default;
+
+void RdmaRendezvousMgr::Cleanup(int64_t step_id) {
+  // For a step no longer held the base cleanup only drops its cache entry.
+  if (!steps_->Ended(step_id)) RpcRendezvousMgr::Cleanup(step_id);
+  for (int64_t overdue : steps_->TakeOverdue()) RpcRendezvousMgr::Cleanup(overdue);
+}
+
+void RdmaRendezvousMgr::CleanupAll() {
+  steps_->Clear();
+  RpcRendezvousMgr::CleanupAll();
+}
+
 tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> RdmaRendezvousMgr::Create(
     int64_t step_id, const tensorflow::WorkerEnv* worker_env) {
-  return tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous>(new RdmaRemoteRendezvous(
-      worker_env, step_id, runtime_, RpcRendezvousMgr::Create(step_id, worker_env)));
+  auto* rendezvous =
+      new RdmaRemoteRendezvous(worker_env, step_id, runtime_, RpcRendezvousMgr::Create(step_id, worker_env));
+  steps_->Started(step_id, rendezvous);
+  return tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous>(rendezvous);
 }
 
 }  // namespace tf_rdma

@@ -16,15 +16,23 @@ namespace tf_rdma {
 
 class RdmaRendezvousMgr : public tensorflow::RpcRendezvousMgr {
  public:
-  RdmaRendezvousMgr(const tensorflow::WorkerEnv* env, std::shared_ptr<Runtime> runtime)
-      : RpcRendezvousMgr(env), runtime_(std::move(runtime)) {}
+  RdmaRendezvousMgr(const tensorflow::WorkerEnv* env, std::shared_ptr<Runtime> runtime);
+  ~RdmaRendezvousMgr() override;
+
+  // The step's owner is done with it. Unlike the base manager, this aborts the step's rendezvous
+  // only if something still holds it a while later (see EndedSteps).
+  void Cleanup(int64_t step_id) override;
+  void CleanupAll() override;
 
  protected:
   tsl::core::RefCountPtr<tensorflow::BaseRemoteRendezvous> Create(
       int64_t step_id, const tensorflow::WorkerEnv* worker_env) override;
 
  private:
+  class EndedSteps;
+
   const std::shared_ptr<Runtime> runtime_;
+  const std::unique_ptr<EndedSteps> steps_;
 };
 
 }  // namespace tf_rdma

@@ -3,6 +3,7 @@
 #ifndef TF_RDMA_CC_TF_RUNTIME_STATS_H_
 #define TF_RDMA_CC_TF_RUNTIME_STATS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -49,11 +50,28 @@ class Stats {
     update(snapshot_.peers[task]);
   }
   StatsSnapshot Snapshot() const;
-  void Reset();
+  void Reset();  // the counts, not the steps alive: those are a state
+
+  // Steps whose rendezvous is alive now (live_steps): those running, and those ended less than a
+  // second ago. A number that keeps growing over a run means ended steps are held: memory leaked.
+  // Except failed steps (cancelled, or an error): TensorFlow keeps their rendezvous for the life of
+  // the process (stock servers too), counted apart (failed_steps_kept).
+  void StepStarted() { live_steps_.fetch_add(1, std::memory_order_relaxed); }
+  void StepFailed() {
+    live_steps_.fetch_sub(1, std::memory_order_relaxed);
+    failed_steps_kept_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void StepGone(bool failed) {
+    (failed ? failed_steps_kept_ : live_steps_).fetch_sub(1, std::memory_order_relaxed);
+  }
+  int64_t live_steps() const { return live_steps_.load(std::memory_order_relaxed); }
+  int64_t failed_steps_kept() const { return failed_steps_kept_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::mutex mu_;
   StatsSnapshot snapshot_;
+  std::atomic<int64_t> live_steps_{0};
+  std::atomic<int64_t> failed_steps_kept_{0};
 };
 
 }  // namespace tf_rdma
