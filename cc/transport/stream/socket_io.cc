@@ -3,9 +3,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 
 namespace tf_rdma {
@@ -77,19 +79,10 @@ absl::Status SetReceiveTimeout(int fd, absl::Duration limit) {
   return absl::OkStatus();
 }
 
-absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds,
-                          absl::Time deadline) {
+absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-  size_t done = 0;
-  while (done < length) {
-    if (deadline != absl::InfiniteFuture()) {
-      // The receive timeout restarts with every byte; what is left of the deadline does not.
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
-      absl::Status status = SetReceiveTimeout(fd, left);
-      if (!status.ok()) return status;
-    }
-    iovec iov{dst + done, length - done};
+  while (true) {
+    iovec iov{dst, capacity};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -122,21 +115,109 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* rec
       }
     }
     if (got == 0) return absl::UnavailableError("the peer closed the connection");
-    done += static_cast<size_t>(got);
+    return static_cast<size_t>(got);
+  }
+}
+
+absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds,
+                          absl::Time deadline) {
+  size_t done = 0;
+  while (done < length) {
+    if (deadline != absl::InfiniteFuture()) {
+      // The receive timeout restarts with every byte; what is left of the deadline does not.
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("handshake timed out");
+      absl::Status status = SetReceiveTimeout(fd, left);
+      if (!status.ok()) return status;
+    }
+    absl::StatusOr<size_t> got = ReceiveSome(fd, dst + done, length - done, received_fds);
+    if (!got.ok()) return got.status();
+    done += *got;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds, absl::Time deadline) {
+namespace {
+
+absl::StatusOr<wire::Frame> ReadFrameWith(absl::FunctionRef<absl::Status(char*, size_t)> read) {
   char header_bytes[wire::kHeaderLength];
-  absl::Status status = ReceiveExact(fd, header_bytes, sizeof(header_bytes), received_fds, deadline);
+  absl::Status status = read(header_bytes, sizeof(header_bytes));
   if (!status.ok()) return status;
   absl::StatusOr<wire::Header> header = wire::DecodeHeader({header_bytes, sizeof(header_bytes)});
   if (!header.ok()) return header.status();
   std::string body(header->body_length, '\0');
-  status = ReceiveExact(fd, body.data(), body.size(), received_fds, deadline);
+  status = read(body.data(), body.size());
   if (!status.ok()) return status;
   return wire::DecodeBody(header->type, body);
+}
+
+}  // namespace
+
+absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds, absl::Time deadline) {
+  return ReadFrameWith(
+      [&](char* dst, size_t length) { return ReceiveExact(fd, dst, length, received_fds, deadline); });
+}
+
+StreamReader::StreamReader(int fd) : fd_(fd), buffer_(new char[kBufferBytes]) {}
+
+StreamReader::~StreamReader() {
+  for (const auto& [position, fd] : descriptors_) close(fd);
+}
+
+absl::Status StreamReader::Read(char* dst, size_t length) {
+  while (length > 0) {
+    if (begin_ == end_) {
+      // What would take the buffer more than two fills lands in place, copied by the kernel only.
+      const bool in_place = length >= kBufferBytes / 2;
+      absl::StatusOr<size_t> got =
+          Receive(in_place ? dst : buffer_.get(), in_place ? length : kBufferBytes, in_place);
+      if (!got.ok()) return got.status();
+      if (in_place) {
+        dst += *got;
+        length -= *got;
+        continue;
+      }
+    }
+    const size_t n = std::min(length, end_ - begin_);
+    std::memcpy(dst, buffer_.get() + begin_, n);
+    begin_ += n;
+    consumed_ += n;
+    dst += n;
+    length -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in_place) {
+  std::deque<int> passed;
+  absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed);
+  if (!got.ok()) {
+    for (int fd : passed) close(fd);
+    return got.status();
+  }
+  received_ += *got;
+  // A receive that brings descriptors ends with the bytes of the send that passed them.
+  for (int fd : passed) descriptors_.emplace_back(received_, fd);
+  if (in_place) {
+    consumed_ += *got;
+  } else {
+    begin_ = 0;
+    end_ = *got;
+  }
+  return *got;
+}
+
+absl::StatusOr<wire::Frame> StreamReader::ReadFrame() {
+  return ReadFrameWith([this](char* dst, size_t length) { return Read(dst, length); });
+}
+
+std::vector<int> StreamReader::TakeDescriptors() {
+  std::vector<int> taken;
+  while (!descriptors_.empty() && descriptors_.front().first <= consumed_) {
+    taken.push_back(descriptors_.front().second);
+    descriptors_.pop_front();
+  }
+  return taken;
 }
 
 absl::Status SocketFrameChannel::Send(const wire::Frame& frame) {

@@ -7,6 +7,8 @@
 #include <sys/uio.h>
 
 #include <deque>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ absl::StatusOr<size_t> SendWithoutBlocking(int fd, const std::vector<iovec>& iov
 // clock, so a receive costs one syscall, as a plain blocking read does.
 absl::Status SetReceiveTimeout(int fd, absl::Duration limit);
 
+// One receive into [dst, dst + capacity): how many bytes came (at least one), with
+// ReceiveExact's errors; descriptors as for ReceiveExact.
+absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds);
+
 // Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
 // kDeadlineExceeded when no byte arrived within the receive timeout, or when `deadline` (if not
 // infinite) passed: a peer that trickles bytes cannot stretch it. Descriptors passed by the peer
@@ -37,6 +43,38 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* rec
 // Reads one frame header and body.
 absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds,
                                          absl::Time deadline = absl::InfiniteFuture());
+
+// A connection's receiving side, read through a buffer: the small frames of a burst (grants,
+// inline messages, their DATA frames) cost one receive syscall together instead of two or three
+// each. What does not fit the buffer lands in place. Reader thread only.
+class StreamReader {
+ public:
+  explicit StreamReader(int fd);
+  ~StreamReader();  // closes the descriptors nobody took
+  StreamReader(const StreamReader&) = delete;
+  StreamReader& operator=(const StreamReader&) = delete;
+
+  // Fills [dst, dst + length), with ReceiveExact's errors.
+  absl::Status Read(char* dst, size_t length);
+  absl::StatusOr<wire::Frame> ReadFrame();
+  // The descriptors the peer passed with the bytes read so far, oldest first; the caller owns
+  // them. The kernel ends a receive with the send that passed a descriptor, so each is charged to
+  // the frame whose bytes end at or after where its receive ended: the frame that brought it.
+  std::vector<int> TakeDescriptors();
+
+ private:
+  static constexpr size_t kBufferBytes = 64 << 10;
+  // One receive into the empty buffer, or into `dst` in place: how many bytes came.
+  absl::StatusOr<size_t> Receive(char* dst, size_t capacity, bool in_place);
+
+  const int fd_;
+  const std::unique_ptr<char[]> buffer_;
+  size_t begin_ = 0;  // the buffer's unread bytes: [begin_, end_)
+  size_t end_ = 0;
+  uint64_t consumed_ = 0;  // stream positions: bytes read by the caller, and off the socket
+  uint64_t received_ = 0;
+  std::deque<std::pair<uint64_t, int>> descriptors_;  // (position its receive ended at, fd)
+};
 
 // The handshake's view of a connected socket.
 class SocketFrameChannel : public FrameChannel {

@@ -195,7 +195,8 @@ absl::Status StreamConnection::ReadOneFrame() {
 }
 
 absl::Status StreamConnection::ReadAndDispatch() {
-  absl::StatusOr<wire::Frame> frame = ReceiveFrame(fd_, &received_fds_);
+  absl::StatusOr<wire::Frame> frame = reader_.ReadFrame();
+  CollectDescriptors();
   if (frame.ok() && frame->type == wire::FrameType::kReject) {
     // The peer's own reason ends the connection, not a failure of ours (ReadLoop's close of it
     // then finds the connection closed already).
@@ -210,9 +211,14 @@ absl::Status StreamConnection::ReadAndDispatch() {
     status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
     if (status.ok()) status = Dispatch(std::move(*frame));
     // A payload read off the stream (tcp DATA) must not bring any either.
+    CollectDescriptors();
     if (status.ok()) status = RefuseStrayDescriptors(0, type);
   }
   return status;
+}
+
+void StreamConnection::CollectDescriptors() {
+  for (int fd : reader_.TakeDescriptors()) received_fds_.push_back(fd);
 }
 
 absl::Status StreamConnection::RefuseStrayDescriptors(size_t allowed, const char* frame_type) {
@@ -453,7 +459,7 @@ void StreamConnection::WriteLoop() {
 }
 
 absl::Status StreamConnection::ReceiveRaw(char* dst, uint64_t length) {
-  return ReceiveExact(fd_, dst, length, &received_fds_);
+  return reader_.Read(dst, length);
 }
 
 }  // namespace tf_rdma

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cc/transport/grant_book.h"
+#include "cc/transport/stream/socket_io.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
 
@@ -94,6 +95,8 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   // Descriptors ride only on SHM_REGION frames, one each: past `allowed`, every descriptor the
   // peer passed is closed and the connection fails, so a peer cannot make us hold any.
   absl::Status RefuseStrayDescriptors(size_t allowed, const char* frame_type);
+  // Moves the descriptors that came with the bytes read so far to received_fds_.
+  void CollectDescriptors();
   absl::Status Dispatch(wire::Frame frame);
   absl::Status OnRemoteGrant(const wire::Grant& grant);
   absl::Status OnData(const wire::Data& data);
@@ -131,7 +134,9 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
 
   // Held around send syscalls, so Close's last word never splits a frame.
   std::timed_mutex send_mu_;
-  std::deque<int> received_fds_;  // reader thread only
+  // Reader thread only: the stream, and the descriptors the frame at hand brought.
+  StreamReader reader_{fd_};
+  std::deque<int> received_fds_;
 };
 
 }  // namespace tf_rdma

@@ -1,5 +1,6 @@
 """shm-specific: a receiver shares its regions as sealed memfds; a hostile receiver cannot make the
 sender write outside what it mapped, or crash it by shrinking a region under it."""
+import fcntl
 import mmap
 import os
 import socket
@@ -210,3 +211,25 @@ def connection_is_healthy(connection):
         return True
     except errors.TransportError:
         return False
+
+
+def test_a_descriptor_is_charged_to_the_frame_that_ends_the_send_that_passed_it(hostile_receiver):
+    """The reader takes a burst of frames in one receive, and the kernel ends a receive with the
+    send that passed descriptors: frames read in the same receive before a SHM_REGION frame, even
+    sent with it, must not be charged with its descriptor, and the grant that uses the region must
+    work."""
+    raw, connection = hostile_receiver
+    fd = os.memfd_create("burst-region", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    mapped = mmap.mmap(fd, 4096)
+    try:
+        pings = b"".join(w.frame(w.PING) for _ in range(200))
+        socket.send_fds(raw.sock, [pings + w.frame(w.SHM_REGION, struct.pack("<IQ", 1, 4096))], [fd])
+        raw.send(b"".join(w.frame(w.PING) for _ in range(200)) + w.grant(1, 0, 1, 1, 100, 64))
+        connection.write(1, b"\x42" * 64).wait(10)
+        connection.check()
+        assert mapped[100:164] == b"\x42" * 64 and mapped[:100] == b"\0" * 100
+    finally:
+        mapped.close()
+        os.close(fd)
