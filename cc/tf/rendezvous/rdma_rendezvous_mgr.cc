@@ -626,30 +626,35 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
 // own pending sends are withdrawn (they hold it) and its rendezvous is aborted only if it is still
 // held kGrace later, when it holds work that must be failed; otherwise it goes when its last
 // holder lets go, and its cache entry with it.
-class RdmaRendezvousMgr::EndedSteps {
+class RdmaRendezvousMgr::EndedSteps : public std::enable_shared_from_this<EndedSteps> {
  public:
-  // Runs under the cache's lock: must not drop a reference to a rendezvous (see Ended).
+  // Runs under the cache's lock, which the destruction of a rendezvous takes: must not drop a
+  // reference to one.
   void Started(int64_t step_id, RdmaRemoteRendezvous* rendezvous) {
+    // A rendezvous that goes while its step is listed (nobody cleans the step up: eager steps, a
+    // dead owner) takes its entry along. The notice comes on the thread that drops the last
+    // reference, which is never done under mu_ (see TakeOverdue).
+    auto forget = [steps = weak_from_this(), step_id, rendezvous] {
+      if (std::shared_ptr<EndedSteps> alive = steps.lock()) alive->Forget(step_id, rendezvous);
+    };
     std::lock_guard<std::mutex> lock(mu_);
-    live_.insert_or_assign(step_id, tsl::core::WeakPtr<RdmaRemoteRendezvous>(rendezvous));
+    live_.insert_or_assign(step_id, Live{tsl::core::WeakPtr<RdmaRemoteRendezvous>(rendezvous, forget), rendezvous});
   }
 
   // Returns whether the step's abort waits: its rendezvous is still held, and not because it failed
   // (TensorFlow holds those for good; the base cleanup applies to them).
   bool Ended(int64_t step_id) {
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> rendezvous;
-    std::vector<tsl::core::RefCountPtr<RdmaRemoteRendezvous>> released_outside_lock;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      PruneLocked(released_outside_lock);
       auto it = live_.find(step_id);
       if (it == live_.end()) return false;
-      rendezvous = it->second.GetNewRef();
+      rendezvous = it->second.rendezvous.GetNewRef();
       live_.erase(it);
     }
     if (!rendezvous || rendezvous->End()) return false;
     tsl::core::WeakPtr<RdmaRemoteRendezvous> weak(rendezvous.get());
-    rendezvous.reset();  // maybe the last reference: outside mu_ (see PruneLocked)
+    rendezvous.reset();  // maybe the last reference: outside mu_
     if (weak.GetNewRef() == nullptr) return false;
     std::lock_guard<std::mutex> lock(mu_);
     held_.push_back(Held{step_id, std::move(weak), std::chrono::steady_clock::now() + kGrace});
@@ -680,37 +685,31 @@ class RdmaRendezvousMgr::EndedSteps {
   }
 
  private:
-  // Forgets the steps nobody will clean up (their owner died), amortized over the cleanups. The
-  // references taken to test liveness are dropped by the caller, outside mu_: dropping the last
-  // destroys the rendezvous, which takes the cache's lock, held around Started.
-  void PruneLocked(std::vector<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>& released_outside_lock) {
-    if (live_.size() < prune_at_) return;
-    absl::erase_if(live_, [&](const auto& step) {
-      tsl::core::RefCountPtr<RdmaRemoteRendezvous> rendezvous = step.second.GetNewRef();
-      const bool gone = rendezvous == nullptr;
-      released_outside_lock.push_back(std::move(rendezvous));
-      return gone;
-    });
-    prune_at_ = std::max(kMinPruneAt, 2 * live_.size());
-  }
-
   static constexpr std::chrono::milliseconds kGrace{1000};
-  static constexpr size_t kMinPruneAt = 1024;
 
+  struct Live {
+    tsl::core::WeakPtr<RdmaRemoteRendezvous> rendezvous;
+    const RdmaRemoteRendezvous* identity;  // a later rendezvous of the same step replaces it
+  };
   struct Held {
     int64_t step_id;
     tsl::core::WeakPtr<RdmaRemoteRendezvous> rendezvous;
     std::chrono::steady_clock::time_point deadline;
   };
 
+  void Forget(int64_t step_id, const RdmaRemoteRendezvous* gone) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(step_id);
+    if (it != live_.end() && it->second.identity == gone) live_.erase(it);
+  }
+
   std::mutex mu_;
-  absl::flat_hash_map<int64_t, tsl::core::WeakPtr<RdmaRemoteRendezvous>> live_;
-  size_t prune_at_ = kMinPruneAt;
+  absl::flat_hash_map<int64_t, Live> live_;
   std::deque<Held> held_;  // in the order the steps ended, so deadlines ascend
 };
 
 RdmaRendezvousMgr::RdmaRendezvousMgr(const tensorflow::WorkerEnv* env, std::shared_ptr<Runtime> runtime)
-    : RpcRendezvousMgr(env), runtime_(std::move(runtime)), steps_(std::make_unique<EndedSteps>()) {}
+    : RpcRendezvousMgr(env), runtime_(std::move(runtime)), steps_(std::make_shared<EndedSteps>()) {}
 
 RdmaRendezvousMgr::~RdmaRendezvousMgr() = default;
 

@@ -32,7 +32,7 @@ class RdmaRendezvousMgr : public tensorflow::RpcRendezvousMgr {
   class EndedSteps;
 
   const std::shared_ptr<Runtime> runtime_;
-  const std::unique_ptr<EndedSteps> steps_;
+  const std::shared_ptr<EndedSteps> steps_;
 };
 
 }  // namespace tf_rdma
