@@ -189,15 +189,15 @@ absl::Status StreamReader::Read(char* dst, size_t length) {
 }
 
 absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in_place) {
-  std::deque<int> passed;
-  absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed);
+  passed_.clear();
+  absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed_);
   if (!got.ok()) {
-    for (int fd : passed) close(fd);
+    for (int fd : passed_) close(fd);
     return got.status();
   }
   received_ += *got;
   // A receive that brings descriptors ends with the bytes of the send that passed them.
-  for (int fd : passed) descriptors_.emplace_back(received_, fd);
+  for (int fd : passed_) descriptors_.emplace_back(received_, fd);
   if (in_place) {
     consumed_ += *got;
   } else {

@@ -74,6 +74,7 @@ class StreamReader {
   uint64_t consumed_ = 0;  // stream positions: bytes read by the caller, and off the socket
   uint64_t received_ = 0;
   std::deque<std::pair<uint64_t, int>> descriptors_;  // (position its receive ended at, fd)
+  std::deque<int> passed_;  // one receive's descriptors; a member, as a deque allocates when made
 };
 
 // The handshake's view of a connected socket.
