@@ -7,8 +7,10 @@
 #ifndef TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 #define TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string_view>
 #include <utility>
 
@@ -17,21 +19,36 @@
 
 namespace tf_rdma {
 
+namespace fork_guard_internal {
+inline std::atomic<pid_t>& Pid() {
+  static std::atomic<pid_t> pid{getpid()};
+  return pid;
+}
+inline void RefreshPid() { Pid().store(getpid(), std::memory_order_relaxed); }
+}  // namespace fork_guard_internal
+
+// This process's id. getpid() is a syscall (about 190 ns on the development machine) and the
+// Python bindings ask on every call, so the id is kept, and a fork handler renews it in the child.
+inline pid_t CurrentPid() {
+  static const bool renewed_on_fork = pthread_atfork(nullptr, nullptr, &fork_guard_internal::RefreshPid) == 0;
+  return renewed_on_fork ? fork_guard_internal::Pid().load(std::memory_order_relaxed) : getpid();
+}
+
 class OwningProcess {
  public:
   // True in a child forked after this object was created.
-  bool Inherited() const { return getpid() != pid_; }
+  bool Inherited() const { return CurrentPid() != pid_; }
   // OK in the owning process; in a forked child, an error saying so about `what`.
   absl::Status CheckNotInherited(std::string_view what) const {
     if (!Inherited()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " belongs to process ", pid_, ", which forked this one (", getpid(),
+        what, " belongs to process ", pid_, ", which forked this one (", CurrentPid(),
         "): a forked child cannot use its parent's tf_rdma objects; create a transport of its own "
         "in the child"));
   }
 
  private:
-  pid_t pid_ = getpid();
+  pid_t pid_ = CurrentPid();
 };
 
 // Keeps `object` (and what it owns) alive for the rest of this process: for what a forked child
