@@ -49,8 +49,8 @@ RUN_AHEAD_ITERATIONS = 4
 # What "flat" allows once warm-up is over. RSS: the allocator's own noise (arenas, fragmentation)
 # over a run, far below what holding one cancelled step's 1 MiB tensor per round would add.
 # Counts of descriptors and threads must come back to what they were; pools must not grow.
-# Live steps (step rendezvous alive): the ones running and the ones ended within the last second,
-# whose abort waits in case they are still held (cc/tf/rendezvous); a leak adds steps per second.
+# Live steps (step rendezvous alive): the ones running and ended ones still held for a moment
+# (cc/tf/rendezvous); a leak adds steps every second.
 GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0,
                  "live_steps": 20}
 SETTLE = 3  # samples whose lowest stands for a moment, so one sample taken mid-step cannot decide

@@ -624,8 +624,10 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
 // thread between a receive's callback and its Unref, a write completing), so over a long run such
 // rendezvous piled up: the soak's worker grew by about 0.65 KiB a step. So when a step ends, its
 // own pending sends are withdrawn (they hold it) and its rendezvous is aborted only if it is still
-// held kGrace later, when it holds work that must be failed; otherwise it goes when its last
-// holder lets go, and its cache entry with it.
+// held kGrace later; otherwise it goes when its last holder lets go, and its cache entry with it.
+// Held steps are looked at by the cleanups that follow (no timer thread): by then the step's own
+// executors are done, so what a late abort fails is only what outlived the step (a peer's gRPC
+// fetch its caller gave up on), which a process running no more steps keeps until it runs one.
 class RdmaRendezvousMgr::EndedSteps : public std::enable_shared_from_this<EndedSteps> {
  public:
   // Runs under the cache's lock, which the destruction of a rendezvous takes: must not drop a

@@ -52,8 +52,9 @@ class Stats {
   StatsSnapshot Snapshot() const;
   void Reset();  // the counts, not the steps alive: those are a state
 
-  // Steps whose rendezvous is alive now (live_steps): those running, and those ended less than a
-  // second ago. A number that keeps growing over a run means ended steps are held: memory leaked.
+  // Steps whose rendezvous is alive now (live_steps): those running, and ended ones something still
+  // holds (for microseconds, as a rule). A number that keeps growing over a run means ended steps
+  // are held for good: memory leaked.
   // Except failed steps (cancelled, or an error): TensorFlow keeps their rendezvous for the life of
   // the process (stock servers too), counted apart (failed_steps_kept).
   void StepStarted() { live_steps_.fetch_add(1, std::memory_order_relaxed); }
