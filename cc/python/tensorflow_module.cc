@@ -29,6 +29,8 @@ py::dict PeerToDict(const PeerStats& s) {
   d["errors"] = s.errors;
   d["sends_discarded"] = s.sends_discarded;
   d["connects"] = s.connects;
+  d["fused_messages_sent"] = s.fused_messages_sent;
+  d["fused_messages_received"] = s.fused_messages_received;
   return d;
 }
 

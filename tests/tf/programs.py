@@ -292,6 +292,56 @@ def slow_ps_worker(cluster, job, index, transport, output, step_timeout_ms=0):
     os._exit(0)
 
 
+def fused_worker(cluster, job, index, transport, output, steps=3):
+    """Small static tensors crossing both ways in one step (fused, one message each way), among them
+    a variable whose shape grew at run time (larger than planned: it travels on its own), and a
+    chain of dependent hops beside independent reads (fusing all of them would deadlock). Saves
+    every value, and tf_rdma's stats of one step of each graph alone."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    kinds = [("float32", [1024]), ("int64", [7, 3]), ("float16", []), ("bool", [5]), ("int8", [2, 2, 2]),
+             ("complex64", [3])]
+    with tf.device("/job:ps/task:0"):
+        variables = [tf.compat.v1.Variable(_values(d, shape, i), use_resource=True)
+                     for i, (d, shape) in enumerate(kinds * 10)]
+        grown = tf.compat.v1.Variable(np.zeros([4], np.float32), use_resource=True)
+        # Of a shape unknown when the graph is built, so that the assignment is allowed at all.
+        longer = tf.compat.v1.placeholder_with_default(tf.range(8, dtype=tf.float32) + 0.5, shape=None)
+        grow = tf.raw_ops.AssignVariableOp(resource=grown.handle, value=longer, validate_shape=False)
+        change = tf.group(*[v.assign(tf.logical_not(v) if v.dtype == tf.bool else v + tf.ones_like(v))
+                            for v in variables])
+    with tf.device("/job:worker/task:0"):
+        changed = [tf.logical_not(v.read_value()) if v.dtype == tf.bool else v.read_value() * 2
+                   for v in variables]
+        grown_here = grown.read_value() * 2
+    with tf.device("/job:ps/task:0"):
+        both_ways = [tf.identity(c) for c in changed] + [tf.identity(grown_here)]
+    with tf.device("/job:ps/task:0"):
+        start = tf.compat.v1.Variable(np.arange(8, dtype=np.float32), use_resource=True)
+        hop = start.read_value()
+    for i in range(6):
+        with tf.device("/job:worker/task:0" if i % 2 == 0 else "/job:ps/task:0"):
+            hop = hop * 1.5 + float(i)
+    with tf.device("/job:worker/task:0"):
+        hops = [hop, variables[0].read_value() + 1, variables[1].read_value() + 1]
+    results = {}
+    with tf.compat.v1.Session(server.target) as sess:
+        sess.run([v.initializer for v in variables + [grown, start]])
+        sess.run(grow)
+        for step in range(steps):
+            for i, value in enumerate(sess.run(both_ways)):
+                results[f"both_ways/{step}/{i}"] = value
+            for i, value in enumerate(sess.run(hops)):
+                results[f"hops/{step}/{i}"] = value
+            sess.run(change)
+        stats = None
+        if transport == "rdma":
+            stats = _crossings_alone(sess, {"both_ways": both_ways, "hops": hops}, ["both_ways", "hops"])
+    _save(output, results, transport, stats)
+    os._exit(0)
+
+
 def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps, completed_steps=0):
     """Steps cancelled while this worker's sends run ahead of receives the ps never issues (the
     soak's loop, tf_rdma/bench_soak.py), then `completed_steps` that read a ps variable; saves the

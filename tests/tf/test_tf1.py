@@ -114,6 +114,35 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
     assert ps["regrants"] == 0, ps
 
 
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fused")
+    return {t: run_pair(tmp, "fused_worker", *t) for t in TRANSPORTS}
+
+
+@THREE_CLUSTERS
+@pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
+def test_small_static_tensors_cross_fused_one_message_each_way(fused, transport):
+    reference, _ = fused[("grpc", None)]
+    results, stats = fused[transport]
+    assert_bit_identical(reference, results)
+    assert results["both_ways/0/60"].shape == (8,), "the grown variable crossed whole"
+    # One step: 61 reads come to the worker in one message, their 61 results go to the ps in one,
+    # and the client's 61 fetches of what the ps made of them come back in one. Sources of one
+    # message are equally many task boundaries deep, so no message waits for another's tensors.
+    step = stats["both_ways"]["peers"]["/job:ps/replica:0/task:0"]
+    assert (step["fused_messages_received"], step["fused_messages_sent"]) == (2, 1), step
+    assert (step["tensors_received"], step["tensors_sent"]) == (122, 61), step
+    # A grant per fused message received, and one for each crossing of the grown variable: larger
+    # than its static shape planned, it travels on its own (twice to the worker, once to the ps).
+    assert (step["grants"], step["regrants"], step["errors"]) == (4, 0, 0), step
+    # The hops depend on each other across the tasks: only the reads that depend on nothing remote
+    # share a message, and each hop travels alone.
+    hops = stats["hops"]["peers"]["/job:ps/replica:0/task:0"]
+    assert (hops["fused_messages_received"], hops["fused_messages_sent"]) == (1, 0), hops
+    assert (hops["tensors_received"], hops["tensors_sent"]) == (6, 3), hops
+
+
 def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):
     """Runs programs.slow_ps_worker against an rdma ps; `stop_ps` (a signal) hits the ps while a
     step waits on it. Returns the step's outcome: error class, message, seconds."""

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cc/tf/planning/fusion.h"
 #include "cc/tf/runtime/runtime.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/common_runtime/shape_refiner.h"
@@ -30,12 +31,6 @@ std::unordered_map<std::string, uint64_t>& Plans() {
 
 bool TfRdmaRunsHere() { return !Runtime::Running().empty(); }
 
-bool CrossesTasks(const std::string& from_device, const std::string& to_device) {
-  absl::StatusOr<std::string> from = TaskOfDevice(from_device);
-  absl::StatusOr<std::string> to = TaskOfDevice(to_device);
-  return from.ok() && to.ok() && *from != *to;
-}
-
 class RecordInputBytesPass : public tensorflow::GraphOptimizationPass {
  public:
   tensorflow::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
@@ -55,6 +50,7 @@ class RecordInputBytesPass : public tensorflow::GraphOptimizationPass {
     tensorflow::GetReversePostOrder(graph, &order);
     // A node whose shapes cannot be inferred leaves its consumers unknown: only no plan for them.
     for (const tensorflow::Node* node : order) refiner.AddNode(node).IgnoreError();
+    std::vector<StaticTransfer> static_transfers;
     for (const tensorflow::Edge* edge : crossing) {
       tensorflow::shape_inference::InferenceContext* context = refiner.GetContext(edge->src());
       if (context == nullptr) continue;
@@ -69,7 +65,10 @@ class RecordInputBytesPass : public tensorflow::GraphOptimizationPass {
       if (edge->dst_input() >= static_cast<int>(bytes.size())) continue;
       bytes[edge->dst_input()] = context->Value(context->NumElements(shape)) * tensorflow::DataTypeSize(dtype);
       consumer->AddAttr(kInputBytesAttr, bytes);
+      static_transfers.push_back(StaticTransfer{edge, context->Rank(shape),
+                                                static_cast<uint64_t>(bytes[edge->dst_input()])});
     }
+    PlanFusion(graph, static_transfers);
     return absl::OkStatus();
   }
 };
@@ -93,6 +92,7 @@ class FilePlansPass : public tensorflow::GraphOptimizationPass {
   tensorflow::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
     if (!TfRdmaRunsHere() || options.partition_graphs == nullptr) return absl::OkStatus();
     for (auto& [device, graph] : *options.partition_graphs) {
+      NameFusedTransfers(*graph);
       for (const tensorflow::Node* node : graph->op_nodes()) {
         if (!node->IsRecv()) continue;
         std::string send_device, recv_device, tensor_name;

@@ -14,7 +14,9 @@
 #include "absl/log/log.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cc/tf/planning/fusion.h"
 #include "cc/tf/planning/static_sizes.h"
+#include "cc/tf/rendezvous/fused_receive.h"
 #include "cc/tf/rendezvous/tensor_message.h"
 #include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
@@ -67,16 +69,23 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
  public:
   using Done = std::function<void(const absl::Status&, const Tensor&, bool is_dead)>;
 
-  TensorReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, std::string transfer,
-                std::string tensor_name, TransferTags tags, Done done)
-      : runtime_(std::move(runtime)), peer_task_(std::move(peer_task)), transfer_(std::move(transfer)),
-        tensor_name_(std::move(tensor_name)), tags_(tags), done_(std::move(done)) {}
+  // A fused transfer's header message comes in its slot of `fused`, the step's fused message.
+  struct FusedSlot {
+    std::shared_ptr<FusedReceive> message;
+    FusedMember member;
+  };
+
+  // `key` is the rendezvous key of the transfer.
+  TensorReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, std::string key, int64_t step_id,
+                std::string tensor_name, std::optional<FusedSlot> fused, Done done)
+      : runtime_(std::move(runtime)), peer_task_(std::move(peer_task)), key_(std::move(key)), step_id_(step_id),
+        tensor_name_(std::move(tensor_name)), fused_(std::move(fused)), done_(std::move(done)) {}
 
   void Start() {
-    runtime_->WithConnection(peer_task_, [self = shared_from_this()](
-                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
-      if (!connection.ok()) return self->Finish(connection.status());
-      self->Grant(std::move(*connection));
+    if (!fused_) return StartGrants();
+    fused_->message->Attach(fused_->member, [self = shared_from_this()](const absl::Status& status,
+                                                                         std::string_view message) {
+      self->OnFusedSlot(status, message);
     });
   }
 
@@ -100,6 +109,33 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   }
 
  private:
+  // Only a tensor with grants of its own needs its tags and its sizes learned (a fused member's
+  // come planned in its slot): hashing them per fused tensor would cost more than the rest.
+  void StartGrants() {
+    {
+      Locked lock(this);
+      tags_ = TagsFor(key_, step_id_);
+      transfer_ = TransferName(key_);
+    }
+    runtime_->WithConnection(peer_task_, [self = shared_from_this()](
+                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
+      if (!connection.ok()) return self->Finish(connection.status());
+      self->Grant(std::move(*connection));
+    });
+  }
+
+  void OnFusedSlot(const absl::Status& status, std::string_view message) {
+    if (status.ok() && message.empty()) {
+      // It came larger than its static shape planned, so it travels on its own.
+      return StartGrants();
+    }
+    Locked lock(this);
+    if (finished_) return;
+    if (!status.ok()) return FinishLocked(status);
+    runtime_->stats().ReceivePlanned();
+    OnHeaderMessageLocked(message.data(), message.size(), /*fused=*/true);
+  }
+
   void Grant(std::shared_ptr<Connection> connection) {
     absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->PoolFor(connection);
     Locked lock(this);
@@ -148,8 +184,12 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     Locked lock(this);
     if (finished_) return;
     if (!result.status.ok()) return FinishLocked(result.status);
+    OnHeaderMessageLocked(buffer.data(), result.length, /*fused=*/false);
+  }
+
+  void OnHeaderMessageLocked(const char* message, uint64_t length, bool fused) {
     uint64_t data_offset = 0;
-    absl::StatusOr<TensorHeader> header = DecodeHeader(buffer.data(), result.length, &data_offset);
+    absl::StatusOr<TensorHeader> header = DecodeHeader(message, length, &data_offset);
     if (!header.ok()) return FinishLocked(header.status());
     header_ = *header;
     if (TravelsInline(*header_)) {
@@ -160,10 +200,14 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
         dead_ = true;
         FinishLocked(absl::OkStatus());
       } else {
-        OutputLocked(buffer.data() + data_offset, nullptr);
+        OutputLocked(message + data_offset, nullptr);
       }
       if (data_grant_ != 0) connection_->Revoke(data_grant_);
       return;
+    }
+    if (fused) {
+      // A fused member's bytes are in its slot: no data grant is made for it.
+      return FinishLocked(absl::DataLossError("the peer's fused message announced a tensor outside its slot"));
     }
     if (data_grant_ == 0 || needed_bytes_ != 0) {
       absl::Status regranted = data_grant_ == 0 ? GrantDataLocked() : RegrantLocked();
@@ -222,7 +266,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   // which goes back to the pool) it is copied out.
   void OutputLocked(const char* bytes, std::shared_ptr<PoolBuffer> landed) {
     const uint64_t length = header_->data_bytes;
-    runtime_->Learn(transfer_, length);
+    if (!transfer_.empty()) runtime_->Learn(transfer_, length);
     if (TravelsAsBytes(header_->dtype) && landed) {
       auto* storage = new PoolTensorBuffer(std::move(landed), length);
       tensor_ = Tensor(header_->dtype, header_->shape, storage);
@@ -281,9 +325,10 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
 
   const std::shared_ptr<Runtime> runtime_;
   const std::string peer_task_;
-  const std::string transfer_;
+  const std::string key_;
+  const int64_t step_id_;
   const std::string tensor_name_;
-  const TransferTags tags_;
+  const std::optional<FusedSlot> fused_;
   Done done_;
 
   // Recursive: a grant on a connection that already failed completes inside Grant().
@@ -293,6 +338,8 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   absl::Status status_;
   Tensor tensor_;
   bool dead_ = false;
+  TransferTags tags_;
+  std::string transfer_;  // the key less its frame and iteration
   std::shared_ptr<Connection> connection_;
   std::shared_ptr<BufferPool> pool_;
   uint64_t header_grant_ = 0;
@@ -385,7 +432,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         runtime_->stats().StepFailed();
       }
     }
-    WithdrawPendingPushes();
+    WithdrawPendingPushes(status);
     BaseRemoteRendezvous::StartAbort(status);
     grpc_->StartAbort(status);
   }
@@ -394,6 +441,9 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
                     bool is_dead) override {
     if (IsSameWorker(parsed.src, parsed.dst)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
     if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
+    if (std::optional<FusedMember> member = ParseFusedMember(parsed.edge_name)) {
+      return SendFused(parsed, args, TaskName(parsed.dst), value, is_dead, *member);
+    }
     Push(parsed, args, TaskName(parsed.dst), value, is_dead);
     return absl::OkStatus();
   }
@@ -406,21 +456,28 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       if (phase_ == Phase::kRunning) phase_ = Phase::kEnded;
       failed = phase_ == Phase::kFailed;
     }
-    WithdrawPendingPushes();
+    WithdrawPendingPushes(absl::CancelledError("the step ended"));
     return failed;
   }
 
  private:
   // Withdraws the step's sends still waiting for their receiver's grant, and any it starts later:
   // the step was aborted or ended, and the receiver will not take them.
-  void WithdrawPendingPushes() {
+  void WithdrawPendingPushes(const absl::Status& status) {
     std::vector<PendingPush> pending;
+    std::vector<std::shared_ptr<FusedReceive>> fused_receives;
     {
       std::lock_guard<std::mutex> lock(pushes_mu_);
       aborted_ = true;
       for (auto& [id, push] : pending_pushes_) pending.push_back(std::move(push));
       pending_pushes_.clear();
+      // A fused message some member never completed goes unsent.
+      fused_sends_.clear();
+      fused_receives.swap(step_fused_receives_);
+      fused_receives_.clear();
     }
+    // Those that landed only let go of nothing; the others take their grant back.
+    for (const std::shared_ptr<FusedReceive>& message : fused_receives) message->Abort(status);
     // Outside the lock: a withdrawn write's callback runs here and finishes its push.
     for (const PendingPush& push : pending) {
       if (std::shared_ptr<Connection> connection = push.connection.lock()) {
@@ -439,10 +496,18 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       grpc_->RecvAsync(parsed, args, std::move(done));
       return;
     }
-    auto make = [runtime = runtime_, peer_task, parsed, step_id = step_id_](TensorReceive::Done finished) {
-      return std::make_shared<TensorReceive>(runtime, peer_task, TransferName(parsed.FullKey()),
-                                             std::string(parsed.edge_name),
-                                             TagsFor(parsed.FullKey(), step_id), std::move(finished));
+    std::optional<TensorReceive::FusedSlot> fused;
+    if (std::optional<FusedMember> member = ParseFusedMember(parsed.edge_name)) {
+      absl::StatusOr<std::shared_ptr<FusedReceive>> message = FusedMessageFrom(peer_task, parsed, *member);
+      if (!message.ok()) {
+        done(message.status(), Args(), args, Tensor(), false);
+        return;
+      }
+      if (*message) fused = TensorReceive::FusedSlot{*std::move(message), *member};
+    }
+    auto make = [runtime = runtime_, peer_task, parsed, fused, step_id = step_id_](TensorReceive::Done finished) {
+      return std::make_shared<TensorReceive>(runtime, peer_task, std::string(parsed.FullKey()), step_id,
+                                             std::string(parsed.edge_name), fused, std::move(finished));
     };
     auto* call = new RdmaRecvCall(std::move(make));
     RegisterCall(call, args);
@@ -494,88 +559,217 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     });
   }
 
+  // A tensor as it travels: its header, and where its bytes come from (its own memory, or its
+  // TensorProto for the types whose memory is not their value).
+  struct Outgoing {
+    TensorHeader header;
+    std::shared_ptr<std::string> proto;
+    const char* data = nullptr;
+  };
+  static Outgoing Describe(const Tensor& value, bool is_dead) {
+    Outgoing out;
+    out.header.dead = is_dead;
+    if (is_dead) return out;
+    out.header.dtype = value.dtype();
+    out.header.shape = value.shape();
+    if (TravelsAsBytes(value.dtype())) {
+      out.header.data_bytes = value.TotalBytes();
+      out.data = value.tensor_data().data();
+    } else {
+      tensorflow::TensorProto message;
+      value.AsProtoTensorContent(&message);
+      out.proto = std::make_shared<std::string>(message.SerializeAsString());
+      out.header.data_bytes = out.proto->size();
+      out.data = out.proto->data();
+    }
+    return out;
+  }
+
   void Push(const ParsedKey& parsed, const Rendezvous::Args& args, const std::string& peer_task,
             const Tensor& value, bool is_dead) {
-    TensorHeader header;
-    header.dead = is_dead;
-    // Where the bytes come from: the tensor's own memory, or its TensorProto for the types whose
-    // memory is not their value; either is kept alive by the write's callback.
-    std::shared_ptr<std::string> proto;
-    if (!is_dead) {
-      header.dtype = value.dtype();
-      header.shape = value.shape();
-      if (TravelsAsBytes(value.dtype())) {
-        header.data_bytes = value.TotalBytes();
-      } else {
-        tensorflow::TensorProto message;
-        value.AsProtoTensorContent(&message);
-        proto = std::make_shared<std::string>(message.SerializeAsString());
-        header.data_bytes = proto->size();
-      }
-    }
-    const bool travels_inline = TravelsInline(header);
-    auto encoded = std::make_shared<std::string>(EncodeHeader(header, travels_inline ? header.data_bytes : 0));
-    if (travels_inline && !is_dead) {
-      // A copy of a few KiB costs less than a second message.
-      if (proto) {
-        encoded->append(*proto);
-      } else {
-        encoded->append(value.tensor_data().data(), value.TotalBytes());
-      }
-    }
+    const Outgoing out = Describe(value, is_dead);
+    const bool travels_inline = TravelsInline(out.header);
+    auto encoded = std::make_shared<std::string>(EncodeHeader(out.header, travels_inline ? out.header.data_bytes : 0));
+    // A copy of a few KiB costs less than a second message.
+    if (travels_inline && !is_dead) encoded->append(out.data, out.header.data_bytes);
     const TransferTags tags = TagsFor(parsed.FullKey(), step_id_);
+    std::vector<Write> writes{{tags.header, encoded->data(), encoded->size()}};
+    if (!travels_inline) writes.push_back({tags.data, out.data, out.header.data_bytes});
     const std::string tensor_name(parsed.edge_name);
-    // A failed send fails this task's step too: the receiver may be a task that waits on its own
-    // (it runs without tf_rdma, or died), and the step's owner must hear why.
+    WriteTo(peer_task, absl::StrCat("sending '", tensor_name, "' to"), tags, std::move(writes),
+            std::make_shared<std::tuple<std::shared_ptr<std::string>, std::shared_ptr<std::string>, Tensor>>(
+                encoded, out.proto, value),
+            [member = Member{std::string(parsed.FullKey()), args, value, is_dead}](RdmaRemoteRendezvous& step) {
+              return step.SendOverGrpc(member);
+            },
+            [runtime = runtime_, peer_task, tensor_name, bytes = out.header.data_bytes, is_dead] {
+              if (!is_dead) CountSent(*runtime, peer_task, tensor_name, bytes);
+            });
+  }
+
+  // A send, kept for gRPC in case the peer turns out to be renamed.
+  struct Member {
+    std::string key;
+    Rendezvous::Args args;
+    Tensor value;
+    bool is_dead;
+  };
+  absl::Status SendOverGrpc(const Member& member) {
+    ParsedKey parsed;
+    absl::Status status = Rendezvous::ParseKey(member.key, &parsed);
+    if (!status.ok()) return status;
+    return BaseRemoteRendezvous::Send(parsed, member.args, member.value, member.is_dead);
+  }
+
+  static void CountSent(Runtime& runtime, const std::string& peer_task, const std::string& tensor_name,
+                        uint64_t bytes) {
+    const char* kind = KindOf(tensor_name);
+    runtime.stats().Peer(peer_task, [bytes, kind](PeerStats& s) {
+      s.tensors_sent++;
+      s.bytes_sent += bytes;
+      s.bytes_sent_by_kind[kind] += bytes;
+    });
+  }
+
+  struct Write {
+    Tag tag;
+    const char* bytes;
+    uint64_t length;
+  };
+  // Writes a message (`writes`: its header's, and its data's if apart) to `peer_task`, `keep`
+  // holding their bytes until the writes finish, as one of the step's pending pushes. A failed
+  // write fails this task's step too: the receiver may be a task that waits on its own (it runs
+  // without tf_rdma, or died), and the step's owner must hear why. A peer the receiver's session
+  // renamed fetches over gRPC instead (`over_grpc`). `sent` counts what went.
+  void WriteTo(const std::string& peer_task, std::string what, const TransferTags& tags, std::vector<Write> writes,
+               std::shared_ptr<void> keep, std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc,
+               std::function<void()> sent) {
     Ref();
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
     auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
-    runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, tensor_name, tags, encoded, proto,
-                                         value, is_dead, travels_inline, key = std::string(parsed.FullKey()), args](
+    runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, what = std::move(what), tags,
+                                         writes = std::move(writes), keep = std::move(keep),
+                                         over_grpc = std::move(over_grpc), sent = std::move(sent)](
                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
-      auto report = [runtime, step, peer_task, tensor_name](const absl::Status& status) {
+      auto report = [runtime, step, peer_task, what](const absl::Status& status) {
         if (status.ok()) return;
         if (status == DiscardedWrite()) {
           runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
           return;
         }
-        LOG(WARNING) << "tf_rdma: sending '" << tensor_name << "' to task " << peer_task << " failed: " << status;
+        LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << " failed: " << status;
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
-        (*step)->StartAbort(TaskFailure(absl::StrCat("sending '", tensor_name, "' to"), peer_task, status));
+        (*step)->StartAbort(TaskFailure(what, peer_task, status));
       };
-      ParsedKey reparsed;
-      if (!connection.ok() && runtime->Renamed(peer_task) && Rendezvous::ParseKey(key, &reparsed).ok()) {
+      if (!connection.ok() && runtime->Renamed(peer_task)) {
         // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
         runtime->stats().Fallback(kRenamedTask);
-        return report((*step)->BaseRemoteRendezvous::Send(reparsed, args, value, is_dead));
+        return report(over_grpc(**step));
       }
       if (!connection.ok()) return report(connection.status());
-      const bool has_data_write = !is_dead && !travels_inline;
+      const bool has_data_write = writes.size() > 1;
       const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write);
-      auto finished = [step, push, report](const absl::Status& status) {
-        if (push) (*step)->WriteFinished(*push);
-        report(status);
-      };
-      (*connection)->Write(tags.header, encoded->data(), encoded->size(),
-                           [encoded, finished](const absl::Status& status) { finished(status); });
-      const uint64_t bytes = proto ? proto->size() : value.TotalBytes();
-      if (has_data_write) {
-        const char* data = proto ? proto->data() : value.tensor_data().data();
-        (*connection)->Write(tags.data, data, bytes,
-                             [value, proto, finished](const absl::Status& status) { finished(status); });
+      for (const Write& write : writes) {
+        (*connection)->Write(write.tag, write.bytes, write.length, [step, push, report, keep](const absl::Status& status) {
+          if (push) (*step)->WriteFinished(*push);
+          report(status);
+        });
       }
       if (!push) {  // the step was aborted before the writes started: nobody will take them
         (*connection)->Withdraw(tags.header);
         if (has_data_write) (*connection)->Withdraw(tags.data);
       }
-      if (is_dead) return;
-      const char* kind = KindOf(tensor_name);
-      runtime->stats().Peer(peer_task, [bytes, kind](PeerStats& s) {
-        s.tensors_sent++;
-        s.bytes_sent += bytes;
-        s.bytes_sent_by_kind[kind] += bytes;
-      });
+      sent();
     });
+  }
+
+  // A fused transfer's tensor goes into its slot of the step's fused message to its peer, which
+  // leaves once every member is in. One that does not fit its slot (it came larger than its static
+  // shape planned) travels on its own, its slot saying so.
+  absl::Status SendFused(const ParsedKey& parsed, const Rendezvous::Args& args, const std::string& peer_task,
+                         const Tensor& value, bool is_dead, const FusedMember& member) {
+    std::shared_ptr<FusedSend> message;
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      if (aborted_) return absl::OkStatus();  // the step is over: nobody takes it
+      std::shared_ptr<FusedSend>& entry = fused_sends_[member.group];
+      if (!entry) entry = std::make_shared<FusedSend>(member);
+      message = entry;
+      if (message->total != member.total || message->members.size() != member.count) {
+        return absl::InternalError(absl::StrCat("tf_rdma: '", parsed.edge_name,
+                                                "' does not fit the plan of its fused message"));
+      }
+      if (message->members[member.index]) return TwiceInOneStep(parsed.edge_name);
+      message->members[member.index] = Member{std::string(parsed.FullKey()), args, value, is_dead};
+    }
+    const Outgoing out = Describe(value, is_dead);
+    if (FillFusedSlot(message->bytes.get() + member.offset, member.capacity, out.header, out.data)) {
+      CountSent(*runtime_, peer_task, std::string(parsed.edge_name), out.header.data_bytes);
+    } else {
+      Push(parsed, args, peer_task, value, is_dead);
+    }
+    {
+      std::lock_guard<std::mutex> lock(pushes_mu_);
+      if (++message->filled < member.count) return absl::OkStatus();
+      auto it = fused_sends_.find(member.group);
+      if (it != fused_sends_.end() && it->second == message) fused_sends_.erase(it);
+    }
+    const Tag tag = FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device);
+    WriteTo(peer_task, absl::StrCat("sending a fused message of ", member.count, " tensors to"), TransferTags{tag, tag},
+            {{tag, message->bytes.get(), message->total}}, message,
+            [message](RdmaRemoteRendezvous& step) {
+              for (const std::optional<Member>& sent : message->members) {
+                absl::Status status = step.SendOverGrpc(*sent);
+                if (!status.ok()) return status;
+              }
+              return absl::OkStatus();
+            },
+            [runtime = runtime_, peer_task] {
+              runtime->stats().Peer(peer_task, [](PeerStats& s) { s.fused_messages_sent++; });
+            });
+    return absl::OkStatus();
+  }
+
+  // A step's fused message to one peer, filled as its members are sent.
+  struct FusedSend {
+    explicit FusedSend(const FusedMember& plan)
+        : bytes(new char[plan.total]), total(plan.total), members(plan.count) {}
+    const std::unique_ptr<char[]> bytes;
+    const uint64_t total;
+    std::vector<std::optional<Member>> members;  // kept for gRPC, should the peer be renamed
+    uint32_t filled = 0;
+  };
+
+  // The step's fused message `member` belongs to, from the task that sends it; none once the step
+  // was aborted (the receive then fails at once). Once every member has come for it, it leaves the
+  // step's list: a function run again within the step (a loop's body) gets a message of its own,
+  // as its sender fills a new one once the last was sent.
+  absl::StatusOr<std::shared_ptr<FusedReceive>> FusedMessageFrom(const std::string& peer_task,
+                                                                 const ParsedKey& parsed, const FusedMember& member) {
+    std::lock_guard<std::mutex> lock(pushes_mu_);
+    if (aborted_) return nullptr;
+    AwaitedMessage& awaited = fused_receives_[member.group];
+    if (!awaited.message) {
+      awaited.message = std::make_shared<FusedReceive>(
+          runtime_, peer_task, FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device), member);
+      awaited.members.assign(member.count, false);
+      step_fused_receives_.push_back(awaited.message);
+    }
+    if (awaited.members.size() != member.count || awaited.members[member.index]) {
+      return TwiceInOneStep(parsed.edge_name);
+    }
+    awaited.members[member.index] = true;
+    std::shared_ptr<FusedReceive> message = awaited.message;
+    if (++awaited.attached == member.count) fused_receives_.erase(member.group);
+    return message;
+  }
+
+  // The same fused transfer again before its message was complete: two runs of one graph overlap
+  // within a step, and their members could not be told apart.
+  static absl::Status TwiceInOneStep(std::string_view tensor_name) {
+    return absl::InternalError(absl::StrCat(
+        "tf_rdma: '", tensor_name, "' crossed twice within one step before its fused message was complete "
+        "(two runs of one graph overlapping in a step); such graphs cannot be fused"));
   }
 
   // The sends of this step whose writes have not all finished, so an aborted step can withdraw
@@ -610,6 +804,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   bool aborted_ = false;
   uint64_t next_push_ = 1;
   std::unordered_map<uint64_t, PendingPush> pending_pushes_;
+  // This step's fused messages (cc/tf/planning/fusion.h) by group: being filled, and awaited.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<FusedSend>> fused_sends_;
+  struct AwaitedMessage {
+    std::shared_ptr<FusedReceive> message;
+    std::vector<bool> members;  // which have come for it
+    uint32_t attached = 0;
+  };
+  absl::flat_hash_map<uint64_t, AwaitedMessage> fused_receives_;  // those members still come for
+  std::vector<std::shared_ptr<FusedReceive>> step_fused_receives_;  // all of the step's, for its end
   // The session runs this server under another task name than the server's own (ClusterSpec
   // propagation): the step's transfers stay on gRPC. The other end of each learns it when it
   // connects to this server and meets another name (Runtime::Renamed), and falls back alike.

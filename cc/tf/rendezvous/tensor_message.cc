@@ -38,6 +38,12 @@ Tag CollectiveTag(std::string_view key, int64_t step_id, std::string_view from_d
   return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
 }
 
+Tag FusedTag(uint64_t group, int64_t step_id, std::string_view from_device, std::string_view to_device) {
+  const Sha256Digest digest =
+      Sha256(absl::StrCat("fused;", group, ";", step_id, ";", from_device, ";", to_device));
+  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+}
+
 bool TravelsAsBytes(tensorflow::DataType dtype) {
   return !tensorflow::IsRefType(dtype) && tensorflow::DataTypeCanUseMemcpy(dtype);
 }
@@ -103,6 +109,42 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
                                   header.data_bytes, " bytes"));
   }
   return header;
+}
+
+constexpr uint64_t kSlotLengthBytes = 8;
+
+uint64_t FusedSlotCapacity(int dims, uint64_t data_bytes) {
+  const uint64_t bytes = kSlotLengthBytes + 24 + 8 * static_cast<uint64_t>(dims) + data_bytes;
+  return (bytes + 7) & ~uint64_t{7};  // the next slot's length stays aligned
+}
+
+bool FillFusedSlot(char* slot, uint64_t capacity, const TensorHeader& header, const char* data) {
+  const std::string head = EncodeHeader(header);
+  const uint64_t inline_bytes = header.dead ? 0 : header.data_bytes;
+  const bool fits = !header.dead && TravelsAsBytes(header.dtype) && TravelsInline(header) &&
+                    capacity >= kSlotLengthBytes + head.size() + inline_bytes;
+  const uint64_t length = fits ? head.size() + inline_bytes : 0;
+  std::string encoded_length;
+  Append(encoded_length, length, kSlotLengthBytes);
+  std::memcpy(slot, encoded_length.data(), kSlotLengthBytes);
+  if (fits) {
+    std::memcpy(slot + kSlotLengthBytes, head.data(), head.size());
+    if (inline_bytes != 0) std::memcpy(slot + kSlotLengthBytes + head.size(), data, inline_bytes);
+  }
+  std::memset(slot + kSlotLengthBytes + length, 0, capacity - kSlotLengthBytes - length);
+  return fits;
+}
+
+absl::StatusOr<std::string_view> ReadFusedSlot(const char* slot, uint64_t capacity) {
+  if (capacity < kSlotLengthBytes) {
+    return absl::InternalError(absl::StrCat("a fused slot of ", capacity, " bytes"));
+  }
+  const uint64_t length = Load64(reinterpret_cast<const uint8_t*>(slot));
+  if (length > capacity - kSlotLengthBytes) {
+    return absl::DataLossError(absl::StrCat("malformed fused message from the peer: a member of ", length,
+                                            " bytes in a slot of ", capacity));
+  }
+  return std::string_view(slot + kSlotLengthBytes, length);
 }
 
 }  // namespace tf_rdma

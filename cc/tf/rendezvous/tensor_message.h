@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "cc/transport/transport.h"
@@ -36,6 +37,9 @@ TransferTags TagsFor(std::string_view transfer, int64_t step_id);
 Tag CollectiveTag(std::string_view key, int64_t step_id, std::string_view from_device,
                   std::string_view to_device);
 
+// The tag of a fused message (cc/tf/planning/fusion.h): `group` names it within a step.
+Tag FusedTag(uint64_t group, int64_t step_id, std::string_view from_device, std::string_view to_device);
+
 struct TensorHeader {
   bool dead = false;
   tensorflow::DataType dtype = tensorflow::DT_INVALID;
@@ -53,6 +57,18 @@ std::string EncodeHeader(const TensorHeader& header, uint64_t room = 0);
 // Checks everything: the bytes come from another process. A message of an inline tensor holds the
 // header and then the tensor's `data_bytes`, which start at `*data_offset`.
 absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, uint64_t* data_offset);
+
+// A fused message holds each member's header message (header and inline bytes, as above) in the
+// slot planned for it: the message's length, then the message. Length 0 says the member travels on
+// its own, under its own tags: it came larger than its static shape planned.
+uint64_t FusedSlotCapacity(int dims, uint64_t data_bytes);
+// Fills the slot with the member's message, or marks it as travelling on its own when the message
+// does not fit; returns whether it fit. The slot's unused bytes are zeroed: nothing of this
+// process's memory but the tensor goes to the peer.
+bool FillFusedSlot(char* slot, uint64_t capacity, const TensorHeader& header, const char* data);
+// The member's header message in a slot that came from the peer, checked against the slot's
+// bounds; an empty view when the member travels on its own.
+absl::StatusOr<std::string_view> ReadFusedSlot(const char* slot, uint64_t capacity);
 
 }  // namespace tf_rdma
 

@@ -71,6 +71,12 @@ absl::StatusOr<std::string> TaskOfDevice(const std::string& device) {
   return device.substr(0, at);
 }
 
+bool CrossesTasks(const std::string& from_device, const std::string& to_device) {
+  absl::StatusOr<std::string> from = TaskOfDevice(from_device);
+  absl::StatusOr<std::string> to = TaskOfDevice(to_device);
+  return from.ok() && to.ok() && *from != *to;
+}
+
 absl::Status TaskFailure(const std::string& what, const std::string& task, const absl::Status& cause) {
   std::string message = absl::StrCat("tf_rdma: ", what, " task ", task, " failed: ", cause.message());
   if (absl::IsUnavailable(cause) || absl::IsAborted(cause)) {

@@ -137,6 +137,9 @@ class Runtime {
 // "/job:worker/replica:0/task:1/device:CPU:0" -> "/job:worker/replica:0/task:1".
 absl::StatusOr<std::string> TaskOfDevice(const std::string& device);
 
+// Whether the two devices are on different tasks (both fully qualified).
+bool CrossesTasks(const std::string& from_device, const std::string& to_device);
+
 // A transfer with `task` failed: "tf_rdma: <what> task <task> failed: <cause>". When the task is
 // unavailable (it died, hung or cannot be reached), the message also carries the phrase with which
 // gRPC reports a failed remote task, since TensorFlow's own libraries recognise a failed task by it

@@ -31,6 +31,10 @@ struct PeerStats {
   uint64_t errors = 0;
   uint64_t sends_discarded = 0;  // writes dropped because their step was cancelled (either side)
   uint64_t connects = 0;
+  // Messages that carried a step's fused transfers (cc/tf/planning/fusion.h); their tensors count
+  // in tensors_sent and tensors_received like the others.
+  uint64_t fused_messages_sent = 0;
+  uint64_t fused_messages_received = 0;
 };
 
 struct StatsSnapshot {
