@@ -421,17 +421,19 @@ def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
     with strategy.scope():
         w1 = tf.Variable(tf.random.stateless_normal((64, 256), seed=(1, 2)) * 0.1)
         w2 = tf.Variable(tf.random.stateless_normal((256, 10), seed=(3, 4)) * 0.1)
+        b1 = tf.Variable(tf.zeros(256))
+        b2 = tf.Variable(tf.zeros(10))
 
     @tf.function
     def step(iterator):
         def replica(batch):
             x, y = batch
             with tf.GradientTape() as tape:
-                logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
+                logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
                 loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-            g1, g2 = tape.gradient(loss, [w1, w2])
-            w1.assign_sub(0.5 * g1)
-            w2.assign_sub(0.5 * g2)
+            variables = [w1, w2, b1, b2]
+            for variable, gradient in zip(variables, tape.gradient(loss, variables)):
+                variable.assign_sub(0.5 * gradient)
             return loss
         return strategy.run(replica, args=(next(iterator),))
 

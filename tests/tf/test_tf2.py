@@ -29,15 +29,20 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
     assert losses[-1] < losses[0] * 0.8, losses
     assert stats["fallback"] == {}, stats
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
+    worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
     # Variables come from the ps, gradient updates go to it: 64x256 floats and more every step.
     assert ps["bytes_received"] >= 30 * 64 * 256 * 4, ps
     assert ps["bytes_sent"] >= 30 * 64 * 256 * 4, ps
+
+    # The small variables (w2, b1, b2) come in one message per step, and their gradients go in one:
+    # the worker partitions each step function, so it plans the messages of both sides.
+    assert ps["fused_messages_received"] >= 30 and ps["fused_messages_sent"] >= 30, ps
+    assert worker["fused_messages_sent"] >= 30 and worker["fused_messages_received"] >= 30, worker
 
     # The worker instantiates each step function: its receives are planned, none regrants.
     assert stats["receives_planned"] > 0, stats
     assert ps["regrants"] == 0, ps
     # The ps runs its part as shipped, unplanned: a transfer regrants at its first crossing only.
-    worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
     assert worker["bytes_received"] >= 30 * 64 * 256 * 4, worker
     assert worker["regrants"] * 10 <= worker["tensors_received"], worker
 
