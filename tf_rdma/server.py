@@ -139,8 +139,9 @@ def connect_to_cluster(cluster_spec_or_resolver, job_name="localhost", task_inde
 
 def stats():
     """What tf_rdma carried in this process, per server (task): per peer task its backend, tensors
-    and bytes each way (also by kind: graph, eager, collective), grants, regrants and errors, and
-    the transfers left on gRPC with the reason. With one server in the process, its record; with
+    and bytes each way (also by kind: graph, eager, collective), grants, regrants and errors, the
+    fused messages each way (small tensors of a step sharing one message), and the transfers left on
+    gRPC with the reason. With one server in the process, its record; with
     several, {"servers": [record, ...]}; empty before any server started."""
     servers = _extension().server_stats()
     if len(servers) == 1:

@@ -34,10 +34,23 @@ def assert_bit_identical(reference, other):
         assert a.tobytes() == b.tobytes(), key
 
 
+def on_every_transport(tmp_path_factory, program, **kwargs):
+    """{transport: (results, stats)}: `program` run by a worker beside a ps, on each transport."""
+    tmp = tmp_path_factory.mktemp(program)
+    return {t: run_pair(tmp, program, *t, **kwargs) for t in TRANSPORTS}
+
+
+def identical_to_grpc(runs, transport):
+    """The results and stats of `runs` over `transport`, its results checked bit for bit against gRPC's."""
+    reference, _ = runs[("grpc", None)]
+    results, stats = runs[transport]
+    assert_bit_identical(reference, results)
+    return results, stats
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("compare")
-    return {t: run_pair(tmp, "compare_worker", *t, big_mib=256) for t in TRANSPORTS}
+    return on_every_transport(tmp_path_factory, "compare_worker", big_mib=256)
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs. The module's
@@ -48,9 +61,7 @@ THREE_CLUSTERS = pytest.mark.timeout(3 * 240 + 60)
 @THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
 def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, transport):
-    reference, _ = compared[("grpc", None)]
-    results, stats = compared[transport]
-    assert_bit_identical(reference, results)
+    results, stats = identical_to_grpc(compared, transport)
     # And tf_rdma, not gRPC, carried it.
     peer = stats["peers"]["/job:ps/replica:0/task:0"]
     assert peer["backend"] == transport[1]
@@ -92,16 +103,13 @@ def test_strings_and_variants_cross_over_tf_rdma_serialized(compared, transport)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("train")
-    return {t: run_pair(tmp, "train_worker", *t) for t in TRANSPORTS}
+    return on_every_transport(tmp_path_factory, "train_worker")
 
 
 @THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
 def test_ps_training_is_bit_identical_step_by_step(trained, transport):
-    reference, _ = trained[("grpc", None)]
-    results, stats = trained[transport]
-    assert_bit_identical(reference, results)
+    results, stats = identical_to_grpc(trained, transport)
     losses = [float(results[f"loss/{s}"]) for s in range(8)]
     assert losses[-1] < losses[0]
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
@@ -116,16 +124,13 @@ def test_ps_training_is_bit_identical_step_by_step(trained, transport):
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fused")
-    return {t: run_pair(tmp, "fused_worker", *t) for t in TRANSPORTS}
+    return on_every_transport(tmp_path_factory, "fused_worker")
 
 
 @THREE_CLUSTERS
 @pytest.mark.parametrize("transport", TRANSPORTS[1:], ids=lambda t: t[1])
 def test_small_static_tensors_cross_fused_one_message_each_way(fused, transport):
-    reference, _ = fused[("grpc", None)]
-    results, stats = fused[transport]
-    assert_bit_identical(reference, results)
+    results, stats = identical_to_grpc(fused, transport)
     assert results["both_ways/0/60"].shape == (8,), "the grown variable crossed whole"
     # One step: 61 reads come to the worker in one message, their 61 results go to the ps in one,
     # and the client's 61 fetches of what the ps made of them come back in one. Sources of one

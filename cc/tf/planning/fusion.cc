@@ -161,6 +161,7 @@ std::optional<FusedMember> ParseFusedMember(std::string_view tensor_name) {
       !absl::SimpleAtoi(fields[1], &member.index) || !absl::SimpleAtoi(fields[2], &member.count) ||
       !absl::SimpleAtoi(fields[3], &member.offset) || !absl::SimpleAtoi(fields[4], &member.capacity) ||
       !absl::SimpleAtoi(fields[5], &member.total) || member.index >= member.count || member.count > kMaxMembers ||
+      member.capacity < FusedSlotCapacity(0, 0) ||
       member.total > kMaxMessageBytes || member.offset > member.total ||
       member.capacity > member.total - member.offset) {
     return std::nullopt;
