@@ -381,6 +381,39 @@ def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps, co
     os._exit(0)
 
 
+def fused_stall_worker(cluster, job, index, transport, output, steps=3):
+    """Steps whose fused message from the ps never fills (one member waits on an empty queue) run
+    into their deadline; then a step of the other members completes. Saves the outcomes and this
+    worker's stats once the steps' cleanup has come."""
+    import tensorflow as tf
+    import tf_rdma
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        ready = [tf.compat.v1.Variable(tf.ones([64]) * i, use_resource=True) for i in range(3)]
+        # Of a static shape, so that it is a member of the reads' message.
+        never_ready = tf.ensure_shape(tf.queue.FIFOQueue(1, tf.float32).dequeue(), [])
+    with tf.device("/job:worker/task:0"):
+        stalled = tf.add_n([tf.reduce_sum(v.read_value()) for v in ready] + [never_ready])
+        fine = tf.add_n([tf.reduce_sum(v.read_value()) for v in ready])
+    sess = tf.compat.v1.Session(server.target)
+    sess.run([v.initializer for v in ready])
+    sess.run(fine)  # connects the two tasks, so the stalled steps' receives are granted
+    errors = []
+    for _ in range(steps):
+        try:
+            sess.run(stalled, options=tf.compat.v1.RunOptions(timeout_in_ms=500))
+            errors.append(None)
+        except tf.errors.OpError as e:
+            errors.append(type(e).__name__)
+    time.sleep(2)  # the steps' cleanup reaches this task after the deadline
+    value = float(sess.run(fine))
+    with open(output, "w") as f:
+        json.dump({"errors": errors, "value": value, "stats": tf_rdma.stats()}, f)
+    print("done", flush=True)
+    os._exit(0)
+
+
 def cross_once(cluster, job, index, transport, output, **server_options):
     """One step that reads a ps variable on this worker: records the outcome, the value's sum and
     tf_rdma's stats."""

@@ -212,6 +212,28 @@ def test_sends_a_cancelled_step_never_asked_for_are_withdrawn_not_held(tmp_path,
     assert ps["errors"] == 0, ps
 
 
+def test_a_fused_message_that_never_fills_is_taken_back_when_its_step_fails(tmp_path, backend):
+    """The ps's fused message waits for a member that never comes (a dequeue from an empty queue):
+    the worker's grant for it must be taken back when the step times out, not held, and the next
+    step's message must come whole."""
+    output = str(tmp_path / "outcome.json")
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": backend}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("worker", 0, "fused_stall_worker", transport="rdma", output=output)
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["errors"] == ["DeadlineExceededError"] * 3, outcome
+    assert outcome["value"] == 64 * (0 + 1 + 2), outcome
+    stats = outcome["stats"]
+    ps = stats["peers"]["/job:ps/replica:0/task:0"]
+    # Granted by every step, landed for the two that completed.
+    assert (ps["grants"], ps["fused_messages_received"]) == (5, 2), ps
+    pool = stats["receive_pools"][backend]
+    assert (pool["buffers_in_use"], pool["bytes_in_use"]) == (0, 0), pool
+    assert stats["live_steps"] <= 1, stats
+
+
 def test_ended_steps_leave_no_rendezvous_alive(tmp_path, backend):
     """TensorFlow keeps every step rendezvous it aborts for the life of the process, and its
     cleanup aborts any still held, if only for a moment: a long run's memory grew with them. After
