@@ -613,6 +613,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     Rendezvous::Args args;
     Tensor value;
     bool is_dead;
+    bool alone = false;  // a fused transfer's tensor that travels on its own
   };
   absl::Status SendOverGrpc(const Member& member) {
     ParsedKey parsed;
@@ -703,13 +704,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       message->members[member.index] = Member{std::string(parsed.FullKey()), args, value, is_dead};
     }
     const Outgoing out = Describe(value, is_dead);
-    if (FillFusedSlot(message->bytes.get() + member.offset, member.capacity, out.header, out.data)) {
+    const bool fits = FillFusedSlot(message->bytes.get() + member.offset, member.capacity, out.header, out.data);
+    if (fits) {
       CountSent(*runtime_, peer_task, std::string(parsed.edge_name), out.header.data_bytes);
     } else {
       Push(parsed, args, peer_task, value, is_dead);
     }
     {
       std::lock_guard<std::mutex> lock(pushes_mu_);
+      if (!fits) message->members[member.index]->alone = true;
       if (++message->filled < member.count) return absl::OkStatus();
       auto it = fused_sends_.find(member.group);
       if (it != fused_sends_.end() && it->second == message) fused_sends_.erase(it);
@@ -719,6 +722,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
             {{tag, message->bytes.get(), message->total}}, message,
             [message](RdmaRemoteRendezvous& step) {
               for (const std::optional<Member>& sent : message->members) {
+                if (sent->alone) continue;  // its own push falls back alike
                 absl::Status status = step.SendOverGrpc(*sent);
                 if (!status.ok()) return status;
               }
