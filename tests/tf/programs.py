@@ -381,6 +381,31 @@ def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps, co
     os._exit(0)
 
 
+def partial_run_worker(cluster, job, index, transport, output):
+    """A partial run whose two calls each feed one of two small products the ps makes: fused
+    together, the first call's would wait for the second's feed."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        first_feed = tf.compat.v1.placeholder(tf.float32, [4])
+        second_feed = tf.compat.v1.placeholder(tf.float32, [4])
+        weights = tf.compat.v1.Variable(np.arange(4, dtype=np.float32), use_resource=True)
+        # Static shapes (a fed tensor's is not known when the graph is planned), so both are planned.
+        first_product = tf.reshape(weights.read_value() * first_feed, [4])
+        second_product = tf.reshape(weights.read_value() * second_feed, [4])
+    with tf.device("/job:worker/task:0"):
+        first = first_product + 1.0
+        second = second_product + 2.0
+    with tf.compat.v1.Session(server.target) as sess:
+        sess.run(weights.initializer)
+        handle = sess.partial_run_setup([first, second], [first_feed, second_feed])
+        results = {"first": sess.partial_run(handle, first, feed_dict={first_feed: np.ones(4, np.float32)})}
+        results["second"] = sess.partial_run(handle, second, feed_dict={second_feed: np.full(4, 3, np.float32)})
+    _save(output, results, transport)
+    os._exit(0)
+
+
 def fused_stall_worker(cluster, job, index, transport, output, steps=3):
     """Steps whose fused message from the ps never fills (one member waits on an empty queue) run
     into their deadline; then a step of the other members completes. Saves the outcomes and this

@@ -212,6 +212,13 @@ def test_sends_a_cancelled_step_never_asked_for_are_withdrawn_not_held(tmp_path,
     assert ps["errors"] == 0, ps
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS, ids=lambda t: t[1] or t[0])
+def test_a_partial_run_gets_each_call_its_tensors(tmp_path, transport):
+    results, _ = run_pair(tmp_path, "partial_run_worker", *transport)
+    assert results["first"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert results["second"].tolist() == [2.0, 5.0, 8.0, 11.0]
+
+
 def test_a_fused_message_that_never_fills_is_taken_back_when_its_step_fails(tmp_path, backend):
     """The ps's fused message waits for a member that never comes (a dequeue from an empty queue):
     the worker's grant for it must be taken back when the step times out, not held, and the next

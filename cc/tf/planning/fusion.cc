@@ -67,6 +67,27 @@ std::vector<int> CrossingDepth(const tensorflow::Graph& graph) {
   return depth;
 }
 
+// Per node, which of the client's feeds it depends on (a bit each). A partial run (TF1's
+// Session.partial_run) feeds them call by call, and a node runs only once all of its feeds came:
+// fusing tensors that wait for different feeds could hold one call's tensor until a later call.
+// Nothing when there are too many feeds to tell apart: such graphs are not fused.
+std::optional<std::vector<uint64_t>> FeedsUpstream(const tensorflow::Graph& graph) {
+  std::vector<tensorflow::Node*> order;
+  tensorflow::GetReversePostOrder(graph, &order);
+  std::vector<uint64_t> feeds(graph.num_node_ids(), 0);
+  int next_feed = 0;
+  for (const tensorflow::Node* node : order) {
+    bool client_terminated = false;
+    if (node->IsRecv() && tensorflow::TryGetNodeAttr(node->attrs(), "client_terminated", &client_terminated) &&
+        client_terminated) {
+      if (next_feed == 64) return std::nullopt;
+      feeds[node->id()] |= uint64_t{1} << next_feed++;
+    }
+    for (const tensorflow::Edge* edge : node->in_edges()) feeds[node->id()] |= feeds[edge->src()->id()];
+  }
+  return feeds;
+}
+
 // Splits groups past the bounds of one message; drops those of one member.
 std::vector<Group> Bounded(std::vector<Group> groups) {
   std::vector<Group> bounded;
@@ -177,13 +198,15 @@ void PlanFusion(tensorflow::Graph& graph, const std::vector<StaticTransfer>& tra
   }
   // Keyed so that the plan depends on the graph alone: members in the order of their sources.
   const std::vector<int> depth = CrossingDepth(graph);
-  std::map<std::tuple<std::string, std::string, int>, std::map<std::pair<int, int>, Member>> candidates;
+  const std::optional<std::vector<uint64_t>> feeds = FeedsUpstream(graph);
+  if (!feeds) return;
+  std::map<std::tuple<std::string, std::string, int, uint64_t>, std::map<std::pair<int, int>, Member>> candidates;
   for (const StaticTransfer& transfer : transfers) {
     const tensorflow::Edge* edge = transfer.edge;
     const std::string& from = edge->src()->assigned_device_name();
     const std::string& to = edge->dst()->assigned_device_name();
     if (transfer.bytes > kMaxMemberBytes || !OnCpu(from) || !OnCpu(to)) continue;
-    auto [it, added] = candidates[{from, to, depth[edge->src()->id()]}].try_emplace(
+    auto [it, added] = candidates[{from, to, depth[edge->src()->id()], (*feeds)[edge->src()->id()]}].try_emplace(
         std::make_pair(edge->src()->id(), edge->src_output()),
         Member{edge->src(), edge->src_output(), transfer.dims, transfer.bytes, {}});
     it->second.edges.push_back(edge);

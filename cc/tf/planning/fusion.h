@@ -12,8 +12,9 @@
 // off the key: no state is shared between graphs, and a key cannot name another graph's plan.
 //
 // A fused message leaves when all of its members were sent, so a group never holds a tensor that
-// another member waits for: members are chosen so that fusing makes no cycle across the tasks, and
-// only graphs without control flow (whose every node runs once per step) are fused.
+// another member waits for: members are chosen so that fusing makes no cycle across the tasks and
+// they wait for the same feeds (a partial run feeds call by call), and only graphs without control
+// flow (whose every node runs once per step) are fused.
 #ifndef TF_RDMA_CC_TF_PLANNING_FUSION_H_
 #define TF_RDMA_CC_TF_PLANNING_FUSION_H_
 
