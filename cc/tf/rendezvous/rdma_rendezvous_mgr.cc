@@ -705,14 +705,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     }
     const Outgoing out = Describe(value, is_dead);
     const bool fits = FillFusedSlot(message->bytes.get() + member.offset, member.capacity, out.header, out.data);
-    if (fits) {
-      CountSent(*runtime_, peer_task, std::string(parsed.edge_name), out.header.data_bytes);
-    } else {
-      Push(parsed, args, peer_task, value, is_dead);
-    }
+    if (!fits) Push(parsed, args, peer_task, value, is_dead);
     {
       std::lock_guard<std::mutex> lock(pushes_mu_);
-      if (!fits) message->members[member.index]->alone = true;
+      if (fits) {
+        message->tensors_in_message++;
+        message->bytes_in_message += out.header.data_bytes;
+      } else {
+        message->members[member.index]->alone = true;
+      }
       if (++message->filled < member.count) return absl::OkStatus();
       auto it = fused_sends_.find(member.group);
       if (it != fused_sends_.end() && it->second == message) fused_sends_.erase(it);
@@ -728,8 +729,14 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
               }
               return absl::OkStatus();
             },
-            [runtime = runtime_, peer_task] {
-              runtime->stats().Peer(peer_task, [](PeerStats& s) { s.fused_messages_sent++; });
+            // Counted once per message, not per tensor: the stats' lock is taken per message.
+            [runtime = runtime_, peer_task, message] {
+              runtime->stats().Peer(peer_task, [&message](PeerStats& s) {
+                s.fused_messages_sent++;
+                s.tensors_sent += message->tensors_in_message;
+                s.bytes_sent += message->bytes_in_message;
+                s.bytes_sent_by_kind[kKindGraph] += message->bytes_in_message;
+              });
             });
     return absl::OkStatus();
   }
@@ -742,6 +749,9 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     const uint64_t total;
     std::vector<std::optional<Member>> members;  // kept for gRPC, should the peer be renamed
     uint32_t filled = 0;
+    // The members in the message (not travelling on their own) and their bytes, for the stats.
+    uint64_t tensors_in_message = 0;
+    uint64_t bytes_in_message = 0;
   };
 
   // The step's fused message `member` belongs to, from the task that sends it; none once the step
