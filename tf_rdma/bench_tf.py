@@ -10,7 +10,9 @@ every transport runs the same graph):
 - hops: a chain of dependent small (8-float) hops ps -> worker -> ps ... in one step: time per hop.
 - ps-train: 1 ps + 2 workers training asynchronously, each in its own session: an embedding model
   (sparse lookups and sparse updates of a wide table) and a dense model (>= 50 M parameters; fewer
-  with --quick); steps per second summed over the workers.
+  with --quick); steps per second summed over the workers. Beside them, the same steps with nothing
+  to move: each worker's ops placed on the ps, so only the step itself (the master's RunGraph)
+  crosses. That is the most any transport can give on this host, measured in the same run.
 Every figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios are
 gRPC's step time over tf_rdma's (higher is better).
 """
@@ -118,8 +120,10 @@ def _hops(tf, session, params, budget):
     return [{"hops": hops, "seconds": seconds, "steps": steps}]
 
 
-def _train_step(tf, model, params, index):
-    """A worker's training op for `model`, its variables on the ps (the chief initializes them)."""
+def _train_step(tf, model, params, index, nothing_crosses=False):
+    """A worker's training op for `model`, its variables on the ps (the chief initializes them);
+    `nothing_crosses` runs the worker's ops on the ps too."""
+    compute = "/job:ps/task:0" if nothing_crosses else f"/job:worker/task:{index}"
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.01)
     if model == "embedding":
         p = params["embedding"]
@@ -129,7 +133,7 @@ def _train_step(tf, model, params, index):
                                               use_resource=True)
             head = tf.compat.v1.get_variable("head", [p["dim"], 1], tf.float32,
                                              tf.compat.v1.zeros_initializer(), use_resource=True)
-        with tf.device(f"/job:worker/task:{index}"):
+        with tf.device(compute):
             ids = tf.random.uniform([p["batch"], p["ids_per_example"]], 0, p["vocab"], tf.int64)
             rows = tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
             loss = tf.reduce_mean(tf.square(tf.matmul(rows, head) - 1.0))
@@ -139,7 +143,7 @@ def _train_step(tf, model, params, index):
         with tf.device("/job:ps/task:0"):
             weights = tf.compat.v1.get_variable("weights", [p["inputs"], p["outputs"]], tf.float32,
                                                 tf.compat.v1.zeros_initializer(), use_resource=True)
-        with tf.device(f"/job:worker/task:{index}"):
+        with tf.device(compute):
             inputs = tf.random.uniform([p["batch"], p["inputs"]])
             loss = tf.reduce_mean(tf.square(tf.matmul(inputs, weights) - 1.0))
             train = optimizer.minimize(loss)
@@ -150,7 +154,7 @@ def _ps_train(tf, session, spec, params, budget):
     rows = []
     for model in ("embedding", "dense"):
         with tf.compat.v1.variable_scope(model):
-            train = _train_step(tf, model, params, spec["index"])
+            train = _train_step(tf, model, params, spec["index"], spec.get("nothing_crosses", False))
             initialized = tf.compat.v1.is_variable_initialized(tf.compat.v1.global_variables(scope=model)[0])
         if spec["index"] == 0:
             session.run(tf.compat.v1.variables_initializer(
@@ -203,16 +207,16 @@ def start_task(module, spec, stderr=subprocess.PIPE, env=None):
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
-def run_cluster(transport, workloads, params, timeout=900):
+def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
     """{workload: [rows of each worker that ran it]} measured on one fresh cluster: a ps and two
-    workers (the second only trains)."""
+    workers (the second only trains). `nothing_crosses`: ps-train's workers run their ops on the ps."""
     workers = 2 if "ps-train" in workloads else 1
     cluster = local_cluster({"ps": 1, "worker": workers})
 
     def start(job, index):
         return start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": job, "index": index,
                                                "transport": transport, "workloads": list(workloads),
-                                               "params": params})
+                                               "params": params, "nothing_crosses": nothing_crosses})
     ps = start("ps", 0)
     processes = [start("worker", i) for i in range(workers)]
     try:
@@ -245,15 +249,16 @@ def limits(sizes):
 
 def combine(workload, measured, carried, machine=None):
     """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
-    of every worker for ps-train}), with gRPC's time over each backend's."""
+    of every worker for ps-train}), with gRPC's time over each backend's. ps-train's come with
+    "nothing_crosses": its steps with the workers' ops on the ps."""
     rows = []
     if workload == "ps-train":
         for i, first in enumerate(measured["grpc"][0]):
             row = {"model": first["model"]}
-            for transport in ["grpc", *carried]:
+            for transport in ["grpc", *carried, "nothing_crosses"]:
                 # Workers train at once: the cluster's rate is the sum of theirs.
                 row[f"{transport}_steps_per_second"] = sum(1 / w[i]["seconds"] for w in measured[transport])
-            for backend in carried:
+            for backend in [*carried, "nothing_crosses"]:
                 row[f"vs_grpc_{backend}"] = (row[f"{backend}_steps_per_second"]
                                              / row["grpc_steps_per_second"])
             rows.append(row)
@@ -296,9 +301,14 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
         if progress:
             progress(f"{', '.join(workloads)} over {transport}")
         measured[transport] = run_cluster(transport, workloads, params)
+    if "ps-train" in workloads:
+        if progress:
+            progress("ps-train with nothing to move (the workers' ops on the ps), over grpc")
+        measured["nothing_crosses"] = run_cluster("grpc", ["ps-train"], params, nothing_crosses=True)
     for workload in workloads:
         report["workloads"][workload] = combine(
-            workload, {transport: m[workload] for transport, m in measured.items()}, carried, machine)
+            workload, {transport: m[workload] for transport, m in measured.items() if workload in m},
+            carried, machine)
     return report
 
 
@@ -335,6 +345,9 @@ def render(report):
     if "ps-train" in w:
         table("ps-train: 1 ps + 2 workers (steps per second, both workers)", w["ps-train"],
               lambda r: r["model"], lambda t: f"{t}_steps_per_second", 1, 1)
+        lines.append("  nothing to move (the workers' ops on the ps; the most any transport can give): " + ", ".join(
+            f"{r['model']} {r['nothing_crosses_steps_per_second']:.1f} ({r['vs_grpc_nothing_crosses']:.2f}x)"
+            for r in w["ps-train"]))
     return "\n".join(lines)
 
 
@@ -372,6 +385,10 @@ def plot(report, path):
             ax.plot(labels, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy")
             ax.plot(labels, [r["tcp_socket_gbps"] for r in rows], "k:", label="TCP socket")
         else:
+            if workload == "ps-train":
+                ax.hlines([r["nothing_crosses_steps_per_second"] for r in rows],
+                          [x - 0.45 for x in range(len(rows))], [x + 0.45 for x in range(len(rows))],
+                          colors="k", linestyles="--", label="nothing to move")
             ax.set_xticks(range(len(rows)), labels)
         ax.set_yscale("log")
         ax.set_title(workload)

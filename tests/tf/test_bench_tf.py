@@ -30,8 +30,29 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     for row in report["workloads"]["transfer"]:
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert [r["model"] for r in report["workloads"]["ps-train"]] == ["embedding", "dense"]
+    for row in report["workloads"]["ps-train"]:
+        assert row["nothing_crosses_steps_per_second"] > 0, row
+        assert row["vs_grpc_nothing_crosses"] == pytest.approx(
+            row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
     assert "over grpc" in result.stderr and "over shm" in result.stderr  # the progress lines
+    assert "ps-train with nothing to move" in result.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("model", ["embedding", "dense"])
+def test_ps_train_with_nothing_to_move_places_every_op_of_a_worker_on_the_ps(model):
+    import tensorflow as tf
+
+    def devices(nothing_crosses):
+        graph = tf.Graph()
+        with graph.as_default():
+            bench_tf._train_step(tf, model, bench_tf.QUICK, 1, nothing_crosses)
+        # Ops without a device of their own are the variables' initializers and reads, which
+        # TensorFlow colocates with their variable.
+        return {op.device for op in graph.get_operations()} - {""}
+
+    assert devices(nothing_crosses=False) == {"/job:ps/task:0", "/job:worker/task:1"}
+    assert devices(nothing_crosses=True) == {"/job:ps/task:0"}
 
 
 def test_an_unknown_workload_is_refused_before_anything_runs():
@@ -51,12 +72,15 @@ MEASURED = {
             "hops": [[{"hops": 50, "seconds": 0.004, "steps": 9}]],
             "ps-train": [[{"model": "dense", "seconds": 0.25, "steps": 9}],
                          [{"model": "dense", "seconds": 0.125, "steps": 9}]]},
+    "nothing_crosses": {"ps-train": [[{"model": "dense", "seconds": 0.1, "steps": 9}],
+                                     [{"model": "dense", "seconds": 0.1, "steps": 9}]]},
 }
 MACHINE = {1 << 20: {"memcpy_gbps": 10.0, "tcp_socket_gbps": 3.0}}
 
 
 def combined(workload):
-    return bench_tf.combine(workload, {t: m[workload] for t, m in MEASURED.items()}, ["shm"], MACHINE)
+    return bench_tf.combine(workload, {t: m[workload] for t, m in MEASURED.items() if workload in m}, ["shm"],
+                            MACHINE)
 
 
 def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
@@ -74,6 +98,8 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
     assert train["grpc_steps_per_second"] == pytest.approx(6.0)
     assert train["shm_steps_per_second"] == pytest.approx(12.0)
     assert train["vs_grpc_shm"] == pytest.approx(2.0)
+    assert train["nothing_crosses_steps_per_second"] == pytest.approx(20.0)
+    assert train["vs_grpc_nothing_crosses"] == pytest.approx(20.0 / 6.0)
 
 
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
@@ -84,5 +110,6 @@ def test_the_table_and_the_plot_from_canned_figures(tmp_path):
     assert "     200 x 4 KiB      8.00      2.00     4.00" in text
     assert "         50 hops     200.0      80.0     2.50" in text
     assert "           dense       6.0      12.0     2.00" in text
+    assert "the most any transport can give): dense 20.0 (3.33x)" in text
     bench_tf.plot(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 10_000
