@@ -15,6 +15,25 @@
 
 namespace tf_rdma {
 
+// The pause between attempts to reach a peer: 10 ms, doubling up to 500 ms, never past the
+// deadline. A peer that fails every attempt at once is tried a few times a second, not thousands.
+class ConnectBackoff {
+ public:
+  explicit ConnectBackoff(absl::Time deadline) : deadline_(deadline) {}
+  // Sleeps before the next attempt; false (without sleeping) once the deadline has passed.
+  bool Wait() {
+    const absl::Duration left = deadline_ - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::SleepFor(std::min(pause_, left));
+    pause_ = std::min(pause_ * 2, absl::Milliseconds(500));
+    return true;
+  }
+
+ private:
+  const absl::Time deadline_;
+  absl::Duration pause_ = absl::Milliseconds(10);
+};
+
 // What one attempt gave: the connection, or why not and whether another attempt may succeed.
 struct ConnectAttempt {
   absl::StatusOr<std::shared_ptr<Connection>> connection;
@@ -27,19 +46,16 @@ inline absl::StatusOr<std::shared_ptr<Connection>> ConnectWithRetries(
     Backend backend, const Endpoint& endpoint, absl::Duration timeout,
     const std::function<ConnectAttempt(absl::Time deadline)>& attempt) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(10);
+  ConnectBackoff backoff(deadline);
   while (true) {
     ConnectAttempt tried = attempt(deadline);
     if (tried.connection.ok() || !tried.retry) return std::move(tried.connection);
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+    if (!backoff.Wait()) {
       return absl::UnavailableError(absl::StrCat(
           "could not reach the tf_rdma ", BackendName(backend), " listener of peer ", endpoint.ToString(),
           " within ", absl::FormatDuration(timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
           tried.connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
     }
-    absl::SleepFor(std::min(backoff, left));
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
 }
 

@@ -2,6 +2,8 @@
 and turns a missing or dead peer into a clear error instead of a hang."""
 import json
 import signal
+import socket
+import threading
 import time
 
 import numpy as np
@@ -148,12 +150,13 @@ def test_small_static_tensors_cross_fused_one_message_each_way(fused, transport)
     assert (hops["tensors_received"], hops["tensors_sent"]) == (6, 3), hops
 
 
-def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, **kwargs):
-    """Runs programs.slow_ps_worker against an rdma ps; `stop_ps` (a signal) hits the ps while a
-    step waits on it. Returns the step's outcome: error class, message, seconds."""
+def stalled_step(tmp_path, worker_transport="rdma", env=None, stop_ps=None, ps_options=None, **kwargs):
+    """Runs programs.slow_ps_worker against an rdma ps (its server given `ps_options`); `stop_ps` (a
+    signal) hits the ps while a step waits on it. Returns the step's outcome: error class, message,
+    seconds."""
     output = str(tmp_path / "outcome.json")
     with Cluster(tmp_path, {"ps": 1, "worker": 1}, env) as cluster:
-        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("ps", 0, "serve", transport="rdma", **(ps_options or {}))
         cluster.start("worker", 0, "slow_ps_worker", transport=worker_transport, output=output, **kwargs)
         if stop_ps is not None:
             cluster.wait_for_output("worker", 0, "warm", timeout=120)
@@ -169,6 +172,48 @@ def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
     assert outcome["error"] == "FailedPreconditionError", outcome
     assert "task /job:worker/replica:0/task:0 runs TensorFlow without tf_rdma" in outcome["message"]
     assert outcome["seconds"] < 20
+
+
+class ClosingListener:
+    """A port where something other than tf_rdma listens: it takes each connection and closes it
+    at once, counting them."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("localhost", 0))
+        self.port = self.socket.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            client.close()
+
+    def close(self):
+        self.socket.close()
+
+
+def test_a_peer_address_that_answers_and_hangs_up_is_retried_with_backoff_not_in_a_loop(tmp_path):
+    """The ps dials the worker at an address where a listener hangs up on every connection: each
+    try fails at once, so only backoff stands between the ps and thousands of connections a second
+    (38,896 in 3 s without it) until TF_RDMA_CONNECT_TIMEOUT_MS. The step then fails as
+    Unavailable. Over tcp: shm dials a Unix socket, not the TCP port the listener holds."""
+    listener = ClosingListener()
+    timeout_ms = 3000
+    try:
+        outcome = stalled_step(
+            tmp_path, env={"TF_RDMA_CONNECT_TIMEOUT_MS": str(timeout_ms), "TF_RDMA_BACKEND": "tcp"},
+            ps_options={"rdma_addresses": {"/job:worker/replica:0/task:0": f"localhost:{listener.port}"}})
+    finally:
+        listener.close()
+    assert outcome["error"] == "UnavailableError", outcome
+    # Each try is a connect and a probe of the port; backoff from 10 ms doubling to 500 ms gives
+    # about 10 tries in 3 s.
+    assert 2 <= listener.accepted <= 60, listener.accepted
 
 
 def test_killed_peer_fails_the_step_promptly(tmp_path):

@@ -11,6 +11,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/backend_selection.h"
+#include "cc/transport/connect_retry.h"
 #include "cc/transport/hmac.h"
 
 namespace tf_rdma {
@@ -336,6 +337,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
   if (!route.ok()) return route.status();
   const auto& [transport, choice] = *route;
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
+  // The transport retries a peer that is not listening yet; one that answers and then fails at
+  // once (it hangs up, or is still starting) is retried here, and must not be in a tight loop.
+  ConnectBackoff backoff(deadline);
   while (true) {
     absl::StatusOr<std::shared_ptr<Connection>> connection =
         transport->Connect(Endpoint{peer.host, peer.rdma_port});
@@ -360,7 +364,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
     absl::Status diagnosis = DiagnoseMissingPeer(peer, connection.status());
     if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
     if (!diagnosis.ok() && WasConnected(peer.task)) return diagnosis;
-    if (absl::Now() > deadline) return diagnosis.ok() ? connection.status() : diagnosis;
+    if (!backoff.Wait()) return diagnosis.ok() ? connection.status() : diagnosis;
   }
 }
 
