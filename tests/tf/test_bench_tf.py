@@ -47,9 +47,21 @@ def test_ps_train_with_nothing_to_move_places_every_op_of_a_worker_on_the_ps(mod
         graph = tf.Graph()
         with graph.as_default():
             bench_tf._train_step(tf, model, bench_tf.QUICK, 1, nothing_crosses)
-        # Ops without a device of their own are the variables' initializers and reads, which
-        # TensorFlow colocates with their variable.
-        return {op.device for op in graph.get_operations()} - {""}
+
+        def placed(op):
+            """Its own device; else its colocation group's (a variable's initializer), or its
+            variable's (a read); else "", which TensorFlow would place on the session's task."""
+            if op.device:
+                return op.device
+            for group in op.colocation_groups():
+                name = group.decode()[len("loc:@"):]
+                if name != op.name:
+                    return placed(graph.get_operation_by_name(name))
+            if op.type == "ReadVariableOp":
+                return placed(op.inputs[0].op)
+            return ""
+
+        return {placed(op) for op in graph.get_operations()}
 
     assert devices(nothing_crosses=False) == {"/job:ps/task:0", "/job:worker/task:1"}
     assert devices(nothing_crosses=True) == {"/job:ps/task:0"}
