@@ -42,7 +42,7 @@ TENSORFLOW_INCLUDES = ["com_github_grpc_grpc/include", "com_google_protobuf/src"
 def verbs_headers_present(compiler):
     """Whether rdma-core's development headers are there: the verbs backend is built only then."""
     probe = "#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\nint main() { return 0; }\n"
-    result = subprocess.run([compiler, "-x", "c++", "-fsyntax-only", "-"], input=probe, text=True,
+    result = subprocess.run([*compiler, "-x", "c++", "-fsyntax-only", "-"], input=probe, text=True,
                             capture_output=True)
     return result.returncode == 0
 
@@ -103,10 +103,10 @@ class IncrementalBuildExt(build_ext):
         cflags = tf["cflags"] + [f"-I{include}/external/{folder}" for folder in TENSORFLOW_INCLUDES] + [
             "-DNDEBUG",  # required: without it TensorFlow's Graph/Node layouts differ from the wheel's
             "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare",
-            f"-DTF_RDMA_VERSION=\"{VERSION}\"",
+            f"-DTF_RDMA_VERSION=\"{VERSION}\"", f"-DTF_RDMA_BUILT_WITH_TENSORFLOW=\"{tf['version']}\"",
             f"-I{ROOT}", f"-I{pybind11_include()}", f"-I{sysconfig.get_paths()['include']}",
         ] + shlex.split(os.environ.get("CXXFLAGS", ""))  # e.g. -fsanitize=address for a checked build
-        compiler = os.environ.get("CXX", "g++")
+        compiler = shlex.split(os.environ.get("CXX", "g++"))  # may start with a launcher (ccache)
         sources, libraries = list(ext.sources), []
         if verbs_headers_present(compiler):
             sources += VERBS_SOURCES
@@ -117,7 +117,7 @@ class IncrementalBuildExt(build_ext):
             libraries = ["-ldl"]
         else:
             print(NO_VERBS_WARNING, file=sys.stderr, flush=True)
-        key = sha256(json.dumps([compiler, cflags]).encode()).hexdigest()[:12]
+        key = sha256(json.dumps([" ".join(compiler), cflags]).encode()).hexdigest()[:12]
         obj_dir = ROOT / "build" / "obj" / key
         objects = [obj_dir / (src[:-3] + ".o") for src in sources]
         stale = [(src, obj) for src, obj in zip(sources, objects) if _stale(ROOT / src, obj)]
@@ -131,9 +131,72 @@ class IncrementalBuildExt(build_ext):
         output.parent.mkdir(parents=True, exist_ok=True)
         if ext.name.endswith("_tensorflow"):
             libraries = [*libraries, "-l:libtensorflow_cc.so.2"]
-        link = [compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
+        link = [*compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
                 f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed", *libraries]
         subprocess.run(link, check=True)
+        missing = undefined_symbols_nothing_exports(output)
+        if missing:
+            raise BuildError(missing_symbols_message(output.name, tf["version"], missing))
+        if ext.name.endswith("_tensorflow"):
+            load_error = load_failure(output)
+            if load_error:
+                raise BuildError(f"tf_rdma built {output.name} against TensorFlow {tf['version']}, and it "
+                                 f"does not load there:\n{load_error}\nPlease report this with the "
+                                 "TensorFlow version and `g++ --version`.")
+
+
+def _dynamic_symbols(path, *nm_options):
+    listed = subprocess.run(["nm", "-D", *nm_options, str(path)], capture_output=True, text=True, check=True)
+    # "  U name@VERSION" / "0000 T name@@VERSION": the name without its symbol version.
+    return {line.split()[-1].split("@")[0] for line in listed.stdout.splitlines() if line.strip()}
+
+
+def _needed_libraries(path):
+    """The shared libraries the loader resolves for `path` (its rpath included), by ldd."""
+    listed = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=True)
+    # "libx.so.1 => /path/libx.so.1 (0x...)", and the loader itself as "/lib64/ld-linux-x86-64.so.2 (0x...)".
+    paths = [line.split("=>")[-1].split("(")[0].strip() for line in listed.stdout.splitlines()]
+    return [path for path in paths if path.startswith("/")]
+
+
+def undefined_symbols_nothing_exports(extension):
+    """Strong undefined symbols of `extension` that none of its libraries nor this interpreter define.
+    The loader would refuse them at import; listing them all here names every one at install time
+    (e.g. a template instance a TensorFlow built by another compiler exports under another name)."""
+    strong_undefined = set()
+    listed = subprocess.run(["nm", "-D", "--undefined-only", str(extension)], capture_output=True, text=True,
+                            check=True)
+    for line in listed.stdout.splitlines():
+        kind, name = line.split()[-2:]
+        if kind == "U":
+            strong_undefined.add(name.split("@")[0])
+    provided = set()
+    # The interpreter provides the Python C API (from itself, or from the libpython it loads).
+    for library in [*_needed_libraries(extension), sys.executable, *_needed_libraries(sys.executable)]:
+        provided |= _dynamic_symbols(library, "--defined-only")
+    return sorted(strong_undefined - provided)
+
+
+def missing_symbols_message(extension, tensorflow_version, missing):
+    demangled = subprocess.run(["c++filt"], input="\n".join(missing), capture_output=True, text=True).stdout.split("\n")
+    names = "\n".join(f"  {mangled}\n    = {readable}" for mangled, readable in zip(missing, demangled))
+    return (f"tf_rdma's {extension} needs {len(missing)} symbol(s) that TensorFlow {tensorflow_version}'s libraries "
+            f"do not export (it would fail to import with 'undefined symbol'):\n{names}\n"
+            "This TensorFlow is not supported by this tf_rdma: see the README's list of supported "
+            "versions, or report the symbols above with the TensorFlow version.")
+
+
+def load_failure(extension):
+    """Imports the built TensorFlow side in the target interpreter (after TensorFlow, as tf_rdma does);
+    the error text if it fails, else None."""
+    probe = ("import importlib.util, sys, tensorflow\n"
+             f"spec = importlib.util.spec_from_file_location('tf_rdma._tensorflow', {str(extension)!r})\n"
+             "module = importlib.util.module_from_spec(spec)\n"
+             "spec.loader.exec_module(module)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    return None if result.returncode == 0 else result.stderr.strip()[-2000:]
 
 
 def _stale(source, obj):
@@ -148,7 +211,7 @@ def _stale(source, obj):
 
 def _compile(compiler, cflags, source, obj):
     obj.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [compiler, *cflags, "-MMD", "-MF", str(obj.with_suffix(".d")), "-c", str(ROOT / source),
+    cmd = [*compiler, *cflags, "-MMD", "-MF", str(obj.with_suffix(".d")), "-c", str(ROOT / source),
            "-o", str(obj)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:

@@ -14,6 +14,7 @@ from tf_rdma.errors import (
     OperationTimeoutError,
     PeerUnavailableError,
     ProtocolError,
+    TensorFlowMismatchError,
     TransportError,
 )
 
@@ -37,5 +38,5 @@ def __getattr__(name):
 __all__ = [
     "BackendUnavailableError", "CancelledError", "Config", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
-    "TransportError", "config", "errors", "load_config",
+    "TensorFlowMismatchError", "TransportError", "config", "errors", "load_config",
 ]

@@ -63,6 +63,8 @@ def main(argv=None):
             from tf_rdma import info as info_module
             collected = info_module.collect()
             print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
+            if not collected["tensorflow"]["works"]:
+                return 1
         elif args.command == "bench-peer":
             from tf_rdma import bench as bench_module
             bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,

@@ -9,6 +9,10 @@ class ConfigError(TransportError, ValueError):
     """A TF_RDMA_* variable or an argument is invalid; the message names it and the fix."""
 
 
+class TensorFlowMismatchError(ConfigError):
+    """This tf_rdma was built against another TensorFlow than the one running; rebuild it."""
+
+
 class PeerUnavailableError(TransportError, ConnectionError):
     """The peer cannot be reached, died, went silent past the timeout, or closed the connection."""
 

@@ -1,5 +1,8 @@
 """What this host offers tf_rdma: backends, RDMA devices, and the limits that break registration."""
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tf_rdma import _transport
@@ -29,10 +32,45 @@ def _hidden(secret):
     return "(set)" if secret else "(empty)"
 
 
+# Run in a child: a TensorFlow side that cannot load (an undefined symbol, another TensorFlow) is
+# reported, and one that crashed while loading would not take `info` down with it.
+_TENSORFLOW_SIDE_PROBE = """
+import json, os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+report = {"installed": tf.__version__}
+try:
+    from tf_rdma import server
+    report["protocol"] = server.protocol()
+except Exception as e:
+    report["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(report))
+"""
+
+
+def tensorflow_side():
+    """Whether tf_rdma's TensorFlow side loads into the TensorFlow here, and what it was built with."""
+    report = {"built_with": _transport.BUILT_WITH_TENSORFLOW, "compiler": _transport.COMPILER,
+              "installed": None, "works": False}
+    result = subprocess.run([sys.executable, "-c", _TENSORFLOW_SIDE_PROBE], capture_output=True, text=True,
+                            timeout=300)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        errors = result.stderr.strip().splitlines()
+        report["error"] = (errors[-1] if errors else f"the probe exited with {result.returncode}")
+        if "No module named 'tensorflow'" in report["error"]:
+            report["error"] = "TensorFlow is not installed in this environment"
+        return report
+    report.update(json.loads(lines[-1]))
+    report["works"] = "error" not in report
+    return report
+
+
 def collect():
     soft, hard = _transport.memlock_limit()
     return {
         "version": _transport.BUILD_VERSION,
+        "tensorflow": tensorflow_side(),
         "wire_protocol": _transport.PROTOCOL_VERSION,
         "backends": available_backends(),
         "rdma_devices": rdma_devices(),
@@ -45,7 +83,12 @@ def collect():
 
 
 def render(info):
-    lines = [f"tf_rdma {info['version']} (wire protocol {info['wire_protocol']})", "", "backends:"]
+    lines = [f"tf_rdma {info['version']} (wire protocol {info['wire_protocol']})", ""]
+    tf_side = info["tensorflow"]
+    lines.append(f"TensorFlow side: {'works' if tf_side['works'] else 'BROKEN: ' + tf_side['error']}")
+    lines.append(f"  built against TensorFlow {tf_side['built_with']} with {tf_side['compiler']}; "
+                 f"installed: {tf_side['installed'] or 'none'}")
+    lines += ["", "backends:"]
     for name, reason in info["backends"].items():
         lines.append(f"  {name:6} {'available' if reason is None else 'unavailable: ' + reason}")
     lines.append("")

@@ -11,7 +11,7 @@ import os
 
 import tensorflow as tf
 
-from tf_rdma.errors import ConfigError
+from tf_rdma.errors import ConfigError, TensorFlowMismatchError
 
 log = logging.getLogger("tf_rdma")
 
@@ -21,6 +21,14 @@ _SEND_TENSOR_RPC = "TF_EAGER_REMOTE_USE_SEND_TENSOR_RPC"
 
 
 def _extension():
+    # TensorFlow's internal classes, which tf_rdma's server subclasses, change layout between
+    # releases: loading a build made for another TensorFlow could crash, so it is refused first.
+    from tf_rdma import _transport  # built in the same run as _tensorflow, without TensorFlow
+    if tf.__version__ != _transport.BUILT_WITH_TENSORFLOW:
+        raise TensorFlowMismatchError(
+            f"tf_rdma was built against TensorFlow {_transport.BUILT_WITH_TENSORFLOW}, and this process runs "
+            f"TensorFlow {tf.__version__}: rebuild tf_rdma against it (`pip install --no-build-isolation "
+            "--force-reinstall --no-deps /path/to/tf_rdma` in this environment)")
     from tf_rdma import _tensorflow  # registers the server protocol with TensorFlow
     return _tensorflow
 

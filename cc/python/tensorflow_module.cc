@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
 #include "cc/tf/runtime/runtime.h"
 #include "cc/tf/server/rdma_server.h"
@@ -64,6 +65,7 @@ PYBIND11_MODULE(_tensorflow, m) {
   using namespace tf_rdma;
   RegisterStatusTranslator();
   m.attr("PROTOCOL") = kProtocol;
+  AddBuildInfo(m);
   m.def("set_address_overrides", &SetAddressOverrides, py::arg("overrides"));
   m.def("tasks_of",
         [](const py::bytes& serialized_cluster_def, const AddressOverrides& overrides) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/bench/transport_bench.h"
+#include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/config.h"
@@ -209,6 +210,7 @@ PYBIND11_MODULE(_transport, m) {
 
   m.attr("PROTOCOL_VERSION") = wire::kProtocolVersion;
   m.attr("BUILD_VERSION") = BuildVersion();
+  AddBuildInfo(m);
 
   py::class_<MemoryRegion, std::shared_ptr<MemoryRegion>>(m, "Region", py::buffer_protocol())
       .def_property_readonly("id", &MemoryRegion::id)

@@ -218,7 +218,9 @@ absl::Status Runtime::Listen() {
     std::lock_guard<std::mutex> lock(mu_);
     listeners_.push_back(std::move(*listener));
   }
-  LOG(INFO) << "tf_rdma: task " << self.task << " listens on port " << self.rdma_port;
+  // Formatted by StrCat: absl's LogMessage takes integers through templates that some TensorFlow
+  // releases (built by clang 18) export under names g++ does not use (tools/tensorflow_versions.py).
+  LOG(INFO) << absl::StrCat("tf_rdma: task ", self.task, " listens on port ", self.rdma_port);
   return absl::OkStatus();
 }
 
@@ -350,8 +352,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
       return MarkRenamedLocked(peer, identity);
     }
     if (connection.ok()) {
-      LOG(INFO) << "tf_rdma: " << BackendName(choice.backend) << " to task " << peer.task << " at "
-                << peer.host << ":" << peer.rdma_port << " (" << choice.reason << ")";
+      LOG(INFO) << absl::StrCat("tf_rdma: ", BackendName(choice.backend), " to task ", peer.task, " at ",
+                                peer.host, ":", peer.rdma_port, " (", choice.reason, ")");
       stats_.Peer(peer.task, [&](PeerStats& s) {
         s.backend = BackendName(choice.backend);
         s.backend_reason = choice.reason;

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The TensorFlow releases tf_rdma supports, each in a virtual environment of its own with tf_rdma
+built into it, as a user would install it (`pip install --no-build-isolation .` next to the
+TensorFlow wheel from the package index).
+
+    tools/tensorflow_versions.py list              the supported wheels, one a line
+    tools/tensorflow_versions.py install WHEEL     its venv (made once, then reused) with this tf_rdma
+                                                   built into it; prints the venv's python
+
+The venvs live in TF_RDMA_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
+reused between runs on the same machine; tf_rdma is rebuilt into them each time, through ccache
+when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
+tests/tensorflow_versions/ runs the matrix; the README's support table lists exactly SUPPORTED.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (pip requirement, what the README calls it). tensorflow-cpu 2.21.0 is also the test suite's own
+# environment (requirements-dev.txt); here it is built and run the way every other release is.
+SUPPORTED = [
+    "tensorflow-cpu==2.16.2",
+    "tensorflow-cpu==2.17.1",
+    "tensorflow-cpu==2.18.1",
+    "tensorflow-cpu==2.19.1",
+    "tensorflow-cpu==2.20.0",
+    "tensorflow-cpu==2.21.0",
+    "tensorflow==2.21.0",
+]
+# What building tf_rdma without build isolation needs besides TensorFlow.
+BUILD_REQUIREMENTS = ["pybind11>=2.10", "setuptools>=64", "wheel"]
+
+
+class VersionsError(RuntimeError):
+    pass
+
+
+def cache_root():
+    return Path(os.environ.get("TF_RDMA_VERSIONS_CACHE", Path.home() / ".cache" / "tf_rdma" / "tensorflow-versions"))
+
+
+def venv_of(wheel):
+    return cache_root() / wheel.replace("==", "-")
+
+
+def _run(command, what, **kwargs):
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise VersionsError(f"{what} failed ({' '.join(map(str, command))}):\n"
+                            f"{(result.stdout + result.stderr)[-4000:]}")
+    return result
+
+
+def ensure_venv(wheel):
+    """The venv of `wheel`, made and filled once; a venv whose install was interrupted is made again."""
+    if wheel not in SUPPORTED:
+        raise VersionsError(f"{wheel} is not one of the supported wheels: {', '.join(SUPPORTED)}")
+    venv = venv_of(wheel)
+    python = venv / "bin" / "python"
+    done = venv / ".tensorflow-installed"
+    if done.exists() and done.read_text() == wheel:
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "venv", str(venv)], f"creating the venv for {wheel}")
+    _run([str(python), "-m", "pip", "install", "-q", wheel, *BUILD_REQUIREMENTS], f"pip install {wheel}",
+         timeout=1800)
+    done.write_text(wheel)
+    return python
+
+
+def build_environment():
+    """The compiler through ccache when there is one: each release's objects are cached by content,
+    whatever folder the checkout is in (CCACHE_BASEDIR makes the paths under it relative)."""
+    env = dict(os.environ)
+    ccache = shutil.which("ccache")
+    if ccache and "CXX" not in env:
+        env["CXX"] = f"{ccache} g++"
+        env.setdefault("CCACHE_BASEDIR", str(ROOT))
+        env.setdefault("CCACHE_DIR", str(cache_root() / "ccache"))
+    return env
+
+
+def install_tf_rdma(wheel):
+    """Builds this checkout into the venv of `wheel` as a user's `pip install` would; returns its python."""
+    python = ensure_venv(wheel)
+    _run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall",
+          str(ROOT)], f"pip install tf_rdma into {wheel}", env=build_environment(), timeout=1800)
+    return python
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list")
+    install = commands.add_parser("install")
+    install.add_argument("wheel", choices=SUPPORTED)
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        print("\n".join(SUPPORTED))
+        return 0
+    try:
+        print(install_tf_rdma(args.wheel))
+    except VersionsError as e:
+        print(f"tensorflow_versions: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
