@@ -12,15 +12,20 @@ from tf_rdma import _transport
 SECRET = "hunter2-not-for-printing"
 
 
-def info(*args, secret=SECRET):
+def run_info(*args, secret=SECRET, **env_overrides):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
-    env.update(TF_RDMA_PEER_TIMEOUT_MS="1234", TF_RDMA_BACKEND="tcp")
+    env.update(TF_RDMA_PEER_TIMEOUT_MS="1234", TF_RDMA_BACKEND="tcp", **env_overrides)
     if secret is not None:
         env["TF_RDMA_SECRET"] = secret
     result = subprocess.run([sys.executable, "-m", "tf_rdma", "info", *args], env=env,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+                            capture_output=True, text=True, timeout=120)
     assert SECRET not in result.stdout + result.stderr
+    return result
+
+
+def info(*args, secret=SECRET):
+    result = run_info(*args, secret=secret)
+    assert result.returncode == 0, result.stderr
     return result.stdout
 
 
@@ -55,3 +60,25 @@ def test_info_as_json_names_the_variables_set_and_hides_the_secret():
 def test_info_warns_when_no_secret_keeps_strangers_out():
     assert "warning: TF_RDMA_SECRET is not set" in info(secret=None)
     assert "warning: TF_RDMA_SECRET" not in info()
+
+
+def test_info_loads_the_tensorflow_side_and_says_what_it_was_built_with():
+    import tensorflow as tf
+    text = info()
+    assert "TensorFlow side: works\n" in text, text
+    assert f"built against TensorFlow {tf.__version__} with {_transport.COMPILER}; installed: {tf.__version__}" \
+        in text, text
+    side = json.loads(info("--json"))["tensorflow"]
+    assert side["works"] and side["built_with"] == side["installed"] == tf.__version__, side
+
+
+def test_info_says_the_tensorflow_side_is_broken_and_why_and_exits_1(tmp_path):
+    # Another TensorFlow than the one built against (here a stand-in package that shadows it).
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "2.99.0"\n')
+    result = run_info(PYTHONPATH=str(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"TensorFlow side: BROKEN: TensorFlowMismatchError: tf_rdma was built against TensorFlow "
+            f"{_transport.BUILT_WITH_TENSORFLOW}, and this process runs TensorFlow 2.99.0: rebuild tf_rdma "
+            "against it") in result.stdout, result.stdout

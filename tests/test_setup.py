@@ -130,3 +130,31 @@ def test_a_build_without_rdma_core_headers_says_so_loudly_and_verbs_then_says_ho
            "built. Install them (`apt-get install libibverbs-dev librdmacm-dev` on Debian/Ubuntu, `dnf install " \
            "rdma-core-devel` on RHEL/Fedora), then rebuild tf_rdma (`pip install --force-reinstall --no-deps " \
            "/path/to/tf_rdma`)" in last_line, last_line
+
+
+def test_a_symbol_no_library_exports_fails_the_build_naming_it_and_the_tensorflow(setup_py, tmp_path):
+    # As when a TensorFlow built by another compiler exports a template instance the plugin needs
+    # under another name: the link succeeds (a shared object may leave symbols undefined), the
+    # import would fail with 'undefined symbol'; the build must fail first, naming it.
+    from setuptools import Distribution, Extension
+    source = tmp_path / "needs_missing.cc"
+    source.write_text("namespace tf_rdma_test { int NowhereDefined(unsigned short); }\n"
+                      "int Uses() { return tf_rdma_test::NowhereDefined(7); }\n")
+    dist = Distribution({"name": "tf_rdma", "cmdclass": {"build_ext": setup_py.IncrementalBuildExt},
+                         "ext_modules": [Extension("tf_rdma._needs_missing", [str(source)])]})
+    command = dist.get_command_obj("build_ext")
+    command.build_lib, command.build_temp = str(tmp_path / "lib"), str(tmp_path / "temp")
+    command.ensure_finalized()
+    with pytest.raises(setup_py.BuildError) as raised:
+        command.run()
+    message = str(raised.value)
+    tensorflow_version = setup_py.installed_tensorflow()["version"]
+    assert f"needs 1 symbol(s) that TensorFlow {tensorflow_version}'s libraries do not export" in message, message
+    assert "_ZN12tf_rdma_test14NowhereDefinedEt" in message, message
+    assert "= tf_rdma_test::NowhereDefined(unsigned short)" in message, message
+
+
+def test_the_built_extensions_need_no_symbol_their_libraries_lack(setup_py):
+    # What the build checks, checked on this checkout's own build (the suite's TensorFlow).
+    for extension in (ROOT / "tf_rdma").glob("_*.so"):
+        assert setup_py.undefined_symbols_nothing_exports(extension) == [], extension

@@ -15,12 +15,8 @@ from tf_rdma.errors import ConfigError, TensorFlowMismatchError
 
 log = logging.getLogger("tf_rdma")
 
-# Eager copies from a client to a remote task ride inside gRPC's Enqueue call unless this is "0";
-# with "0" they go through the rendezvous, which tf_rdma carries. Read when a client connects.
-_SEND_TENSOR_RPC = "TF_EAGER_REMOTE_USE_SEND_TENSOR_RPC"
 
-
-def _extension():
+def _check_built_against_this_tensorflow():
     # TensorFlow's internal classes, which tf_rdma's server subclasses, change layout between
     # releases: loading a build made for another TensorFlow could crash, so it is refused first.
     from tf_rdma import _transport  # built in the same run as _tensorflow, without TensorFlow
@@ -29,6 +25,16 @@ def _extension():
             f"tf_rdma was built against TensorFlow {_transport.BUILT_WITH_TENSORFLOW}, and this process runs "
             f"TensorFlow {tf.__version__}: rebuild tf_rdma against it (`pip install --no-build-isolation "
             "--force-reinstall --no-deps /path/to/tf_rdma` in this environment)")
+
+
+_check_built_against_this_tensorflow()
+
+# Eager copies from a client to a remote task ride inside gRPC's Enqueue call unless this is "0";
+# with "0" they go through the rendezvous, which tf_rdma carries. Read when a client connects.
+_SEND_TENSOR_RPC = "TF_EAGER_REMOTE_USE_SEND_TENSOR_RPC"
+
+
+def _extension():
     from tf_rdma import _tensorflow  # registers the server protocol with TensorFlow
     return _tensorflow
 

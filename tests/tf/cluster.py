@@ -36,8 +36,10 @@ def digest(npz_path):
 class Cluster:
     """`jobs`: {"ps": 1, "worker": 1}. Each task runs `programs.<function>(cluster, job, index, **kw)`."""
 
-    def __init__(self, tmp_path, jobs, env=None, host="localhost"):
-        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
+    def __init__(self, tmp_path, jobs, env=None, host="localhost", python=sys.executable, base_env=os.environ):
+        """`python` and `base_env`: another environment's interpreter (and its variables) runs the tasks."""
+        self.env = dict(base_env, TF_CPP_MIN_LOG_LEVEL="1", **(env or {}))
+        self.python = python
         ports = iter(free_ports(sum(jobs.values()), int(self.env.get("TF_RDMA_PORT_OFFSET", "1000"))))
         self.spec = {job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
         self.tmp_path = tmp_path
@@ -47,7 +49,7 @@ class Cluster:
         """Runs `function` of `program` (a file with programs.py's command line) as the task."""
         log = open(self.tmp_path / f"{job}{index}.log", "w")
         args = json.dumps({"cluster": self.spec, "job": job, "index": index, "kwargs": kwargs})
-        process = subprocess.Popen([sys.executable, str(program), function, args],
+        process = subprocess.Popen([self.python, str(program), function, args],
                                    stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
         self.processes[(job, index)] = process
         return process

@@ -1,0 +1,89 @@
+"""Every TensorFlow the README supports, as its users install tf_rdma: the wheel from the package
+index in a venv of its own (tools/tensorflow_versions.py, cached between runs), tf_rdma built into
+it with `pip install --no-build-isolation .`, then `info`, a TF1 ps + worker session and a
+MultiWorkerMirroredStrategy all-reduce over tcp and shm, each compared bit for bit with stock gRPC
+on the same TensorFlow. tensorflow-cpu 2.21.0 is also the rest of the suite's own environment."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "tf"))
+import tensorflow_versions  # noqa: E402
+from cluster import Cluster, digest  # noqa: E402
+
+PROGRAMS = ROOT / "tests" / "tf"
+BACKENDS = ("tcp", "shm")
+
+
+def clean_environment():
+    """This checkout's tf_rdma must not shadow the one installed in the venv under test."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TF_RDMA_")}
+
+
+def session_digest(tmp_path, python, transport, backend=None):
+    output = str(tmp_path / f"session-{transport}-{backend}.npz")
+    env = {"TF_RDMA_BACKEND": backend} if backend else {}
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env, python=python, base_env=clean_environment()) as cluster:
+        cluster.start("ps", 0, "serve", transport=transport)
+        cluster.start("worker", 0, "compare_worker", transport=transport, output=output, big_mib=1)
+        assert cluster.wait("worker", 0, timeout=180) == 0, cluster.log("worker", 0)[-4000:] + cluster.log("ps", 0)[-2000:]
+    stats = json.loads(Path(output + ".stats.json").read_text()) if transport == "rdma" else None
+    return digest(output), stats
+
+
+def all_reduce_digests(tmp_path, python, transport, backend=None):
+    outputs = [str(tmp_path / f"all-reduce-{transport}-{backend}-{i}.npz") for i in range(2)]
+    env = {"TF_RDMA_BACKEND": backend} if backend else {}
+    with Cluster(tmp_path, {"worker": 2}, env, python=python, base_env=clean_environment()) as cluster:
+        for i in range(2):
+            cluster.start("worker", i, "all_reduce_worker", program=PROGRAMS / "collective_programs.py",
+                          transport=transport, output=outputs[i], steps=2, elements=1 << 16)
+        for i in range(2):
+            assert cluster.wait("worker", i, timeout=180) == 0, cluster.log("worker", i)[-4000:]
+    stats = json.loads(Path(outputs[0] + ".stats.json").read_text()) if transport == "rdma" else None
+    return [digest(o) for o in outputs], stats
+
+
+def carried(stats, backend):
+    """Bytes tf_rdma moved over `backend`, to and from every peer."""
+    return sum(p["bytes_sent"] + p["bytes_received"] for p in stats["peers"].values() if p["backend"] == backend)
+
+
+@pytest.mark.timeout(1800)  # a fresh machine downloads the wheel and builds tf_rdma from scratch
+@pytest.mark.parametrize("wheel", tensorflow_versions.SUPPORTED)
+def test_tf_rdma_installs_and_carries_tensors_on(wheel, tmp_path):
+    python = str(tensorflow_versions.install_tf_rdma(wheel))
+    version = wheel.split("==")[1]
+
+    info = subprocess.run([python, "-m", "tf_rdma", "info", "--json"], cwd=tmp_path, env=clean_environment(),
+                          capture_output=True, text=True, timeout=300)
+    assert info.returncode == 0, info.stdout + info.stderr
+    side = json.loads(info.stdout)["tensorflow"]
+    assert side["works"] and side["installed"] == side["built_with"] == version, side
+
+    reference, _ = session_digest(tmp_path, python, "grpc")
+    for backend in BACKENDS:
+        result, stats = session_digest(tmp_path, python, "rdma", backend)
+        assert result == reference, f"TF1 session over {backend} differs from gRPC on {wheel}"
+        assert carried(stats, backend) > 1 << 20, stats
+
+    reference, _ = all_reduce_digests(tmp_path, python, "grpc")
+    for backend in BACKENDS:
+        results, stats = all_reduce_digests(tmp_path, python, "rdma", backend)
+        assert results == reference, f"all-reduce over {backend} differs from gRPC on {wheel}"
+        assert carried(stats, backend) > 0, stats
+
+
+def test_the_readme_lists_exactly_the_versions_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    table = re.search(r"<!-- tensorflow-versions -->\n(.*?)<!-- /tensorflow-versions -->", readme, re.S)
+    assert table, "the README's support table is delimited by <!-- tensorflow-versions --> comments"
+    listed = re.findall(r"^\| `([\w-]+==[\d.]+)` \|", table.group(1), re.M)
+    assert listed == tensorflow_versions.SUPPORTED, listed
