@@ -1,4 +1,4 @@
-"""python -m tf_rdma {info,bench}"""
+"""python -m tf_rdma {info,doctor,bench}"""
 import argparse
 import importlib.util
 import json
@@ -24,6 +24,11 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
     info.add_argument("--json", action="store_true")
+    doctor = commands.add_parser("doctor", help="checks a running cluster from one of its hosts: ports, "
+                                                "handshake (same secret), versions, backends, ulimit -l")
+    doctor.add_argument("--cluster-spec", help="the cluster as JSON, e.g. '{\"ps\": [\"ps0:2222\"], "
+                                               "\"worker\": [\"w0:2222\"]}' (default: TF_CONFIG's)")
+    doctor.add_argument("--json", action="store_true")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
     bench.add_argument("what", choices=["transport", "collective", "tf", "soak"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
@@ -64,6 +69,12 @@ def main(argv=None):
             collected = info_module.collect()
             print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
             if not collected["tensorflow"]["works"]:
+                return 1
+        elif args.command == "doctor":
+            from tf_rdma import doctor as doctor_module
+            checked = doctor_module.run(doctor_module.cluster_from(args.cluster_spec))
+            print(json.dumps(checked, indent=2) if args.json else doctor_module.render(checked))
+            if not checked["healthy"]:
                 return 1
         elif args.command == "bench-peer":
             from tf_rdma import bench as bench_module
