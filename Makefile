@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs (see README.md):
 #   make demo   the main job
 #   make test   every test, including the verbs suite on a Soft-RoCE guest when this host has no RDMA NIC
-.PHONY: demo test env softroce-prereqs bench-notify
+.PHONY: demo test env softroce-prereqs test-prereqs bench-notify
 
 env:
 	tools/dev_env.sh
@@ -13,7 +13,10 @@ softroce-prereqs:
 	@if [ "$$(id -u)" = 0 ]; then tools/softroce/install.sh; \
 	else echo "not root: skipping tools/softroce/install.sh (the Soft-RoCE tests need it)"; fi
 
-test: softroce-prereqs env
+test-prereqs:
+	tools/install_test_prereqs.sh
+
+test: softroce-prereqs test-prereqs env
 	.venv/bin/python -m pytest tests
 
 # WRITE_WITH_IMM (completion events / CQ polling) vs WRITE + polled trailing flag: latency and

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Debian packages the test suite uses beyond the Soft-RoCE guest's (tools/softroce/install.sh):
+#   ccache     tests/tensorflow_versions rebuilds tf_rdma into one venv per supported TensorFlow;
+#              through ccache an unchanged tree rebuilds in seconds, in any checkout
+#   util-linux prlimit and setpriv (tests/test_doctor.py lowers `ulimit -l` without CAP_IPC_LOCK)
+# Run as root (CI is); idempotent: exits at once when everything is there.
+set -euo pipefail
+PACKAGES=(ccache util-linux)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "test prerequisites missing: ${missing[*]}; install them as root (the suite runs slower without ccache)" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
