@@ -1,7 +1,10 @@
 # The two commands a fresh machine needs (see README.md):
 #   make demo   the main job
 #   make test   every test, including the verbs suite on a Soft-RoCE guest when this host has no RDMA NIC
-.PHONY: demo test env softroce-prereqs test-prereqs bench-notify
+# and the one to run on every change:
+#   make check  the fast tier (a few minutes): C++ unit tests of the pure code, the transport's
+#               contract over tcp and shm, config and README checks, one TensorFlow session
+.PHONY: demo test check cc-tests env softroce-prereqs test-prereqs bench-notify
 
 env:
 	tools/dev_env.sh
@@ -16,8 +19,25 @@ softroce-prereqs:
 test-prereqs:
 	tools/install_test_prereqs.sh
 
-test: softroce-prereqs test-prereqs env
+test: softroce-prereqs test-prereqs env cc-tests
 	.venv/bin/python -m pytest tests
+
+CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
+	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors
+
+check: test-prereqs env cc-tests
+	.venv/bin/python -m pytest -q $(CHECK_TESTS)
+
+# C++ unit tests (GoogleTest, Debian's libgtest-dev) of the transport's pure code, against the
+# absl of the TensorFlow in .venv, as the extensions are built.
+TF_FLAGS = $(shell .venv/bin/python -c 'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null)
+CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_book.cc cc/transport/wire.cc
+build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h) | env
+	mkdir -p build
+	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS)
+
+cc-tests: build/transport_unit_tests
+	build/transport_unit_tests --gtest_brief=1
 
 # WRITE_WITH_IMM (completion events / CQ polling) vs WRITE + polled trailing flag: latency and
 # throughput per message size (tools/bench/write_notify.cc). Runs natively when this host has an

@@ -3,9 +3,10 @@
 #   ccache     tests/tensorflow_versions rebuilds tf_rdma into one venv per supported TensorFlow;
 #              through ccache an unchanged tree rebuilds in seconds, in any checkout
 #   util-linux prlimit and setpriv (tests/test_doctor.py lowers `ulimit -l` without CAP_IPC_LOCK)
+#   libgtest-dev GoogleTest for the C++ unit tests (tests/transport/cc, `make cc-tests`)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux)
+PACKAGES=(ccache util-linux libgtest-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

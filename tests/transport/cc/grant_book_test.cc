@@ -1,0 +1,147 @@
+// GrantBook: the receiver-granted protocol's bookkeeping, shared by every backend, as pure code
+// (no sockets, no threads): pairing of grants and writes, bounds on what a peer makes us hold,
+// and what the peer may not claim.
+#include "cc/transport/grant_book.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+
+namespace tf_rdma {
+namespace {
+
+struct FakeWrite {
+  uint64_t length = 0;
+  int id = 0;
+};
+
+class FakeRegion : public MemoryRegion {
+ public:
+  explicit FakeRegion(size_t size) : MemoryRegion(1, nullptr, size) {}
+};
+
+using Book = GrantBook<FakeWrite>;
+
+wire::Grant PeerGrant(uint64_t id, Tag tag, uint64_t capacity) {
+  return wire::Grant{id, tag, 1, 0, capacity};
+}
+
+TEST(GrantBookSender, AWriteWaitsForItsTagsGrantThenPairs) {
+  Book book(1000, 16);
+  const Tag tag{1, 2};
+  Book::Pairing waiting = book.OnWrite(tag, FakeWrite{100, 7});
+  EXPECT_FALSE(waiting.ready);
+  absl::StatusOr<Book::Pairing> paired = book.OnPeerGrant(PeerGrant(5, tag, 128));
+  ASSERT_TRUE(paired.ok()) << paired.status();
+  ASSERT_TRUE(paired->ready);
+  EXPECT_EQ(paired->ready->first.grant_id, 5u);
+  EXPECT_EQ(paired->ready->second.id, 7);
+}
+
+TEST(GrantBookSender, GrantsAndWritesOfOneTagPairInFifoOrder) {
+  Book book(1000, 16);
+  const Tag tag{3, 4};
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(1, tag, 64)).ok());
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(2, tag, 64)).ok());
+  EXPECT_EQ(book.OnWrite(tag, FakeWrite{10, 1}).ready->first.grant_id, 1u);
+  EXPECT_EQ(book.OnWrite(tag, FakeWrite{10, 2}).ready->first.grant_id, 2u);
+}
+
+TEST(GrantBookSender, AGrantTooSmallGoesBackWithTheSizeNeededAndTheWriteKeepsWaiting) {
+  Book book(1000, 16);
+  const Tag tag{5, 6};
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(9, tag, 16)).ok());
+  Book::Pairing pairing = book.OnWrite(tag, FakeWrite{100, 1});
+  EXPECT_FALSE(pairing.ready);
+  ASSERT_EQ(pairing.too_small.size(), 1u);
+  EXPECT_EQ(pairing.too_small[0].grant_id, 9u);
+  EXPECT_EQ(pairing.too_small[0].needed, 100u);
+  EXPECT_TRUE(book.OnPeerGrant(PeerGrant(10, tag, 100))->ready);
+}
+
+TEST(GrantBookSender, APeerGrantIdUsedTwiceIsRefused) {
+  Book book(1000, 16);
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(1, Tag{1, 1}, 8)).ok());
+  absl::StatusOr<Book::Pairing> again = book.OnPeerGrant(PeerGrant(1, Tag{2, 2}, 8));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(GrantBookSender, UnusedPeerGrantsAreBoundedByTheLimitAndItsVariableIsNamed) {
+  Book book(1000, 2);
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(1, Tag{1, 1}, 8)).ok());
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(2, Tag{1, 2}, 8)).ok());
+  absl::StatusOr<Book::Pairing> third = book.OnPeerGrant(PeerGrant(3, Tag{1, 3}, 8));
+  ASSERT_FALSE(third.ok());
+  EXPECT_NE(third.status().message().find("TF_RDMA_MAX_GRANTS_PER_PEER"), absl::string_view::npos);
+}
+
+TEST(GrantBookSender, DiscardDropsTheWaitingWritesAndCancelsLaterOnes) {
+  Book book(1000, 16);
+  const Tag tag{7, 7};
+  book.OnWrite(tag, FakeWrite{10, 1});
+  std::vector<FakeWrite> dropped = book.Discard(tag);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].id, 1);
+  EXPECT_TRUE(book.OnWrite(tag, FakeWrite{10, 2}).discarded);
+  EXPECT_FALSE(book.OnWrite(Tag{7, 8}, FakeWrite{10, 3}).discarded);
+}
+
+TEST(GrantBookSender, DiscardedTagsAreForgottenOldestFirstBeyondTheMemory) {
+  Book book(1000, 16);
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.Discard(Tag{0, i});
+  EXPECT_FALSE(book.OnWrite(Tag{0, 0}, FakeWrite{1, 1}).discarded);
+  EXPECT_TRUE(book.OnWrite(Tag{0, kDiscardMemory}, FakeWrite{1, 2}).discarded);
+}
+
+TEST(GrantBookSender, ARevokedUnusedGrantIsGivenBackOnceAndAUsedOneIsNot) {
+  Book book(1000, 16);
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(4, Tag{1, 1}, 8)).ok());
+  EXPECT_TRUE(book.OnPeerRevoke(4));
+  EXPECT_FALSE(book.OnPeerRevoke(4));
+  EXPECT_FALSE(book.OnWrite(Tag{1, 1}, FakeWrite{1, 1}).ready);
+}
+
+TEST(GrantBookReceiver, IdsWrapAndSkipTheOnesStillOutstanding) {
+  Book book(3, 16);
+  auto region = std::make_shared<FakeRegion>(64);
+  EXPECT_EQ(book.Issue(Tag{1, 1}, region, 0, 8, nullptr), 1u);
+  EXPECT_EQ(book.Issue(Tag{1, 2}, region, 8, 8, nullptr), 2u);
+  ASSERT_TRUE(book.TakeFilled(1, 8).ok());
+  EXPECT_EQ(book.Issue(Tag{1, 3}, region, 16, 8, nullptr), 3u);
+  EXPECT_EQ(book.Issue(Tag{1, 4}, region, 24, 8, nullptr), 1u);  // 2 and 3 are still out
+}
+
+TEST(GrantBookReceiver, WhatAPeerMayNotClaimIsDataLoss) {
+  Book book(1000, 16);
+  auto region = std::make_shared<FakeRegion>(64);
+  const uint64_t id = book.Issue(Tag{1, 1}, region, 0, 8, nullptr);
+  EXPECT_EQ(book.TakeFilled(id, 9).status().code(), absl::StatusCode::kDataLoss);      // over capacity
+  EXPECT_EQ(book.TakeFilled(id + 1, 1).status().code(), absl::StatusCode::kDataLoss);  // never issued
+  EXPECT_EQ(book.TakeReturned(id, 8).status().code(), absl::StatusCode::kDataLoss);    // TOO_SMALL but fits
+  EXPECT_EQ(book.TakeReturned(id, std::nullopt).status().code(),
+            absl::StatusCode::kDataLoss);  // REVOKED, never revoked
+  EXPECT_TRUE(book.StartRevoke(id));
+  EXPECT_FALSE(book.StartRevoke(id));
+  EXPECT_TRUE(book.TakeReturned(id, std::nullopt).ok());
+}
+
+TEST(GrantBookReceiver, AFailedConnectionHandsBackEveryOutstandingGrant) {
+  Book book(1000, 16);
+  auto region = std::make_shared<FakeRegion>(64);
+  book.Issue(Tag{1, 1}, region, 0, 8, nullptr);
+  book.Issue(Tag{1, 2}, region, 8, 8, nullptr);
+  EXPECT_EQ(book.TakeAllIssued().size(), 2u);
+  EXPECT_TRUE(book.TakeAllIssued().empty());
+}
+
+TEST(GrantRange, ARangeOutsideItsRegionIsRefused) {
+  FakeRegion region(64);
+  EXPECT_TRUE(CheckGrantRange(&region, 0, 64).ok());
+  EXPECT_FALSE(CheckGrantRange(&region, 60, 8).ok());
+  EXPECT_FALSE(CheckGrantRange(&region, UINT64_MAX, 2).ok());  // offset + capacity overflows
+  EXPECT_FALSE(CheckGrantRange(nullptr, 0, 1).ok());
+}
+
+}  // namespace
+}  // namespace tf_rdma
