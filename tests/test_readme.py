@@ -37,3 +37,19 @@ def test_setting_a_variable_to_its_documented_default_changes_nothing(name, defa
 
 def test_an_empty_secret_is_the_default():
     assert load_config({"TF_RDMA_SECRET": ""}) == load_config({})
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    for page in [README, *sorted((README.parent / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_the_readme_is_a_first_page_not_a_lab_notebook():
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    # Measured durations of the test suite belong in no document.
+    for page in [README, *(README.parent / "docs").glob("*.md")]:
+        assert not re.search(r"make test[^.]*\b(took|takes) (about )?[\d,]+ (s|min|minutes)\b", page.read_text()), page
