@@ -7,6 +7,7 @@ object even under pip's isolated builds.
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from pathlib import Path
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-VERSION = "0.1.0"
+# The version is written once, in the package (tf_rdma.__version__); the build passes it to the C++.
+VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).resolve().parent / "tf_rdma" / "__init__.py")
+                    .read_text(), re.M).group(1)
 MIN_TENSORFLOW = (2, 16)
 ROOT = Path(__file__).resolve().parent
 

@@ -5,18 +5,7 @@ import json
 import logging
 import sys
 
-
-def _size(text):
-    """"64M" -> 67108864; binary units."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    item = text.strip().upper().rstrip("B").rstrip("I")
-    scale = units.get(item[-1:], 1)
-    return int(item[:-1] if item[-1:] in units else item) * scale
-
-
-def _sizes(text):
-    # Blank items are skipped, so "" is no sizes (the verbs bench's peer gets that for a latency-only run).
-    return [_size(item) for item in text.split(",") if item.strip()]
+from tf_rdma.bench import parse_size, parse_sizes
 
 
 def main(argv=None):
@@ -38,10 +27,10 @@ def main(argv=None):
                             "peer, checking that memory, descriptors, threads and pools stay flat")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
-        p.add_argument("--sizes", type=_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
+        p.add_argument("--sizes", type=parse_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
                                                     "4K,256K,4M,64M)")
-        p.add_argument("--latency-sizes", type=_sizes, default=[8, 4096])
-        p.add_argument("--bytes-per-size", type=_size, default=1 << 30, help="e.g. 64M")
+        p.add_argument("--latency-sizes", type=parse_sizes, default=[8, 4096])
+        p.add_argument("--bytes-per-size", type=parse_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")],
