@@ -153,6 +153,12 @@ std::string DescribePeer(int fd) {
 
 }  // namespace
 
+StreamTransport::StreamTransport(Backend backend, const TransportOptions& options)
+    : backend_(backend),
+      options_(options),
+      // Ticks often enough that a silent peer is noticed within an eighth of the timeout of it.
+      loops_(std::max<size_t>(options.io_threads, 1), options.peer_timeout / 8) {}
+
 StreamTransport::~StreamTransport() {
   std::vector<std::weak_ptr<StreamConnection>> connections;
   {
@@ -169,7 +175,12 @@ StreamTransport::~StreamTransport() {
 absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnection(
     int fd, const PeerIdentity& peer, const std::string& peer_address) {
   std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
-  absl::Status started = connection->Start();
+  absl::StatusOr<std::shared_ptr<IoLoop>> loop = loops_.Next();
+  if (!loop.ok()) {
+    connection->Close(loop.status());
+    return loop.status();
+  }
+  absl::Status started = connection->Start(*std::move(loop));
   if (!started.ok()) return started;
   std::lock_guard<std::mutex> lock(mu_);
   connections_.erase(std::remove_if(connections_.begin(), connections_.end(),

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cc/transport/handshake.h"
+#include "cc/transport/stream/io_loops.h"
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/transport.h"
 
@@ -25,8 +26,7 @@ class StreamTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override;
 
  protected:
-  StreamTransport(Backend backend, const TransportOptions& options)
-      : backend_(backend), options_(options) {}
+  StreamTransport(Backend backend, const TransportOptions& options);
 
   // A listening socket for `endpoint`; `bound` is set to what peers must connect to.
   virtual absl::StatusOr<int> OpenListeningSocket(const Endpoint& endpoint, Endpoint* bound) = 0;
@@ -44,6 +44,8 @@ class StreamTransport : public Transport {
   const TransportOptions options_;
   std::mutex mu_;
   std::vector<std::weak_ptr<StreamConnection>> connections_;
+  // Last: its threads stop, after every connection was closed, before the rest goes.
+  IoLoops loops_;
 };
 
 }  // namespace tf_rdma
