@@ -69,16 +69,32 @@ void IoLoop::Run() {
   epoll_event events[kBatch];
   absl::Time next_tick = absl::Now() + tick_;
   std::vector<IoHandler*> finished;
+  // Handlers with work left over from their last call, served again after the next poll.
+  std::vector<IoHandler*> more;
+  std::vector<IoHandler*> again;
   while (!stopping_) {
     const absl::Duration until_tick = next_tick - absl::Now();
-    const int timeout_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(until_tick) + 1);
-    const int ready = epoll_wait(epoll_fd_, events, kBatch, timeout_ms);
-    if (ready < 0 && errno != EINTR) {
-      LOG(ERROR) << "tf_rdma: epoll_wait failed: " << ErrnoMessage("epoll_wait", errno)
-                 << "; this I/O thread's connections stop";
-      break;
+    const int timeout_ms =
+        more.empty() ? std::max<int64_t>(0, absl::ToInt64Milliseconds(until_tick) + 1) : 0;
+    int ready = epoll_wait(epoll_fd_, events, kBatch, timeout_ms);
+    if (ready < 0) {
+      if (errno != EINTR) {
+        LOG(ERROR) << "tf_rdma: epoll_wait failed: " << ErrnoMessage("epoll_wait", errno)
+                   << "; this I/O thread's connections stop";
+        break;
+      }
+      ready = 0;
     }
     finished.clear();
+    again.clear();
+    auto serve = [&](IoHandler* handler, uint32_t what) {
+      if (std::find(finished.begin(), finished.end(), handler) != finished.end()) return;
+      switch (handler->OnEvents(what)) {
+        case IoHandler::Progress::kWaiting: break;
+        case IoHandler::Progress::kMore: again.push_back(handler); break;
+        case IoHandler::Progress::kFinished: finished.push_back(handler); break;
+      }
+    };
     for (int i = 0; i < ready; ++i) {
       auto* handler = static_cast<IoHandler*>(events[i].data.ptr);
       if (handler == nullptr) {
@@ -86,10 +102,15 @@ void IoLoop::Run() {
         (void)!read(wake_fd_, &count, sizeof(count));
         continue;
       }
-      if (std::find(finished.begin(), finished.end(), handler) != finished.end()) continue;
-      if (!handler->OnEvents(events[i].events)) finished.push_back(handler);
+      more.erase(std::remove(more.begin(), more.end(), handler), more.end());
+      serve(handler, events[i].events);
     }
-    for (IoHandler* handler : finished) Remove(handler);
+    for (IoHandler* handler : more) serve(handler, EPOLLIN);
+    more.swap(again);
+    for (IoHandler* handler : finished) {
+      more.erase(std::remove(more.begin(), more.end(), handler), more.end());
+      Remove(handler);
+    }
     const absl::Time now = absl::Now();
     if (now >= next_tick) {
       next_tick = now + tick_;
@@ -100,7 +121,9 @@ void IoLoop::Run() {
         for (const auto& [key, entry] : handlers_) all.push_back(entry.second);
       }
       for (const auto& handler : all) {
-        if (!handler->OnTick(now)) Remove(handler.get());
+        if (handler->OnTick(now)) continue;
+        more.erase(std::remove(more.begin(), more.end(), handler.get()), more.end());
+        Remove(handler.get());
       }
     }
   }
@@ -127,35 +150,43 @@ IoLoops::~IoLoops() {
   for (auto& thread : threads_running_) thread.join();
 }
 
-absl::StatusOr<std::shared_ptr<IoLoop>> IoLoops::Next() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t index = next_++ % threads_;
-  if (index < loops_.size()) return loops_[index];
-  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd < 0) return absl::ResourceExhaustedError(ErrnoMessage("epoll_create1", errno));
-  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd < 0) {
-    const int error = errno;
-    close(epoll_fd);
-    return absl::ResourceExhaustedError(ErrnoMessage("eventfd", error));
-  }
-  epoll_event event{};
-  event.events = EPOLLIN;
-  event.data.ptr = nullptr;
-  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &event);
-  auto loop = std::make_shared<IoLoop>(epoll_fd, wake_fd, tick_);
-  try {
-    threads_running_.emplace_back([loop] { loop->Run(); });
-  } catch (const std::system_error& error) {
-    next_ = 0;
-    if (loops_.empty()) {
+absl::Status IoLoops::StartLocked() {
+  while (loops_.size() < threads_) {
+    const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd < 0) return absl::ResourceExhaustedError(ErrnoMessage("epoll_create1", errno));
+    const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd < 0) {
+      const int error = errno;
+      close(epoll_fd);
+      return absl::ResourceExhaustedError(ErrnoMessage("eventfd", error));
+    }
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.ptr = nullptr;
+    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &event);
+    auto loop = std::make_shared<IoLoop>(epoll_fd, wake_fd, tick_);
+    try {
+      threads_running_.emplace_back([loop] { loop->Run(); });
+    } catch (const std::system_error& error) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot start a tf_rdma I/O thread: ", error.what()));
     }
-    return loops_[0];  // fewer threads than asked for, rather than no connection
+    loops_.push_back(std::move(loop));
   }
-  loops_.push_back(loop);
-  return loop;
+  return absl::OkStatus();
+}
+
+absl::Status IoLoops::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return StartLocked();
+}
+
+absl::StatusOr<std::shared_ptr<IoLoop>> IoLoops::Next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Fewer loops than asked for (threads ran short earlier) serve rather than no connection.
+  const absl::Status started = StartLocked();
+  if (loops_.empty()) return started;
+  return loops_[next_++ % loops_.size()];
 }
 
 }  // namespace tf_rdma

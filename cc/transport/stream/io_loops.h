@@ -22,9 +22,14 @@ namespace tf_rdma {
 class IoHandler {
  public:
   virtual ~IoHandler() = default;
-  // The socket is readable, writable or hung up (epoll `events`). False: the handler is done, and
-  // the loop lets go of it.
-  virtual bool OnEvents(uint32_t events) = 0;
+  enum class Progress {
+    kWaiting,   // for the socket's next event
+    kMore,      // work is left that no event will announce (bytes already read): call again soon
+    kFinished,  // the handler is done, and the loop lets go of it
+  };
+  // The socket is readable, writable or hung up (epoll `events`). Each call does a bounded amount
+  // of work, so that one busy peer cannot starve the loop's other connections.
+  virtual Progress OnEvents(uint32_t events) = 0;
   // Called every tick (IoLoops' `tick`): heartbeats and silence checks. False as for OnEvents.
   virtual bool OnTick(absl::Time now) = 0;
   // The loop stops (the transport goes away): last call.
@@ -60,17 +65,22 @@ class IoLoop {
 
 class IoLoops {
  public:
-  // `threads` loops, started on first use; `tick` paces OnTick.
+  // `threads` loops; `tick` paces OnTick.
   IoLoops(size_t threads, absl::Duration tick) : threads_(threads), tick_(tick) {}
   // Stops every loop and joins its thread; handlers still served get OnLoopStopped.
   ~IoLoops();
   IoLoops(const IoLoops&) = delete;
   IoLoops& operator=(const IoLoops&) = delete;
 
-  // The loop the next connection goes to (round robin), its thread started if need be.
+  // Starts the loops' threads (those not running yet): a transport's threads are there from its
+  // start, whatever comes to connect.
+  absl::Status Start();
+  // The loop the next connection goes to (round robin); loops that could not start are tried again.
   absl::StatusOr<std::shared_ptr<IoLoop>> Next();
 
  private:
+  absl::Status StartLocked();
+
   const size_t threads_;
   const absl::Duration tick_;
   std::mutex mu_;

@@ -167,12 +167,13 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
   return PeerFailure(peer_name_, peer_address_, cause);
 }
 
-bool StreamConnection::OnEvents(uint32_t events) {
-  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadAvailable();
+IoHandler::Progress StreamConnection::OnEvents(uint32_t events) {
+  bool more = false;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) more = ReadAvailable();
   if (events & EPOLLOUT) SendQueued();
-  if (health().ok()) return true;
+  if (health().ok()) return more ? Progress::kMore : Progress::kWaiting;
   Finish();
-  return false;
+  return Progress::kFinished;
 }
 
 bool StreamConnection::OnTick(absl::Time now) {
@@ -216,18 +217,21 @@ void StreamConnection::Finish() {
   payload_.reset();
 }
 
-void StreamConnection::ReadAvailable() {
+bool StreamConnection::ReadAvailable() {
   heard_since_tick_ = true;
   for (int step = 0; step < kReadsPerEvent; ++step) {
     bool progressed = false;
     const absl::Status status = ReadStep(&progressed);
     if (!status.ok()) {
       CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
-      break;
+      return false;
     }
-    if (!progressed) break;
+    if (!progressed) {
+      reader_.ReleaseIfDrained();
+      return false;
+    }
   }
-  reader_.ReleaseIfDrained();
+  return true;  // the budget ran out: what was read (or is still in the socket) comes next call
 }
 
 absl::Status StreamConnection::ReadStep(bool* progressed) {

@@ -47,7 +47,7 @@ class StreamConnection : public Connection,
   Backend backend() const override { return backend_; }
 
   // IoHandler, on the loop's thread.
-  bool OnEvents(uint32_t events) override;
+  Progress OnEvents(uint32_t events) override;
   bool OnTick(absl::Time now) override;
   void OnLoopStopped() override;
 
@@ -108,8 +108,9 @@ class StreamConnection : public Connection,
     uint64_t received = 0;
   };
 
-  // Takes what the socket holds off it and acts on it, a bounded amount per call.
-  void ReadAvailable();
+  // Takes what the socket holds off it and acts on it, a bounded amount per call: true when
+  // bytes read already are left for the next call.
+  bool ReadAvailable();
   // One frame, or one payload piece, read and acted on; `progressed` false when the socket had
   // nothing more. An allocation failure becomes kResourceExhausted.
   absl::Status ReadStep(bool* progressed);
