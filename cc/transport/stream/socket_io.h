@@ -49,8 +49,8 @@ absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds,
 // A connection's receiving side, read through a buffer without ever waiting (the I/O loop calls
 // it when the socket is readable): the small frames of a burst (grants, inline messages, their
 // DATA frames) cost one receive syscall together instead of two or three each. What does not fit
-// the buffer lands in place. The buffer exists only while it holds unread bytes, so an idle
-// connection costs none. One thread at a time (the connection's I/O loop).
+// the buffer lands in place. The buffer is made on first use and given back once it holds no
+// unread bytes and the owner says the connection is quiet, so an idle connection costs none. One thread at a time (the connection's I/O loop).
 class StreamReader {
  public:
   explicit StreamReader(int fd);
