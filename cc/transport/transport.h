@@ -144,7 +144,9 @@ class Listener {
 // peer that goes past one fails with an error naming the limit and its variable.
 struct TransportLimits {
   // Handshakes a listener runs at once, a thread and a descriptor each
-  // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES). Clients beyond it are refused at once.
+  // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES), at most half of them for one source address; a client
+  // holds one only from its first byte on. Clients beyond it are refused at once, and Connect
+  // tries again with its backoff until the connect timeout.
   size_t max_concurrent_handshakes = 64;
   // Grants a peer may have outstanding here that no write has used yet
   // (TF_RDMA_MAX_GRANTS_PER_PEER). tf_rdma's receivers keep two per transfer in flight.

@@ -1,7 +1,9 @@
-// What the tcp and shm backends share above the connection: a listener that handshakes every
-// accepted socket on its own thread (a slow or hostile client cannot stall the others), connects
-// that retry until the peer is up or TransportOptions::connect_timeout passes, and closing every
-// connection when the transport goes away.
+// What the tcp and shm backends share above the connection: the I/O threads every connection is
+// served from (io_loops.h), a listener that handshakes each accepted socket on a thread of its own
+// once it sent its first byte (a slow or hostile client cannot stall the others, a silent one
+// holds no thread), connects that retry until the peer is up and has a handshake slot free or
+// TransportOptions::connect_timeout passes, and closing every connection when the transport goes
+// away.
 #ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 #define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 
