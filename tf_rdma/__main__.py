@@ -46,6 +46,10 @@ def main(argv=None):
     bench.add_argument("--plot", metavar="FILE.png", help="tf: plot the figures (needs matplotlib)")
     bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
                                                                   "(default 5; the first third is warm-up)")
+    bench.add_argument("--busy-cores", action="store_true",
+                       help="transport: keep every core awake during the run with idle-priority "
+                            "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
+                            "tf_rdma's and the socket's latency; the report says which condition")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -115,7 +119,7 @@ def main(argv=None):
                                        args.latency_sizes, args.bytes_per_size,
                                        args.round_trips, host=args.host,
                                        rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
-                                       verbs_poll_windows=args.verbs_poll_us)
+                                       verbs_poll_windows=args.verbs_poll_us, busy_cores=args.busy_cores)
             print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)

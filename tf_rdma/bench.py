@@ -511,21 +511,47 @@ def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DE
             "perftest": summarize_perftest(perftest_runs)}
 
 
+@contextlib.contextmanager
+def cores_kept_awake(enabled):
+    """With `enabled`, one spinning process per core at idle priority (SCHED_IDLE: it runs only
+    when nothing else wants the core) for the duration: the cores never sleep, so waking a thread
+    costs a context switch, not a C-state exit. Latency then compares the software paths."""
+    if not enabled:
+        yield
+        return
+    spin = ("import os, sys\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "sys.stdout.write('spinning\\n'); sys.stdout.flush()\nwhile True: pass\n")
+    spinners = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+                for _ in range(os.cpu_count() or 1)]
+    try:
+        for spinner in spinners:
+            spinner.stdout.readline()
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
-        bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS, verbs_poll_windows=None):
+        bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS, verbs_poll_windows=None,
+        busy_cores=False):
     sizes, latency_sizes = parse_sizes(sizes), parse_sizes(latency_sizes)
     host = bench_host(host)
     usable = available_backends()
     results = {}
-    for backend in backends:
-        if usable[backend] is not None:
-            results[backend] = {"unavailable": usable[backend]}
-        elif backend == "verbs":
-            results[backend] = run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds,
-                                         verbs_poll_windows)
-        else:
-            results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
-                                           host)
+    with cores_kept_awake(busy_cores):
+        for backend in backends:
+            if usable[backend] is not None:
+                results[backend] = {"unavailable": usable[backend]}
+                continue
+            if backend == "verbs":
+                results[backend] = run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds,
+                                             verbs_poll_windows)
+            else:
+                results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
+                                               host)
+            results[backend]["cores"] = "kept awake (--busy-cores)" if busy_cores else "free to sleep"
     return results
 
 
@@ -562,7 +588,7 @@ def render(results):
                 line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
                 line += _spread(r, "vs_ib_write_bw")
             lines.append(line)
-        lines.append(f"{backend}: one-way latency (us)")
+        lines.append(f"{backend}: one-way latency (us), cores {report['cores']}")
         for r in report["latency"]:
             line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f}"
                     + (f" polling {r['poll_us']} us" if r.get("poll_us") is not None else "")

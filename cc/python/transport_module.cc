@@ -42,11 +42,22 @@ Tag TagFromInt(const py::int_& value) {
   return Tag{high.cast<uint64_t>(), low.cast<uint64_t>()};
 }
 
+// Calls into a Connection in progress on this thread: a callback that finds one running ran inside
+// that call (transport.h says which may), not on a transport thread.
+thread_local int connection_calls_in_progress = 0;
+class InsideConnectionCall {
+ public:
+  InsideConnectionCall() { ++connection_calls_in_progress; }
+  ~InsideConnectionCall() { --connection_calls_in_progress; }
+};
+
 // One operation's outcome, waited for from Python.
 class Pending {
  public:
   void Finish(absl::Status status, uint64_t value) {
+    const bool inside_call = connection_calls_in_progress > 0;
     std::lock_guard<std::mutex> lock(mu_);
+    finished_inside_call_ = inside_call;
     status_ = std::move(status);
     value_ = value;
     done_ = true;
@@ -66,9 +77,14 @@ class Pending {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
   }
+  bool finished_inside_call() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_inside_call_;
+  }
 
  private:
   std::mutex mu_;
+  bool finished_inside_call_ = false;
   std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
@@ -171,8 +187,10 @@ class PyListener {
 
 TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_key,
                              double peer_timeout, double connect_timeout, uint32_t protocol_version,
-                             const TransportLimits& limits = {}) {
+                             const TransportLimits& limits = {},
+                             size_t io_threads = TransportOptions{}.io_threads) {
   TransportOptions options;
+  options.io_threads = io_threads;
   options.limits = limits;
   options.local_name = name;
   options.cluster_key = cluster_key;
@@ -193,6 +211,7 @@ py::dict ConfigToDict(const Config& config) {
   d["verbs_port"] = config.verbs_port;
   d["verbs_gid_index"] = config.verbs_gid_index;
   d["verbs_poll_us"] = absl::ToInt64Microseconds(config.verbs_poll_window);
+  d["io_threads"] = config.io_threads;
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
   d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
@@ -225,12 +244,18 @@ PYBIND11_MODULE(_transport, m) {
       .def_readonly("id", &GrantHandle::id)
       .def("wait", [](GrantHandle& g, double timeout) { return g.pending->Wait(timeout); },
            py::arg("timeout") = 60.0, "Bytes that landed; raises if the grant failed.")
-      .def("done", [](GrantHandle& g) { return g.pending->done(); });
+      .def("done", [](GrantHandle& g) { return g.pending->done(); })
+      .def_property_readonly(
+          "completed_inside_call", [](GrantHandle& g) { return g.pending->finished_inside_call(); },
+          "Whether the callback ran inside a call on the connection (on its caller's thread).");
 
   py::class_<WriteHandle>(m, "Write")
       .def("wait", [](WriteHandle& w, double timeout) { w.pending->Wait(timeout); },
            py::arg("timeout") = 60.0)
-      .def("done", [](WriteHandle& w) { return w.pending->done(); });
+      .def("done", [](WriteHandle& w) { return w.pending->done(); })
+      .def_property_readonly(
+          "completed_inside_call", [](WriteHandle& w) { return w.pending->finished_inside_call(); },
+          "Whether the callback ran inside a call on the connection (on its caller's thread).");
 
   py::class_<PyConnection>(m, "Connection")
       .def_property_readonly("peer_name", [](PyConnection& c) { return ToPython(c.get().peer_name()); })
@@ -242,15 +267,27 @@ PYBIND11_MODULE(_transport, m) {
               uint64_t offset, uint64_t capacity) {
              GrantHandle handle;
              auto pending = handle.pending;
+             InsideConnectionCall inside;
              handle.id = c.get().Grant(TagFromInt(tag), std::move(region), offset, capacity,
                                        [pending](const GrantResult& r) { pending->Finish(r.status, r.length); });
              return handle;
            },
            py::arg("tag"), py::arg("region"), py::arg("offset"), py::arg("capacity"))
-      .def("revoke", [](PyConnection& c, const GrantHandle& g) { c.get().Revoke(g.id); })
-      .def("discard", [](PyConnection& c, const py::int_& tag) { c.get().Discard(TagFromInt(tag)); },
+      .def("revoke", [](PyConnection& c, const GrantHandle& g) {
+             InsideConnectionCall inside;
+             c.get().Revoke(g.id);
+           })
+      .def("discard", [](PyConnection& c, const py::int_& tag) {
+             const Tag parsed = TagFromInt(tag);
+             InsideConnectionCall inside;
+             c.get().Discard(parsed);
+           },
            py::arg("tag"), "Writes under `tag`, waiting or to come, complete as cancelled.")
-      .def("withdraw", [](PyConnection& c, const py::int_& tag) { c.get().Withdraw(TagFromInt(tag)); },
+      .def("withdraw", [](PyConnection& c, const py::int_& tag) {
+             const Tag parsed = TagFromInt(tag);
+             InsideConnectionCall inside;
+             c.get().Withdraw(parsed);
+           },
            py::arg("tag"), "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled.")
       .def("write",
            [](PyConnection& c, const py::int_& tag, const py::buffer& data) {
@@ -258,12 +295,14 @@ PYBIND11_MODULE(_transport, m) {
              WriteHandle handle;
              handle.keep_alive = data;
              auto pending = handle.pending;
+             InsideConnectionCall inside;
              c.get().Write(TagFromInt(tag), info.ptr, static_cast<uint64_t>(info.size * info.itemsize),
                            [pending](const absl::Status& s) { pending->Finish(s, 0); });
              return handle;
            },
            py::arg("tag"), py::arg("data"))
       .def("close", [](PyConnection& c, const std::string& reason) {
+             InsideConnectionCall inside;
              c.get().Close(absl::CancelledError(reason));
            }, py::arg("reason") = "closed by its owner");
 
@@ -276,19 +315,21 @@ PYBIND11_MODULE(_transport, m) {
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
                        double peer_timeout, double connect_timeout, uint32_t protocol_version,
                        size_t max_concurrent_handshakes, size_t max_grants_per_peer,
-                       uint64_t shm_max_mapped_bytes_per_peer) {
+                       uint64_t shm_max_mapped_bytes_per_peer, size_t io_threads) {
              const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
                                           shm_max_mapped_bytes_per_peer};
              return std::make_unique<PyTransport>(ValueOrThrow(CreateTransport(
                  ValueOrThrow(ParseBackend(backend)),
-                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits))));
+                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits,
+                             io_threads))));
            }),
            py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
            py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,
            py::arg("protocol_version") = 0,
            py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
            py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
-           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer)
+           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer,
+           py::arg("io_threads") = TransportOptions{}.io_threads)
       .def_property_readonly("backend", [](PyTransport& t) { return BackendName(t.get().backend()); })
       .def("allocate_region",
            [](PyTransport& t, size_t bytes) { return ValueOrThrow(t.get().AllocateRegion(bytes)); })

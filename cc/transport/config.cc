@@ -81,6 +81,9 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "verbs: microseconds a connection keeps polling for completions after the last one before "
        "it sleeps on completion events (0: sleep at once). Polling lowers small-message latency "
        "and spends a core while it lasts."},
+      {"TF_RDMA_IO_THREADS", "2",
+       "tcp and shm: threads that serve all of a transport's connections (epoll loops), whatever "
+       "the number of peers. More spread many busy peers over more cores."},
       {"TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "64",
        "Handshakes a listener runs at once (a thread and a descriptor each); clients beyond it are "
        "refused at once."},
@@ -158,6 +161,9 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
                                        "100 (0 sleeps on completion events at once)", &micros);
       if (!parsed.ok()) return parsed;
       config.verbs_poll_window = absl::Microseconds(micros);
+    } else if (name == "TF_RDMA_IO_THREADS") {
+      absl::Status parsed = ParseLimit(name, value, 1, 64, false, "2", &config.io_threads);
+      if (!parsed.ok()) return parsed;
     } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
       absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
                                        &config.limits.max_concurrent_handshakes);

@@ -31,6 +31,9 @@ struct Config {
   // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
   // little more there for a whole core (README, Performance).
   absl::Duration verbs_poll_window = absl::Microseconds(100);
+  // tcp and shm: the I/O threads each transport serves all its connections from
+  // (TF_RDMA_IO_THREADS).
+  size_t io_threads = 2;
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
   TransportLimits limits;

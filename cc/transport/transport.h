@@ -78,6 +78,22 @@ struct GrantResult {
 using GrantDone = std::function<void(const GrantResult&)>;
 using WriteDone = std::function<void(const absl::Status&)>;
 
+// Which thread runs a callback. tcp and shm serve every connection of a transport from a few I/O
+// threads (TransportOptions::io_threads), verbs from each connection's progress thread; call both
+// "the transport's threads". Callbacks run once, never with a lock of the transport held, and
+// must not block: the thread that runs one serves other peers' connections too.
+//   * GrantDone runs on a transport thread when the peer's DATA, TOO_SMALL or REVOKED frame
+//     arrives or the peer is found silent (TransportOptions::peer_timeout). It runs on the
+//     caller's thread inside Grant only when the grant is refused at once (a bad range, or the
+//     connection failed already), and inside Close (on whichever thread closes) for grants that
+//     were still out. Never inside Revoke, Discard, Write or Withdraw.
+//   * WriteDone runs inside Write when the write completes at once: its message went onto the
+//     socket whole (tcp and shm send small messages from the caller's thread; this saves a thread
+//     hand-off per message), its tag was discarded or withdrawn, or the connection failed. It runs
+//     inside Grant/Revoke/Discard/Withdraw/Close of the same connection when that call completes it
+//     (a paired write sent from there, a withdrawn one, a close), and else on a transport thread
+//     (the peer's grant arrived, the socket drained).
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -128,7 +144,9 @@ class Listener {
 // peer that goes past one fails with an error naming the limit and its variable.
 struct TransportLimits {
   // Handshakes a listener runs at once, a thread and a descriptor each
-  // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES). Clients beyond it are refused at once.
+  // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES), at most half of them for one source address; a client
+  // holds one only from its first byte on. Clients beyond it are refused at once, and Connect
+  // tries again with its backoff until the connect timeout.
   size_t max_concurrent_handshakes = 64;
   // Grants a peer may have outstanding here that no write has used yet
   // (TF_RDMA_MAX_GRANTS_PER_PEER). tf_rdma's receivers keep two per transfer in flight.
@@ -146,6 +164,8 @@ struct TransportOptions {
   // A peer that sends nothing (not even a heartbeat) for this long is declared dead.
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(20);
+  // tcp and shm: the threads that serve all of this transport's connections (TF_RDMA_IO_THREADS).
+  size_t io_threads = 2;
   // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
   // mismatch between two builds is reported.
   uint32_t protocol_version_override = 0;

@@ -34,6 +34,24 @@ def test_the_verbs_poll_window_is_read_and_bounded():
             load_config({"TF_RDMA_VERBS_POLL_US": bad})
 
 
+def test_the_io_threads_are_read_and_bounded():
+    assert load_config({}).io_threads == 2
+    assert load_config({"TF_RDMA_IO_THREADS": "4"}).io_threads == 4
+    for bad in ("0", "65", "two"):
+        with pytest.raises(errors.ConfigError, match=f"TF_RDMA_IO_THREADS='{bad}' is not a whole number between 1 and 64"):
+            load_config({"TF_RDMA_IO_THREADS": bad})
+
+
+def test_a_transport_runs_the_io_threads_it_is_given(backend):
+    """In a process of its own, where no other test's threads come and go."""
+    code = ("import os\nfrom tf_rdma import _transport\n"
+            "before = len(os.listdir('/proc/self/task'))\n"
+            f"t = _transport.Transport('{backend}', io_threads=3)\n"
+            "print(len(os.listdir('/proc/self/task')) - before)\n")
+    started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert started.stdout.strip() == "3", started.stderr
+
+
 @pytest.mark.parametrize("name, value", [
     ("TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "0"),
     ("TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "many"),

@@ -144,11 +144,17 @@ def test_grants_a_peer_leaves_unused_are_bounded(backend):
 
 
 def test_concurrent_handshakes_beyond_the_limit_are_refused_at_once(backend):
-    receiver = transport(backend, "receiver", connect_timeout=30, max_concurrent_handshakes=2)
+    """Clients that began a handshake (sent a byte) and stall hold its slots; one more is refused
+    at once, not when they give up. (A client that sends nothing holds no slot: see
+    test_silent_sockets_do_not_lock_peers_out.)"""
+    receiver = transport(backend, "receiver", connect_timeout=30, max_concurrent_handshakes=4)
     listener = receiver.listen(f"{HOST}:0")
     silent = [w.RawPeer(backend, listener.endpoint) for _ in range(2)]
-    time.sleep(0.3)  # both are in their handshakes
+    for peer in silent:
+        peer.send(b"\x01")  # the first byte of a HELLO frame, and no more
+    time.sleep(0.3)  # both are in their handshakes: the most one source may run (half the limit)
     extra = w.RawPeer(backend, listener.endpoint)
+    extra.send(b"\x01")
     started = time.monotonic()
     reason = extra.receive_until_closed()
     assert time.monotonic() - started < 5, "refused only when the silent ones gave up"

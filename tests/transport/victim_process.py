@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import HOST, next_line, pattern, transport  # noqa: E402
 from tf_rdma import errors  # noqa: E402
+from tf_rdma.config import load_config  # noqa: E402
 
 REGION_SIZE = 64 << 10
 CANARY = 0xA5
@@ -59,8 +60,10 @@ def outcome(wait):
 
 class Victim:
     def __init__(self, backend, connect_timeout, peer_timeout):
+        # The limits a test sets in the environment (TF_RDMA_MAX_GRANTS_PER_PEER), as a task's runtime takes them.
+        config = load_config()
         self.transport = transport(backend, "victim", connect_timeout=connect_timeout,
-                                   peer_timeout=peer_timeout)
+                                   peer_timeout=peer_timeout, max_grants_per_peer=config.max_grants_per_peer)
         self.listener = self.transport.listen(f"{HOST}:0")
         # Memory no peer is ever granted: no write of any peer may change it.
         self.bystander = self.transport.allocate_region(REGION_SIZE)

@@ -157,6 +157,7 @@ absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
   transport_options.cluster_key = ClusterKey(options_.config);
   transport_options.limits = options_.config.limits;
   transport_options.peer_timeout = options_.config.peer_timeout;
+  transport_options.io_threads = options_.config.io_threads;
   transport_options.connect_timeout = std::min(kAttempt, options_.config.connect_timeout);
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(backend, transport_options);
   if (!transport.ok()) return transport.status();

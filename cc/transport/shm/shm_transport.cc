@@ -91,7 +91,7 @@ class ShmConnection : public StreamConnection {
     return false;
   }
 
-  absl::Status ReceiveMessage(char*, uint64_t) override { return absl::OkStatus(); }
+  bool PayloadOnStream() const override { return false; }  // the sender placed it
 
   absl::Status OnShmRegion(const wire::ShmRegion& region, int fd) override {
     if (fd < 0) return absl::DataLossError("SHM_REGION frame without a file descriptor");
@@ -199,7 +199,7 @@ class ShmTransport : public StreamTransport {
       if (fd < 0) return absl::UnavailableError(ErrnoMessage("socket", errno));
       socklen_t length;
       sockaddr_un address = AbstractAddress(ShmSocketName(port), &length);
-      if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, 128) == 0) {
+      if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 && listen(fd, SOMAXCONN) == 0) {
         *bound = Endpoint{endpoint.host.empty() ? "127.0.0.1" : endpoint.host, port};
         return fd;
       }

@@ -79,7 +79,8 @@ absl::Status SetReceiveTimeout(int fd, absl::Duration limit) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds) {
+absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds,
+                                   bool nonblocking) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   while (true) {
     iovec iov{dst, capacity};
@@ -88,9 +89,10 @@ absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::dequ
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    const ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0));
     if (got < 0) {
       if (errno == EINTR) continue;
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && nonblocking) return 0;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         timeval tv{};
         socklen_t size = sizeof(tv);
@@ -158,39 +160,67 @@ absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds, 
       [&](char* dst, size_t length) { return ReceiveExact(fd, dst, length, received_fds, deadline); });
 }
 
-StreamReader::StreamReader(int fd) : fd_(fd), buffer_(new char[kBufferBytes]) {}
+StreamReader::StreamReader(int fd) : fd_(fd) {}
 
 StreamReader::~StreamReader() {
   for (const auto& [position, fd] : descriptors_) close(fd);
 }
 
-absl::Status StreamReader::Read(char* dst, size_t length) {
-  while (length > 0) {
-    if (begin_ == end_) {
-      // What would take the buffer more than two fills lands in place, copied by the kernel only.
-      const bool in_place = length >= kBufferBytes / 2;
-      absl::StatusOr<size_t> got =
-          Receive(in_place ? dst : buffer_.get(), in_place ? length : kBufferBytes, in_place);
-      if (!got.ok()) return got.status();
-      if (in_place) {
-        dst += *got;
-        length -= *got;
-        continue;
+absl::StatusOr<std::optional<wire::Frame>> StreamReader::NextFrame() {
+  while (true) {
+    const size_t unread = end_ - begin_;
+    if (unread >= wire::kHeaderLength) {
+      absl::StatusOr<wire::Header> header =
+          wire::DecodeHeader({buffer_.get() + begin_, wire::kHeaderLength});
+      if (!header.ok()) return header.status();
+      const size_t frame_length = wire::kHeaderLength + header->body_length;
+      if (unread >= frame_length) {
+        absl::StatusOr<wire::Frame> frame = wire::DecodeBody(
+            header->type, {buffer_.get() + begin_ + wire::kHeaderLength, header->body_length});
+        begin_ += frame_length;
+        consumed_ += frame_length;
+        if (!frame.ok()) return frame.status();
+        return std::optional<wire::Frame>(*std::move(frame));
       }
     }
-    const size_t n = std::min(length, end_ - begin_);
-    std::memcpy(dst, buffer_.get() + begin_, n);
-    begin_ += n;
-    consumed_ += n;
-    dst += n;
-    length -= n;
+    // A frame (header and bounded body) always fits: move its start to the buffer's, and receive.
+    if (!buffer_) buffer_.reset(new char[kBufferBytes]);
+    if (begin_ > 0) {
+      std::memmove(buffer_.get(), buffer_.get() + begin_, unread);
+      begin_ = 0;
+      end_ = unread;
+    }
+    absl::StatusOr<size_t> got = Receive(buffer_.get() + end_, kBufferBytes - end_, false);
+    if (!got.ok()) return got.status();
+    if (*got == 0) return std::nullopt;
   }
-  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> StreamReader::ReadSome(char* dst, size_t length) {
+  if (begin_ == end_) {
+    // What would take the buffer more than two fills lands in place, copied by the kernel only.
+    if (length >= kBufferBytes / 2) return Receive(dst, length, true);
+    if (!buffer_) buffer_.reset(new char[kBufferBytes]);
+    begin_ = end_ = 0;
+    absl::StatusOr<size_t> got = Receive(buffer_.get(), kBufferBytes, false);
+    if (!got.ok() || *got == 0) return got;
+  }
+  const size_t n = std::min(length, end_ - begin_);
+  std::memcpy(dst, buffer_.get() + begin_, n);
+  begin_ += n;
+  consumed_ += n;
+  return n;
+}
+
+void StreamReader::ReleaseIfDrained() {
+  if (begin_ != end_) return;
+  begin_ = end_ = 0;
+  buffer_.reset();
 }
 
 absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in_place) {
   passed_.clear();
-  absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed_);
+  absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed_, /*nonblocking=*/true);
   if (!got.ok()) {
     for (int fd : passed_) close(fd);
     return got.status();
@@ -201,14 +231,9 @@ absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in
   if (in_place) {
     consumed_ += *got;
   } else {
-    begin_ = 0;
-    end_ = *got;
+    end_ += *got;
   }
   return *got;
-}
-
-absl::StatusOr<wire::Frame> StreamReader::ReadFrame() {
-  return ReadFrameWith([this](char* dst, size_t length) { return Read(dst, length); });
 }
 
 std::vector<int> StreamReader::TakeDescriptors() {

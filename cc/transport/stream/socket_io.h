@@ -8,6 +8,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <string>
 #include <vector>
@@ -30,8 +31,9 @@ absl::StatusOr<size_t> SendWithoutBlocking(int fd, const std::vector<iovec>& iov
 absl::Status SetReceiveTimeout(int fd, absl::Duration limit);
 
 // One receive into [dst, dst + capacity): how many bytes came (at least one), with
-// ReceiveExact's errors; descriptors as for ReceiveExact.
-absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds);
+// ReceiveExact's errors; descriptors as for ReceiveExact. `nonblocking`: 0 when nothing was there.
+absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds,
+                                   bool nonblocking = false);
 
 // Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
 // kDeadlineExceeded when no byte arrived within the receive timeout, or when `deadline` (if not
@@ -44,9 +46,11 @@ absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* rec
 absl::StatusOr<wire::Frame> ReceiveFrame(int fd, std::deque<int>* received_fds,
                                          absl::Time deadline = absl::InfiniteFuture());
 
-// A connection's receiving side, read through a buffer: the small frames of a burst (grants,
-// inline messages, their DATA frames) cost one receive syscall together instead of two or three
-// each. What does not fit the buffer lands in place. Reader thread only.
+// A connection's receiving side, read through a buffer without ever waiting (the I/O loop calls
+// it when the socket is readable): the small frames of a burst (grants, inline messages, their
+// DATA frames) cost one receive syscall together instead of two or three each. What does not fit
+// the buffer lands in place. The buffer is made on first use and given back once it holds no
+// unread bytes and the owner says the connection is quiet, so an idle connection costs none. One thread at a time (the connection's I/O loop).
 class StreamReader {
  public:
   explicit StreamReader(int fd);
@@ -54,21 +58,27 @@ class StreamReader {
   StreamReader(const StreamReader&) = delete;
   StreamReader& operator=(const StreamReader&) = delete;
 
-  // Fills [dst, dst + length), with ReceiveExact's errors.
-  absl::Status Read(char* dst, size_t length);
-  absl::StatusOr<wire::Frame> ReadFrame();
+  // The next frame once all of it came, else nullopt (the socket had no more for now). Fails with
+  // kUnavailable when the peer closed the stream, and on a malformed header.
+  absl::StatusOr<std::optional<wire::Frame>> NextFrame();
+  // Moves up to `length` payload bytes to `dst`, from the buffer, else from one receive (in place
+  // when large): how many, 0 when the socket had none for now.
+  absl::StatusOr<size_t> ReadSome(char* dst, size_t length);
   // The descriptors the peer passed with the bytes read so far, oldest first; the caller owns
   // them. The kernel ends a receive with the send that passed a descriptor, so each is charged to
   // the frame whose bytes end at or after where its receive ended: the frame that brought it.
   std::vector<int> TakeDescriptors();
+  // Gives the buffer back if it holds no unread byte.
+  void ReleaseIfDrained();
 
  private:
   static constexpr size_t kBufferBytes = 64 << 10;
-  // One receive into the empty buffer, or into `dst` in place: how many bytes came.
+  // One non-blocking receive into `dst`: how many bytes came (0: none there). In place, they
+  // count as read by the caller at once; else they extend the buffer's unread bytes.
   absl::StatusOr<size_t> Receive(char* dst, size_t capacity, bool in_place);
 
   const int fd_;
-  const std::unique_ptr<char[]> buffer_;
+  std::unique_ptr<char[]> buffer_;
   size_t begin_ = 0;  // the buffer's unread bytes: [begin_, end_)
   size_t end_ = 0;
   uint64_t consumed_ = 0;  // stream positions: bytes read by the caller, and off the socket

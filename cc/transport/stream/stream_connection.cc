@@ -1,12 +1,12 @@
 #include "cc/transport/stream/stream_connection.h"
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <exception>
 #include <new>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include "absl/log/log.h"
@@ -19,6 +19,10 @@ namespace {
 
 // Messages up to this size are sent from the caller's thread when the socket takes them at once.
 constexpr uint64_t kInlineMessageLimit = 64 << 10;
+// Frames (or payload pieces) one readable event acts on, and items one writable event sends,
+// before the loop serves its other connections: a busy peer cannot starve them.
+constexpr int kReadsPerEvent = 64;
+constexpr int kSendsPerEvent = 16;
 
 }  // namespace
 
@@ -35,21 +39,16 @@ StreamConnection::~StreamConnection() {
   close(fd_);
 }
 
-absl::Status StreamConnection::Start() {
-  absl::Status status = SetReceiveTimeout(fd_, options_.peer_timeout);
-  if (!status.ok()) {
-    CloseInternal(status, false);
-    return status;
+absl::Status StreamConnection::Start(std::shared_ptr<IoLoop> loop) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_ = loop;
   }
-  // Under a pids limit or without address space for a stack, a peer's connection fails, not the
-  // process. A reader already started ends once CloseInternal shut the socket down.
-  try {
-    std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
-    std::thread([self = shared_from_this()] { self->WriteLoop(); }).detach();
-  } catch (const std::system_error& error) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("cannot start a thread for the connection to ", peer_name_, " at ",
-                     peer_address_, ": ", error.what()));
+  last_heard_ = last_sent_ = absl::Now();
+  absl::Status status = loop->Add(fd_, shared_from_this());
+  if (!status.ok()) {
+    status = absl::Status(status.code(), absl::StrCat("cannot serve the connection to ", peer_name_,
+                                                      " at ", peer_address_, ": ", status.message()));
     CloseInternal(status, true);
   }
   return status;
@@ -140,7 +139,11 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
     status_ = reason;
     for (auto& grant : book_.TakeAllIssued()) grants.push_back(std::move(grant.done));
     for (auto& write : book_.TakeAllWaiting()) writes.push_back(std::move(write.done));
-    writer_wakeup_.notify_one();
+    for (auto& queued : outgoing_) {
+      if (!queued.control && queued.write.done) writes.push_back(std::move(queued.write.done));
+    }
+    outgoing_.clear();
+    WatchWritableLocked(false);
   }
   // The peer learns why, once the frame being sent (if any) is out; a sender stuck on a peer that
   // reads nothing is not waited for long.
@@ -164,27 +167,79 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
   return PeerFailure(peer_name_, peer_address_, cause);
 }
 
-void StreamConnection::ReadLoop() {
-  // Throwing std::bad_alloc needs libstdc++'s per-thread exception state, which the loader
-  // allocates on first use and, failing that, ends the process (_exit(127)). Used once now,
-  // while the thread's creation shows there is memory, a later bad_alloc can be thrown and caught.
-  // (Declared pure: only a volatile destination keeps the call from being optimized away.)
-  volatile int exceptions_in_flight = std::uncaught_exceptions();
-  (void)exceptions_in_flight;
-  while (true) {
-    absl::Status status = ReadOneFrame();
-    if (!status.ok()) {
-      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
-      return;
-    }
-  }
+IoHandler::Progress StreamConnection::OnEvents(uint32_t events) {
+  bool more = false;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) more = ReadAvailable();
+  if (events & EPOLLOUT) SendQueued();
+  if (health().ok()) return more ? Progress::kMore : Progress::kWaiting;
+  Finish();
+  return Progress::kFinished;
 }
 
-absl::Status StreamConnection::ReadOneFrame() {
+bool StreamConnection::OnTick(absl::Time now) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!status_.ok()) {
+    lock.unlock();
+    Finish();
+    return false;
+  }
+  if (heard_since_tick_) {
+    heard_since_tick_ = false;
+    last_heard_ = now;
+  } else if (now - last_heard_ < options_.peer_timeout) {
+    // Quiet for a tick: the receive buffer goes back, so an idle peer costs none. (Not after each
+    // read: its pages would fault in again for every message, a cost that shows in latency.)
+    reader_.ReleaseIfDrained();
+  } else if (now - last_heard_ >= options_.peer_timeout) {
+    lock.unlock();
+    CloseInternal(PeerError(absl::DeadlineExceededError(absl::StrCat(
+                      "the peer sent nothing for ", absl::ToInt64Milliseconds(now - last_heard_), " ms"))),
+                  false);
+    Finish();
+    return false;
+  }
+  // Beats well inside the peer's silence limit, when nothing else went out meanwhile.
+  if (sent_since_tick_.exchange(false, std::memory_order_relaxed)) {
+    last_sent_ = now;
+  } else if (now - last_sent_ >= options_.peer_timeout / 4 && outgoing_.empty()) {
+    last_sent_ = now;
+    EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kPing, wire::Ping{}}}});
+    FlushLocked(lock);
+  }
+  return true;
+}
+
+void StreamConnection::OnLoopStopped() {
+  CloseInternal(absl::CancelledError("the local tf_rdma transport shut down"), true);
+  Finish();
+}
+
+void StreamConnection::Finish() {
+  if (!payload_) return;
+  const absl::Status closed = health();
+  payload_->grant.done({closed, 0});
+  payload_.reset();
+}
+
+bool StreamConnection::ReadAvailable() {
+  heard_since_tick_ = true;
+  for (int step = 0; step < kReadsPerEvent; ++step) {
+    bool progressed = false;
+    const absl::Status status = ReadStep(&progressed);
+    if (!status.ok()) {
+      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
+      return false;
+    }
+    if (!progressed) return false;
+  }
+  return true;  // the budget ran out: what was read (or is still in the socket) comes next call
+}
+
+absl::Status StreamConnection::ReadStep(bool* progressed) {
   // A peer's frames allocate (its grants, regions, tags): when the process runs out of memory,
   // that connection fails instead of the exception ending the process.
   try {
-    return ReadAndDispatch();
+    return payload_ ? ReceivePayload(progressed) : ReadAndDispatch(progressed);
   } catch (const std::bad_alloc&) {
     // The peer's grants go first: failing the connection allocates (its error, the log line).
     std::lock_guard<std::mutex> lock(mu_);
@@ -194,26 +249,49 @@ absl::Status StreamConnection::ReadOneFrame() {
   }
 }
 
-absl::Status StreamConnection::ReadAndDispatch() {
-  absl::StatusOr<wire::Frame> frame = reader_.ReadFrame();
+absl::Status StreamConnection::ReceivePayload(bool* progressed) {
+  absl::StatusOr<size_t> got =
+      reader_.ReadSome(payload_->dst + payload_->received, payload_->length - payload_->received);
+  absl::Status status = got.status();
+  if (status.ok()) {
+    *progressed = *got > 0;
+    payload_->received += *got;
+    // A payload read off the stream must not bring descriptors either.
+    CollectDescriptors();
+    status = RefuseStrayDescriptors(0, "DATA");
+  }
+  if (!status.ok()) {
+    const absl::Status closed = health();
+    payload_->grant.done({closed.ok() ? PeerError(status) : closed, 0});
+    payload_.reset();
+    return status;
+  }
+  if (payload_->received == payload_->length) {
+    IncomingPayload landed = *std::move(payload_);
+    payload_.reset();
+    landed.grant.done({absl::OkStatus(), landed.length});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamConnection::ReadAndDispatch(bool* progressed) {
+  absl::StatusOr<std::optional<wire::Frame>> next = reader_.NextFrame();
   CollectDescriptors();
-  if (frame.ok() && frame->type == wire::FrameType::kReject) {
-    // The peer's own reason ends the connection, not a failure of ours (ReadLoop's close of it
-    // then finds the connection closed already).
-    const auto& reject = std::get<wire::Reject>(frame->body);
+  if (next.ok() && !next->has_value()) return absl::OkStatus();
+  *progressed = true;
+  if (!next.ok()) return next.status();
+  wire::Frame frame = **std::move(next);
+  if (frame.type == wire::FrameType::kReject) {
+    // The peer's own reason ends the connection, not a failure of ours (ReadAvailable's close of
+    // it then finds the connection closed already).
+    const auto& reject = std::get<wire::Reject>(frame.body);
     const absl::Status closed = PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message);
     CloseInternal(closed, false);
     return closed;
   }
-  absl::Status status = frame.status();
-  if (status.ok()) {
-    const char* type = wire::FrameTypeName(frame->type);
-    status = RefuseStrayDescriptors(frame->type == wire::FrameType::kShmRegion ? 1 : 0, type);
-    if (status.ok()) status = Dispatch(std::move(*frame));
-    // A payload read off the stream (tcp DATA) must not bring any either.
-    CollectDescriptors();
-    if (status.ok()) status = RefuseStrayDescriptors(0, type);
-  }
+  const char* type = wire::FrameTypeName(frame.type);
+  absl::Status status = RefuseStrayDescriptors(frame.type == wire::FrameType::kShmRegion ? 1 : 0, type);
+  if (status.ok()) status = Dispatch(std::move(frame));
   return status;
 }
 
@@ -316,14 +394,13 @@ absl::Status StreamConnection::OnData(const wire::Data& data) {
     grant = book_.TakeFilled(data.grant_id, data.length);
   }
   if (!grant.ok()) return grant.status();
-  const absl::Status landed = ReceiveMessage(grant->region->data() + grant->offset, data.length);
-  if (landed.ok()) {
-    grant->done({landed, data.length});
-  } else {
-    const absl::Status closed = health();
-    grant->done({closed.ok() ? PeerError(landed) : closed, 0});
+  if (PayloadOnStream() && data.length > 0) {
+    char* dst = grant->region->data() + grant->offset;
+    payload_ = IncomingPayload{*std::move(grant), dst, data.length};
+    return absl::OkStatus();
   }
-  return landed;
+  grant->done({absl::OkStatus(), data.length});
+  return absl::OkStatus();
 }
 
 absl::Status StreamConnection::OnGrantReturned(uint64_t grant_id, GrantResult result,
@@ -340,126 +417,117 @@ absl::Status StreamConnection::OnGrantReturned(uint64_t grant_id, GrantResult re
 }
 
 bool StreamConnection::Cheap(const Outgoing& item) {
-  if (item.remainder) return false;
+  if (item.started) return false;
   if (item.control) return item.control->pass_fd < 0;
   return item.write.length <= kInlineMessageLimit;
 }
 
 void StreamConnection::FlushLocked(std::unique_lock<std::mutex>& lock) {
-  if (sending_ || send_broken_ || outgoing_.empty()) return;
-  if (Cheap(outgoing_.front()) && status_.ok()) {
-    sending_ = true;
-    while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok() && !send_broken_) {
-      Outgoing item = std::move(outgoing_.front());
-      outgoing_.pop_front();
-      lock.unlock();
-      Transmit(std::move(item), /*nonblocking=*/true);
-      lock.lock();
-    }
-    sending_ = false;
+  if (sending_ || send_broken_ || outgoing_.empty() || !status_.ok()) return;
+  sending_ = true;
+  while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok() && !send_broken_) {
+    Outgoing item = std::move(outgoing_.front());
+    outgoing_.pop_front();
+    lock.unlock();
+    const bool all_sent = Transmit(std::move(item));
+    lock.lock();
+    if (!all_sent) break;
   }
-  if (!outgoing_.empty() || !status_.ok()) writer_wakeup_.notify_one();
+  sending_ = false;
+  if (!outgoing_.empty() && status_.ok() && !send_broken_) WatchWritableLocked(true);
 }
 
-void StreamConnection::Transmit(Outgoing item, bool nonblocking) {
-  std::string head;
-  const void* payload = nullptr;
-  uint64_t payload_length = 0;
-  int pass_fd = -1;
+void StreamConnection::SendQueued() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (int sends = 0; sends < kSendsPerEvent; ++sends) {
+    if (outgoing_.empty() || sending_ || send_broken_ || !status_.ok()) break;
+    Outgoing item = std::move(outgoing_.front());
+    outgoing_.pop_front();
+    sending_ = true;
+    lock.unlock();
+    const bool all_sent = Transmit(std::move(item));
+    lock.lock();
+    sending_ = false;
+    if (!all_sent) return;  // the socket is full: the next writable event goes on
+  }
+  // Whoever holds the send side now watches for writability again if it leaves something behind.
+  const bool more = !outgoing_.empty() && !sending_ && !send_broken_ && status_.ok();
+  WatchWritableLocked(more);
+}
+
+void StreamConnection::WatchWritableLocked(bool writable) {
+  if (writable == writable_watched_ || !loop_) return;
+  writable_watched_ = writable;
+  loop_->WatchWritable(fd_, this, writable);
+}
+
+bool StreamConnection::Transmit(Outgoing item) {
   absl::Status failure;
-  if (item.remainder) {
-    head = std::move(*item.remainder);
-  } else if (item.control) {
-    head = wire::Encode(item.control->frame);
-    pass_fd = item.control->pass_fd;
-  } else {
-    absl::StatusOr<bool> payload_follows = PlaceMessage(item.grant, item.write.src, item.write.length);
-    failure = payload_follows.status();
-    head = wire::Encode({wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}});
-    if (payload_follows.ok() && *payload_follows) {
-      payload = item.write.src;
-      payload_length = item.write.length;
+  if (!item.started) {
+    item.started = true;
+    if (item.control) {
+      item.head = wire::Encode(item.control->frame);
+    } else {
+      absl::StatusOr<bool> payload_follows = PlaceMessage(item.grant, item.write.src, item.write.length);
+      failure = payload_follows.status();
+      item.head = wire::Encode({wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}});
+      if (payload_follows.ok() && *payload_follows) {
+        item.payload = static_cast<const char*>(item.write.src);
+        item.payload_length = item.write.length;
+      }
     }
   }
   if (failure.ok()) {
-    std::vector<iovec> iov{{head.data(), head.size()}};
-    if (payload_length > 0) iov.push_back({const_cast<void*>(payload), payload_length});
-    std::unique_lock<std::timed_mutex> send_lock(send_mu_);
-    if (!nonblocking) {
-      failure = SendAll(fd_, std::move(iov), pass_fd);
-    } else {
-      absl::StatusOr<size_t> sent = SendWithoutBlocking(fd_, iov, pass_fd);
-      failure = sent.status();
-      const size_t total = head.size() + payload_length;
-      if (sent.ok() && *sent < total) {
-        send_lock.unlock();
-        std::string rest;
-        rest.reserve(total - *sent);
-        if (*sent < head.size()) rest.append(head, *sent, std::string::npos);
-        const size_t payload_sent = *sent > head.size() ? *sent - head.size() : 0;
-        rest.append(static_cast<const char*>(payload) + payload_sent, payload_length - payload_sent);
-        Outgoing later;
-        later.remainder = std::move(rest);
-        later.write.done = std::move(item.write.done);
-        std::lock_guard<std::mutex> lock(mu_);
-        outgoing_.push_front(std::move(later));
-        return;
+    const uint64_t total = item.head.size() + item.payload_length;
+    std::vector<iovec> iov;
+    if (item.sent < item.head.size()) {
+      iov.push_back({item.head.data() + item.sent, item.head.size() - item.sent});
+    }
+    const uint64_t payload_sent = item.sent > item.head.size() ? item.sent - item.head.size() : 0;
+    if (item.payload_length > payload_sent) {
+      iov.push_back({const_cast<char*>(item.payload) + payload_sent, item.payload_length - payload_sent});
+    }
+    // The descriptor rides on the item's first byte.
+    const int pass_fd = item.sent == 0 && item.control ? item.control->pass_fd : -1;
+    absl::StatusOr<size_t> sent;
+    {
+      std::lock_guard<std::timed_mutex> send_lock(send_mu_);
+      sent = SendWithoutBlocking(fd_, iov, pass_fd);
+    }
+    failure = sent.status();
+    if (sent.ok()) {
+      if (*sent > 0) sent_since_tick_.store(true, std::memory_order_relaxed);
+      item.sent += *sent;
+      if (item.sent < total) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (status_.ok()) {
+          outgoing_.push_front(std::move(item));
+          return false;
+        }
+        // Closed meanwhile: the rest will never go.
+        const absl::Status closed = status_;
+        lock.unlock();
+        if (item.write.done) item.write.done(closed);
+        return true;
       }
     }
   }
   if (failure.ok()) {
     if (item.write.done) item.write.done(failure);
-    return;
+    return true;
   }
   const absl::Status closed = health();
   if (item.write.done) item.write.done(closed.ok() ? PeerError(failure) : closed);
   if (closed.ok()) {
     // The peer most likely closed first, and its reason (a REJECT frame) may still wait in the
-    // receive buffer: stop sending and let the reader end the connection with that reason. The
-    // FIN makes the peer close its side if it had not, so the reader ends promptly either way.
+    // receive buffer: stop sending and let the loop end the connection with that reason. The
+    // FIN makes the peer close its side if it had not, so the loop ends it promptly either way.
     std::lock_guard<std::mutex> lock(mu_);
     send_broken_ = true;
+    WatchWritableLocked(false);
     shutdown(fd_, SHUT_WR);
   }
-}
-
-void StreamConnection::WriteLoop() {
-  // Beats well inside the peer's silence limit.
-  const absl::Duration beat = options_.peer_timeout / 4;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    const bool work = writer_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(beat), [&] {
-      return (!outgoing_.empty() && !sending_ && !send_broken_) || !status_.ok();
-    });
-    if (!status_.ok()) {
-      std::vector<WriteDone> failed;
-      for (auto& queued : outgoing_) {
-        if (!queued.control && queued.write.done) failed.push_back(std::move(queued.write.done));
-      }
-      outgoing_.clear();
-      const absl::Status status = status_;
-      lock.unlock();
-      for (auto& done : failed) done(status);
-      return;
-    }
-    if (sending_ || send_broken_) continue;
-    Outgoing item;
-    if (work) {
-      item = std::move(outgoing_.front());
-      outgoing_.pop_front();
-    } else {
-      item.control = ControlFrame{{wire::FrameType::kPing, wire::Ping{}}};
-    }
-    sending_ = true;
-    lock.unlock();
-    Transmit(std::move(item), /*nonblocking=*/false);
-    lock.lock();
-    sending_ = false;
-  }
-}
-
-absl::Status StreamConnection::ReceiveRaw(char* dst, uint64_t length) {
-  return reader_.Read(dst, length);
+  return true;
 }
 
 }  // namespace tf_rdma

@@ -1,11 +1,13 @@
-// A Connection over a stream socket, shared by the tcp and shm backends. One reader thread takes
-// frames off the socket; one writer thread sends queued frames and messages, and a heartbeat when
-// idle, so that a peer that goes silent is noticed within TransportOptions::peer_timeout.
-// Backends supply only the payload path (how a message reaches a granted range).
+// A Connection over a stream socket, shared by the tcp and shm backends. It has no thread of its
+// own: the transport's I/O loop it belongs to (io_loops.h) takes frames off the socket when it is
+// readable, sends what callers could not send at once when it is writable, and every tick sends a
+// heartbeat when nothing else went out and ends the connection when the peer went silent for
+// TransportOptions::peer_timeout. Backends supply only the payload path (how a message reaches a
+// granted range).
 #ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_CONNECTION_H_
 #define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_CONNECTION_H_
 
-#include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -14,21 +16,24 @@
 #include <string>
 
 #include "cc/transport/grant_book.h"
+#include "cc/transport/stream/io_loops.h"
 #include "cc/transport/stream/socket_io.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
 
 namespace tf_rdma {
 
-class StreamConnection : public Connection, public std::enable_shared_from_this<StreamConnection> {
+class StreamConnection : public Connection,
+                         public IoHandler,
+                         public std::enable_shared_from_this<StreamConnection> {
  public:
   // Takes ownership of `fd`, a connected socket whose handshake is done.
   StreamConnection(int fd, Backend backend, std::string peer_name, std::string peer_address,
                    const TransportOptions& options);
   ~StreamConnection() override;
-  // Starts the reader and writer threads; they keep the connection alive until it is closed.
-  // When they cannot start, the connection is closed and this says why.
-  absl::Status Start();
+  // Hands the socket to `loop`, which keeps the connection alive until it is closed. When it
+  // cannot, the connection is closed and this says why.
+  absl::Status Start(std::shared_ptr<IoLoop> loop);
 
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;
@@ -40,6 +45,11 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
   Backend backend() const override { return backend_; }
+
+  // IoHandler, on the loop's thread.
+  Progress OnEvents(uint32_t events) override;
+  bool OnTick(absl::Time now) override;
+  void OnLoopStopped() override;
 
  protected:
   // A frame to send, with the descriptor that rides along (shm regions) and what must outlive it.
@@ -56,19 +66,18 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   virtual std::optional<ControlFrame> FrameBeforeGrant(const std::shared_ptr<MemoryRegion>& region) {
     return std::nullopt;
   }
-  // Sender side, reader thread: whether the peer's grant can be used at all.
+  // Sender side, I/O thread: whether the peer's grant can be used at all.
   virtual absl::Status CheckRemoteGrant(const wire::Grant& grant) { return absl::OkStatus(); }
   // Sender side: makes the message reach the grant before its DATA frame is sent. Returns true
   // when the payload instead travels on the stream right after the DATA frame (tcp).
   virtual absl::StatusOr<bool> PlaceMessage(const wire::Grant& grant, const void* src,
                                             uint64_t length) = 0;
-  // Receiver side, reader thread: a DATA frame for a grant at `dst` arrived; lands the payload.
-  virtual absl::Status ReceiveMessage(char* dst, uint64_t length) = 0;
-  // Sender side, reader thread: a SHM_REGION frame arrived with descriptor `fd` (or -1).
+  // Receiver side: whether a DATA frame's payload follows it on the stream (tcp), rather than
+  // being in the granted range already (shm).
+  virtual bool PayloadOnStream() const = 0;
+  // Sender side, I/O thread: a SHM_REGION frame arrived with descriptor `fd` (or -1).
   virtual absl::Status OnShmRegion(const wire::ShmRegion& region, int fd);
 
-  // For ReceiveMessage: reads payload bytes off the stream.
-  absl::Status ReceiveRaw(char* dst, uint64_t length);
   const std::string& peer_address() const { return peer_address_; }
   const TransportOptions& options() const { return options_; }
 
@@ -83,15 +92,34 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
     // A message, when control is empty.
     wire::Grant grant;
     PendingWrite write;
-    // What a non-blocking send left unsent; write.done (if any) runs once it is out.
-    std::optional<std::string> remainder;
+    // Set once the item went partly out: its encoded head, the payload that follows it on the
+    // stream, and how many bytes of both the socket took. write.done (if any) runs once all did.
+    bool started = false;
+    std::string head;
+    const char* payload = nullptr;
+    uint64_t payload_length = 0;
+    uint64_t sent = 0;
+  };
+  // A DATA frame's payload on its way off the stream into the grant it fills.
+  struct IncomingPayload {
+    IssuedGrant grant;
+    char* dst;
+    uint64_t length;
+    uint64_t received = 0;
   };
 
-  void ReadLoop();
-  // One frame read and acted on; an allocation failure becomes kResourceExhausted.
-  absl::Status ReadOneFrame();
-  absl::Status ReadAndDispatch();
-  void WriteLoop();
+  // Takes what the socket holds off it and acts on it, a bounded amount per call: true when
+  // bytes read already are left for the next call.
+  bool ReadAvailable();
+  // One frame, or one payload piece, read and acted on; `progressed` false when the socket had
+  // nothing more. An allocation failure becomes kResourceExhausted.
+  absl::Status ReadStep(bool* progressed);
+  absl::Status ReadAndDispatch(bool* progressed);
+  absl::Status ReceivePayload(bool* progressed);
+  // Sends what callers left queued, when the socket is writable.
+  void SendQueued();
+  // The connection ended: what only the loop's thread holds goes back (the payload's grant).
+  void Finish();
   // Descriptors ride only on SHM_REGION frames, one each: past `allowed`, every descriptor the
   // peer passed is closed and the connection fails, so a peer cannot make us hold any.
   absl::Status RefuseStrayDescriptors(size_t allowed, const char* frame_type);
@@ -106,13 +134,16 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   void EnqueueLocked(Outgoing item);
   // Sends what is queued from the calling thread while it is cheap (control frames, small
-  // messages) and the socket takes it without blocking; the writer thread does the rest. This
-  // saves a thread hand-off per message, which dominates small-message latency.
+  // messages) and the socket takes it without blocking; the I/O loop does the rest once the
+  // socket is writable. This saves a thread hand-off per message, which dominates small-message
+  // latency.
   void FlushLocked(std::unique_lock<std::mutex>& lock);
   static bool Cheap(const Outgoing& item);
-  // Puts `item` on the wire. Non-blocking: whatever the socket does not take at once goes back to
-  // the front of the queue as a remainder for the writer thread.
-  void Transmit(Outgoing item, bool nonblocking);
+  // Whether the loop tells us when the socket is writable: while something waits to be sent.
+  void WatchWritableLocked(bool writable);
+  // Puts what the socket takes of `item` on the wire without blocking. False when it did not take
+  // all: the rest went back to the front of the queue, for the loop.
+  bool Transmit(Outgoing item);
   void CloseInternal(const absl::Status& reason, bool tell_peer);
   // Turns a failure on the stream into the error users see, naming the peer and the likely fix.
   absl::Status PeerError(const absl::Status& cause) const;
@@ -124,19 +155,28 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
   const TransportOptions options_;
 
   mutable std::mutex mu_;
-  std::condition_variable writer_wakeup_;
   absl::Status status_;
   GrantBook<PendingWrite> book_{std::numeric_limits<uint64_t>::max(),
                                options_.limits.max_grants_per_peer};
   std::deque<Outgoing> outgoing_;
-  bool sending_ = false;  // someone holds the socket's send side (writer or an inline flush)
-  bool send_broken_ = false;  // a send failed; the reader is about to end the connection
+  bool sending_ = false;  // someone holds the socket's send side (the loop or an inline flush)
+  bool send_broken_ = false;  // a send failed; the loop is about to end the connection
+  std::shared_ptr<IoLoop> loop_;  // set by Start
+  bool writable_watched_ = false;  // guarded by mu_
 
   // Held around send syscalls, so Close's last word never splits a frame.
   std::timed_mutex send_mu_;
-  // Reader thread only: the stream, and the descriptors the frame at hand brought.
+  // Set by every send that put bytes on the wire; the tick takes it (heartbeats).
+  std::atomic<bool> sent_since_tick_{false};
+
+  // The loop's thread only: the stream, the descriptors the frame at hand brought, the payload
+  // being received, and when the peer was last heard from and we last sent.
   StreamReader reader_{fd_};
   std::deque<int> received_fds_;
+  std::optional<IncomingPayload> payload_;
+  bool heard_since_tick_ = false;
+  absl::Time last_heard_;
+  absl::Time last_sent_;
 };
 
 }  // namespace tf_rdma

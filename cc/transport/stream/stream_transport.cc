@@ -2,13 +2,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -35,62 +38,201 @@ void RefuseBeforeHandshake(int client, const absl::Status& why) {
   close(client);
 }
 
-// Accepts on its own thread and handshakes each client on a thread of its own; joins them all when
-// destroyed, so nothing it started outlives it. Running out of descriptors, threads or memory
-// refuses clients for a while, never for good.
+// Where an accepted client comes from, for the per-source limits: its IP address (any port), or
+// for a Unix socket the user it runs as.
+std::string SourceOf(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    if (address.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&address)->sin_addr, host, sizeof(host));
+      return host;
+    }
+    if (address.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr, host, sizeof(host));
+      return host;
+    }
+  }
+  ucred credentials{};
+  socklen_t size = sizeof(credentials);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &size) == 0) {
+    return absl::StrCat("local user ", credentials.uid);
+  }
+  return "an unknown address";
+}
+
+// Accepts on its own thread, and handshakes each client that sent its first byte on a thread of
+// its own (HandshakeThreads); joins them all when destroyed, so nothing it started outlives it.
+// A client that sends nothing holds only its descriptor, never a handshake slot, for at most
+// kFirstByteDeadline; past kMaxWaiting such clients (kMaxWaitingPerSource from one source), the
+// one waiting longest goes: silent sockets cannot lock legitimate peers out. Running out of
+// descriptors, threads or memory refuses clients for a while, never for good.
 class StreamListener : public Listener {
  public:
   using Handshake = std::function<void(int fd)>;
-  StreamListener(int fd, Endpoint endpoint, size_t max_concurrent_handshakes, Handshake handshake)
-      : fd_(fd), endpoint_(std::move(endpoint)), handshake_(std::move(handshake)),
+  StreamListener(int fd, int epoll_fd, int wake_fd, Endpoint endpoint, absl::Duration first_byte_deadline,
+                 size_t max_concurrent_handshakes, Handshake handshake)
+      : fd_(fd), epoll_fd_(epoll_fd), wake_fd_(wake_fd), endpoint_(std::move(endpoint)),
+        first_byte_deadline_(first_byte_deadline), handshake_(std::move(handshake)),
         handshakes_(std::in_place, max_concurrent_handshakes) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~StreamListener() override {
-    {
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      stopping_ = true;
-    }
-    stop_cv_.notify_all();
-    shutdown(fd_, SHUT_RDWR);
+    stopping_ = true;
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
     accept_thread_.join();
     handshakes_.reset();
+    for (const Waiting& waiting : waiting_) close(waiting.fd);
+    close(wake_fd_);
+    close(epoll_fd_);
     close(fd_);
   }
   Endpoint endpoint() const override { return endpoint_; }
 
+  // The listener's epoll set: the listening socket, the stop signal and the waiting clients.
+  static absl::StatusOr<std::pair<int, int>> MakeEventSources(int listening_fd) {
+    const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd < 0) return absl::ResourceExhaustedError(ErrnoMessage("epoll_create1", errno));
+    const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    epoll_event listening{};
+    listening.events = EPOLLIN;
+    listening.data.fd = listening_fd;
+    epoll_event wake{};
+    wake.events = EPOLLIN;
+    wake.data.fd = wake_fd;
+    if (wake_fd < 0 || epoll_ctl(epoll_fd, EPOLL_CTL_ADD, listening_fd, &listening) != 0 ||
+        epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake) != 0 ||
+        fcntl(listening_fd, F_SETFL, fcntl(listening_fd, F_GETFL) | O_NONBLOCK) != 0) {
+      const int error = errno;
+      if (wake_fd >= 0) close(wake_fd);
+      close(epoll_fd);
+      return absl::ResourceExhaustedError(ErrnoMessage("cannot watch the listening socket", error));
+    }
+    return std::make_pair(epoll_fd, wake_fd);
+  }
+
  private:
+  struct Waiting {
+    int fd;
+    std::string source;
+    absl::Time since;
+  };
+
   void AcceptLoop() {
     absl::Duration backoff = kFirstBackoff;
+    absl::Time accept_again = absl::InfinitePast();
+    epoll_event events[64];
+    while (!stopping_) {
+      const absl::Time now = absl::Now();
+      absl::Time wake_at = now + absl::Seconds(1);
+      if (!waiting_.empty()) wake_at = std::min(wake_at, waiting_.front().since + first_byte_deadline_);
+      if (accept_again > now) wake_at = std::min(wake_at, accept_again);
+      const int timeout_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(wake_at - now) + 1);
+      const int ready = epoll_wait(epoll_fd_, events, 64, timeout_ms);
+      if (stopping_) return;
+      bool listening_ready = false;
+      for (int i = 0; i < std::max(ready, 0); ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == fd_) {
+          listening_ready = true;
+        } else if (fd != wake_fd_) {
+          FirstByte(fd);
+        }
+      }
+      DropSilent(absl::Now());
+      if ((listening_ready || accept_again != absl::InfinitePast()) && absl::Now() >= accept_again) {
+        if (AcceptAll(backoff)) {
+          accept_again = absl::InfinitePast();
+          backoff = kFirstBackoff;
+        } else {
+          accept_again = absl::Now() + backoff;
+          backoff = std::min(backoff * 2, kLastBackoff);
+        }
+      }
+    }
+  }
+
+  // Accepts every client waiting in the backlog; false when short of descriptors or memory (the
+  // rest wait in the backlog until `backoff` passed: retrying at once would only spin).
+  bool AcceptAll(absl::Duration backoff) {
     while (!stopping_) {
       const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
         const int error = errno;
-        if (stopping_) return;
+        if (error == EAGAIN || error == EWOULDBLOCK) return true;
         if (ResourceShortage(error)) {
-          // What frees descriptors or memory (connections closing, handshakes timing out) takes
-          // time; clients wait in the backlog meanwhile. Retrying at once would only spin.
           LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: cannot accept on " << endpoint_.ToString() << ": "
                                        << std::strerror(error) << "; retrying in "
                                        << absl::FormatDuration(backoff);
-          WaitUnlessStopping(backoff);
-          backoff = std::min(backoff * 2, kLastBackoff);
-          continue;
+          return false;
         }
         if (ClientError(error)) continue;
         LOG(ERROR) << "tf_rdma: accept on " << endpoint_.ToString() << " failed: " << std::strerror(error)
                    << "; this listener stops accepting";
-        return;
+        stopping_ = true;
+        return true;
       }
-      backoff = kFirstBackoff;
-      absl::Status started = handshakes_->Start([this, client] { handshake_(client); });
-      if (!started.ok()) {
-        LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a connection on " << endpoint_.ToString()
-                                     << ": " << started;
-        RefuseBeforeHandshake(client, started);
-      }
+      Wait(client);
+    }
+    return true;
+  }
+
+  // Holds `client` until its first byte (or its hang-up) arrives, making room if need be.
+  void Wait(int client) {
+    Waiting waiting{client, SourceOf(client), absl::Now()};
+    const size_t from_source = std::count_if(waiting_.begin(), waiting_.end(),
+                                             [&](const Waiting& w) { return w.source == waiting.source; });
+    if (from_source >= kMaxWaitingPerSource || waiting_.size() >= kMaxWaiting) {
+      auto oldest = from_source >= kMaxWaitingPerSource
+                        ? std::find_if(waiting_.begin(), waiting_.end(),
+                                       [&](const Waiting& w) { return w.source == waiting.source; })
+                        : waiting_.begin();
+      Unwatch(oldest->fd);
+      RefuseBeforeHandshake(oldest->fd, absl::ResourceExhaustedError(absl::StrCat(
+                                            "the listener dropped this client, silent while ",
+                                            waiting_.size(), " more clients connected")));
+      waiting_.erase(oldest);
+    }
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP;
+    event.data.fd = client;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, client, &event) != 0) {
+      RefuseBeforeHandshake(client, absl::ResourceExhaustedError(
+                                        ErrnoMessage("the listener cannot watch the client", errno)));
+      return;
+    }
+    waiting_.push_back(std::move(waiting));
+  }
+
+  // `fd` sent its first byte (or hung up): its handshake starts, if a slot is free.
+  void FirstByte(int fd) {
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.fd == fd; });
+    if (it == waiting_.end()) return;
+    Unwatch(fd);
+    const std::string source = it->source;
+    waiting_.erase(it);
+    absl::Status started = handshakes_->Start(source, [this, fd] { handshake_(fd); });
+    if (!started.ok()) {
+      LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a connection on " << endpoint_.ToString()
+                                   << ": " << started << " (the client tries again)";
+      RefuseBeforeHandshake(fd, started);
     }
   }
+
+  void DropSilent(absl::Time now) {
+    while (!waiting_.empty() && now - waiting_.front().since >= first_byte_deadline_) {
+      const int fd = waiting_.front().fd;
+      Unwatch(fd);
+      RefuseBeforeHandshake(fd, absl::DeadlineExceededError(absl::StrCat(
+                                    "the client sent nothing within ",
+                                    absl::FormatDuration(first_byte_deadline_), " of connecting")));
+      waiting_.pop_front();
+    }
+  }
+
+  void Unwatch(int fd) { epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr); }
 
   // accept errors that pass once descriptors, buffers or memory are freed.
   static bool ResourceShortage(int error) {
@@ -108,20 +250,19 @@ class StreamListener : public Listener {
     }
   }
 
-  void WaitUnlessStopping(absl::Duration duration) {
-    std::unique_lock<std::mutex> lock(stop_mu_);
-    stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(duration), [this] { return stopping_.load(); });
-  }
-
   static constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
   static constexpr absl::Duration kLastBackoff = absl::Seconds(1);
+  static constexpr size_t kMaxWaiting = 4096;
+  static constexpr size_t kMaxWaitingPerSource = 2048;
 
   const int fd_;
+  const int epoll_fd_;
+  const int wake_fd_;
   const Endpoint endpoint_;
+  const absl::Duration first_byte_deadline_;
   const Handshake handshake_;
   std::atomic<bool> stopping_{false};
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
+  std::deque<Waiting> waiting_;  // oldest first; the accept thread's only
   std::optional<HandshakeThreads> handshakes_;  // reset: joined before fd_ closes
   std::thread accept_thread_;
 };
@@ -153,6 +294,16 @@ std::string DescribePeer(int fd) {
 
 }  // namespace
 
+StreamTransport::StreamTransport(Backend backend, const TransportOptions& options)
+    : backend_(backend),
+      options_(options),
+      // Ticks often enough that a silent peer is noticed within an eighth of the timeout of it.
+      loops_(std::max<size_t>(options.io_threads, 1), options.peer_timeout / 8) {
+  // Threads short now: connections try again when they come (IoLoops::Next).
+  absl::Status started = loops_.Start();
+  if (!started.ok()) LOG(WARNING) << "tf_rdma: " << started;
+}
+
 StreamTransport::~StreamTransport() {
   std::vector<std::weak_ptr<StreamConnection>> connections;
   {
@@ -169,7 +320,12 @@ StreamTransport::~StreamTransport() {
 absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnection(
     int fd, const PeerIdentity& peer, const std::string& peer_address) {
   std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
-  absl::Status started = connection->Start();
+  absl::StatusOr<std::shared_ptr<IoLoop>> loop = loops_.Next();
+  if (!loop.ok()) {
+    connection->Close(loop.status());
+    return loop.status();
+  }
+  absl::Status started = connection->Start(*std::move(loop));
   if (!started.ok()) return started;
   std::lock_guard<std::mutex> lock(mu_);
   connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
@@ -206,8 +362,16 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
     }
     on_accept(*std::move(connection));
   };
-  return std::make_unique<StreamListener>(*fd, bound, options_.limits.max_concurrent_handshakes,
-                                          std::move(handshake));
+  absl::StatusOr<std::pair<int, int>> sources = StreamListener::MakeEventSources(*fd);
+  if (!sources.ok()) {
+    close(*fd);
+    return sources.status();
+  }
+  // A client sends its HELLO as soon as it connected: one that has not within two seconds (or the
+  // connect timeout, if shorter) is not a tf_rdma peer, or not a working one.
+  const absl::Duration first_byte_deadline = std::min(absl::Seconds(2), options_.connect_timeout);
+  return std::make_unique<StreamListener>(*fd, sources->first, sources->second, bound, first_byte_deadline,
+                                          options_.limits.max_concurrent_handshakes, std::move(handshake));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpoint& endpoint) {
@@ -219,7 +383,9 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
     if (!peer.ok()) {
       close(*fd);
-      return {peer.status()};
+      // A listener short of handshake slots (a connection storm) refuses with kResourceExhausted:
+      // a slot frees within a handshake's time, so that is worth another attempt too.
+      return {peer.status(), peer.status().code() == absl::StatusCode::kResourceExhausted};
     }
     absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(*fd, *peer, endpoint.ToString());
     if (!connection.ok()) return {connection.status()};

@@ -1,7 +1,9 @@
-// What the tcp and shm backends share above the connection: a listener that handshakes every
-// accepted socket on its own thread (a slow or hostile client cannot stall the others), connects
-// that retry until the peer is up or TransportOptions::connect_timeout passes, and closing every
-// connection when the transport goes away.
+// What the tcp and shm backends share above the connection: the I/O threads every connection is
+// served from (io_loops.h), a listener that handshakes each accepted socket on a thread of its own
+// once it sent its first byte (a slow or hostile client cannot stall the others, a silent one
+// holds no thread), connects that retry until the peer is up and has a handshake slot free or
+// TransportOptions::connect_timeout passes, and closing every connection when the transport goes
+// away.
 #ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 #define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "cc/transport/handshake.h"
+#include "cc/transport/stream/io_loops.h"
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/transport.h"
 
@@ -25,8 +28,7 @@ class StreamTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override;
 
  protected:
-  StreamTransport(Backend backend, const TransportOptions& options)
-      : backend_(backend), options_(options) {}
+  StreamTransport(Backend backend, const TransportOptions& options);
 
   // A listening socket for `endpoint`; `bound` is set to what peers must connect to.
   virtual absl::StatusOr<int> OpenListeningSocket(const Endpoint& endpoint, Endpoint* bound) = 0;
@@ -44,6 +46,8 @@ class StreamTransport : public Transport {
   const TransportOptions options_;
   std::mutex mu_;
   std::vector<std::weak_ptr<StreamConnection>> connections_;
+  // Last: its threads stop, after every connection was closed, before the rest goes.
+  IoLoops loops_;
 };
 
 }  // namespace tf_rdma

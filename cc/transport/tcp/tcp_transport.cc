@@ -33,7 +33,7 @@ class TcpConnection : public StreamConnection {
   absl::StatusOr<bool> PlaceMessage(const wire::Grant&, const void*, uint64_t) override {
     return true;  // the payload follows its DATA frame on the socket
   }
-  absl::Status ReceiveMessage(char* dst, uint64_t length) override { return ReceiveRaw(dst, length); }
+  bool PayloadOnStream() const override { return true; }
 };
 
 void Tune(int fd) {
@@ -66,7 +66,7 @@ class TcpTransport : public StreamTransport {
       if (fd < 0) continue;
       const int one = 1;
       setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
         last = absl::UnavailableError(absl::StrCat(
             "cannot listen on ", endpoint.ToString(), ": ", std::strerror(errno),
             errno == EADDRINUSE ? " (another socket holds the port: another process, or another server of this one; pick another)" : ""));

@@ -1,0 +1,94 @@
+// The I/O threads of a stream transport: a fixed number (TF_RDMA_IO_THREADS) of epoll loops that
+// every connection of the transport shares, so that a process serving a thousand peers runs a
+// handful of threads, not two per peer. Each connection belongs to one loop for its life: its
+// socket's events and its heartbeat checks all run on that loop's thread, one at a time.
+#ifndef TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
+#define TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tf_rdma {
+
+// What a loop serves: one socket. Called on the loop's thread only.
+class IoHandler {
+ public:
+  virtual ~IoHandler() = default;
+  enum class Progress {
+    kWaiting,   // for the socket's next event
+    kMore,      // work is left that no event will announce (bytes already read): call again soon
+    kFinished,  // the handler is done, and the loop lets go of it
+  };
+  // The socket is readable, writable or hung up (epoll `events`). Each call does a bounded amount
+  // of work, so that one busy peer cannot starve the loop's other connections.
+  virtual Progress OnEvents(uint32_t events) = 0;
+  // Called every tick (IoLoops' `tick`): heartbeats and silence checks. False as for OnEvents.
+  virtual bool OnTick(absl::Time now) = 0;
+  // The loop stops (the transport goes away): last call.
+  virtual void OnLoopStopped() = 0;
+};
+
+class IoLoop {
+ public:
+  IoLoop(int epoll_fd, int wake_fd, absl::Duration tick);
+  ~IoLoop();
+  IoLoop(const IoLoop&) = delete;
+  IoLoop& operator=(const IoLoop&) = delete;
+
+  // Serves `fd` with `handler` (readable events, plus writable ones while asked for).
+  absl::Status Add(int fd, std::shared_ptr<IoHandler> handler);
+  // Whether the loop also reports `fd` (served by `handler`) writable. Callers serialize calls
+  // per fd and keep `fd` open meanwhile; after the handler was let go of, this does nothing.
+  void WatchWritable(int fd, IoHandler* handler, bool writable);
+
+  void Run();
+  void Stop();
+
+ private:
+  void Remove(IoHandler* handler);
+
+  const int epoll_fd_;
+  const int wake_fd_;
+  const absl::Duration tick_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::unordered_map<IoHandler*, std::pair<int, std::shared_ptr<IoHandler>>> handlers_;
+};
+
+class IoLoops {
+ public:
+  // `threads` loops; `tick` paces OnTick.
+  IoLoops(size_t threads, absl::Duration tick) : threads_(threads), tick_(tick) {}
+  // Stops every loop and joins its thread; handlers still served get OnLoopStopped.
+  ~IoLoops();
+  IoLoops(const IoLoops&) = delete;
+  IoLoops& operator=(const IoLoops&) = delete;
+
+  // Starts the loops' threads (those not running yet): a transport's threads are there from its
+  // start, whatever comes to connect.
+  absl::Status Start();
+  // The loop the next connection goes to (round robin); loops that could not start are tried again.
+  absl::StatusOr<std::shared_ptr<IoLoop>> Next();
+
+ private:
+  absl::Status StartLocked();
+
+  const size_t threads_;
+  const absl::Duration tick_;
+  std::mutex mu_;
+  size_t next_ = 0;
+  std::vector<std::shared_ptr<IoLoop>> loops_;
+  std::vector<std::thread> threads_running_;
+};
+
+}  // namespace tf_rdma
+
+#endif  // TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
