@@ -2,6 +2,7 @@
 
 #include <ifaddrs.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -74,6 +75,16 @@ absl::StatusOr<bool> IsLocalHost(const std::string& host) {
   if (interfaces != nullptr) freeifaddrs(interfaces);
   freeaddrinfo(resolved);
   return local;
+}
+
+std::string IpAddressOf(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "";
+  if (address != nullptr && address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, host, sizeof(host));
+  } else if (address != nullptr && address->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, host, sizeof(host));
+  }
+  return host;
 }
 
 }  // namespace tf_rdma

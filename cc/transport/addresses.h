@@ -21,6 +21,10 @@ absl::StatusOr<AddressList> ResolveEndpoint(const Endpoint& endpoint, bool passi
 // local interface. Fails when the name does not resolve.
 absl::StatusOr<bool> IsLocalHost(const std::string& host);
 
+// The IP address of an IPv4 or IPv6 socket address, without its port (what the listeners' limits
+// per source count by); empty for any other family.
+std::string IpAddressOf(const sockaddr* address);
+
 }  // namespace tf_rdma
 
 #endif  // TF_RDMA_CC_TRANSPORT_ADDRESSES_H_

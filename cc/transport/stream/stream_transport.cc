@@ -18,6 +18,7 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/addresses.h"
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/stream/socket_io.h"
@@ -43,16 +44,9 @@ void RefuseBeforeHandshake(int client, const absl::Status& why) {
 std::string SourceOf(int fd) {
   sockaddr_storage address{};
   socklen_t length = sizeof(address);
-  char host[INET6_ADDRSTRLEN] = "?";
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    if (address.ss_family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&address)->sin_addr, host, sizeof(host));
-      return host;
-    }
-    if (address.ss_family == AF_INET6) {
-      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr, host, sizeof(host));
-      return host;
-    }
+    std::string ip = IpAddressOf(reinterpret_cast<const sockaddr*>(&address));
+    if (!ip.empty()) return ip;
   }
   ucred credentials{};
   socklen_t size = sizeof(credentials);

@@ -374,7 +374,9 @@ void VerbsListener::Loop() {
       rdma_cm_id* child = event->id;
       rdma_ack_cm_event(event);
       if (type != RDMA_CM_EVENT_CONNECT_REQUEST) continue;
-      absl::Status started = handshakes_->Start([this, child] { Accept(child); });
+      const std::string source = IpAddressOf(rdma_get_peer_addr(child));
+      absl::Status started = handshakes_->Start(source.empty() ? "an unknown address" : source,
+                                                [this, child] { Accept(child); });
       if (!started.ok()) {
         rdma_reject(child, nullptr, 0);
         rdma_destroy_id(child);
