@@ -1,0 +1,269 @@
+"""Faults on the wire, tf_rdma (tcp backend) beside stock gRPC under the same faults: a TF1 ps and
+worker, each in its own network namespace (network.py), the worker driven step by step
+(wire_programs.driven_worker) while the test partitions their link, loses packets on it, freezes
+the ps, and makes the ps's host vanish (no FIN) and come back on the same address.
+
+One cluster per transport plays the whole schedule (TensorFlow's start-up dominates a run), which
+`schedules` records; each test asserts one behaviour on it, tf_rdma's against gRPC's. The
+schedule's phases run in order on live connections, so each phase also starts from the aftermath
+of the one before, as in a real cluster.
+
+No netem on this kernel (network.py): loss and partitions only, no delay."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import network
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
+from cluster import Cluster  # noqa: E402
+
+PROGRAM = Path(__file__).with_name("wire_programs.py")
+PS = "/job:ps/replica:0/task:0"
+PEER_TIMEOUT_S = 3.0
+# From the fault to the worker's step failing, beyond the peer timeout: the heartbeat's receive
+# timeout runs from the last byte received (before the fault), then the step's abort crosses
+# TensorFlow's executors.
+SLACK_S = 2.5
+# Every step's RunOptions deadline: what ends a step gRPC never fails on its own.
+OP_TIMEOUT_S = 6.0
+# Long faults outlast both the peer timeout and the step deadline.
+LONG_FAULT_S = 8.0
+# Short enough that TCP's retransmission backoff (0.2, 0.4, 0.8 s...) resends within the peer
+# timeout after the heal: a partition of p is seen to end up to ~p later.
+SHORT_PARTITION_S = 1.0
+STEPS = 60
+LOSS_PERCENT = 1
+
+pytestmark = pytest.mark.skipif(network.unavailable_reason() is not None,
+                                reason=network.unavailable_reason() or "")
+
+
+class NamespacedCluster(Cluster):
+    """Cluster whose tasks each run in their own host of `net`, named after the task."""
+
+    def __init__(self, tmp_path, net, jobs, env=None):
+        super().__init__(tmp_path, jobs, env)
+        self.net = net
+        for job, addresses in self.spec.items():
+            for index, address in enumerate(addresses):
+                host = f"{job}{index}"
+                net.add_host(host)
+                addresses[index] = f"{net.address(host)}:{address.rsplit(':', 1)[1]}"
+
+    def command(self, job, index, argv):
+        return ["ip", "netns", "exec", self.net.namespace(f"{job}{index}"), *argv]
+
+
+class Driver:
+    """Talks to a driven_worker: sends commands, reads its JSON answers from its log."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.process = cluster.processes[("worker", 0)]
+        self.seen = 0
+
+    def send(self, line):
+        self.process.stdin.write(line.encode() + b"\n")
+        self.process.stdin.flush()
+
+    def answer(self, *keys, timeout):
+        """The next answer holding one of `keys` (earlier answers skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [l for l in self.cluster.log("worker", 0).splitlines() if l.startswith("{")]
+            for number in range(self.seen, len(lines)):
+                message = json.loads(lines[number])
+                if any(k in message for k in keys):
+                    self.seen = number + 1
+                    return message
+            assert time.monotonic() < deadline, (keys, self.cluster.log("worker", 0)[-3000:])
+            assert self.process.poll() is None, self.cluster.log("worker", 0)[-3000:]
+            time.sleep(0.05)
+
+    def command(self, line, timeout=OP_TIMEOUT_S * 3):
+        self.send(line)
+        return self.answer("trained", "probe", "init", "error", timeout=timeout)
+
+    def until_success(self, line, within):
+        """Repeats `line` until it succeeds (the cluster recovering); the answers, last one last."""
+        deadline = time.monotonic() + within
+        answers = [self.command(line)]
+        while "error" in answers[-1] and time.monotonic() < deadline:
+            answers.append(self.command(line))
+        return answers
+
+
+def rdma_sockets_to(pid, address, ports):
+    """Descriptors of process `pid` that are TCP sockets between it and `address` on one of
+    `ports` (either end): tf_rdma's connections to that host."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    peer = socket.inet_aton(address)[::-1].hex().upper()  # /proc/net/tcp: little-endian hex
+    found = 0
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for row in f.readlines()[1:]:
+            fields = row.split()
+            local_port = int(fields[1].split(":")[1], 16)
+            remote_ip, remote_port = fields[2].split(":")
+            if fields[9] in inodes and remote_ip == peer and (
+                    local_port in ports or int(remote_port, 16) in ports):
+                found += 1
+    return found
+
+
+def play(tmp_path, transport):
+    """The schedule over `transport`; returns what each phase did."""
+    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(PEER_TIMEOUT_S * 1000)), "TF_RDMA_BACKEND": "tcp"}
+    offset = int(os.environ.get("TF_RDMA_PORT_OFFSET", "1000"))
+    record = {}
+    (tmp_path / transport).mkdir()
+    with network.Network() as net, \
+            NamespacedCluster(tmp_path / transport, net, {"ps": 1, "worker": 1}, env) as cluster:
+        cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
+        cluster.start("worker", 0, "driven_worker", program=PROGRAM, stdin=subprocess.PIPE,
+                      transport=transport, op_timeout_ms=int(OP_TIMEOUT_S * 1000))
+        worker = Driver(cluster)
+        worker.answer("ready", timeout=180)
+        record["init"] = worker.until_success("init", within=60)[-1]
+        record["reference"] = worker.command(f"train {STEPS}")
+
+        # A partition shorter than the peer timeout, while a step runs.
+        worker.command("init")
+        worker.send(f"train {STEPS} 10")
+        worker.answer("paused", timeout=30)
+        net.partition("ps0", "worker0")
+        worker.send("go")
+        time.sleep(SHORT_PARTITION_S)
+        net.heal("ps0", "worker0")
+        record["short_partition"] = worker.answer("trained", "error", timeout=OP_TIMEOUT_S * 2 + STEPS)
+
+        # Loss on the link for a whole training run.
+        worker.command("init")
+        net.lose(LOSS_PERCENT)
+        record["loss"] = worker.command(f"train {STEPS}", timeout=STEPS * OP_TIMEOUT_S)
+        net.keep_all()
+
+        rdma_ports = {int(a.rsplit(":", 1)[1]) + offset for addresses in cluster.spec.values() for a in addresses}
+        ps_address = net.address("ps0")
+
+        def sockets_to_ps():
+            return rdma_sockets_to(worker.process.pid, ps_address, rdma_ports)
+
+        # A partition longer than the peer timeout and the step deadline; then healed.
+        record["long_partition"] = long_fault(
+            worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
+            sockets_to_ps)
+
+        # The ps frozen (SIGSTOP) for as long, then thawed.
+        record["frozen"] = long_fault(
+            worker, lambda: cluster.signal("ps", 0, signal.SIGSTOP),
+            lambda: cluster.signal("ps", 0, signal.SIGCONT), sockets_to_ps)
+
+        # The ps's host vanishes (link gone first: its death sends no FIN), and comes back on the
+        # same address with a new ps.
+        before = sockets_to_ps()
+
+        def vanish():
+            net.cut_off("ps0")
+            cluster.signal("ps", 0, signal.SIGKILL)
+            cluster.wait("ps", 0, timeout=30)
+            net.remove_host("ps0")
+
+        def come_back():
+            net.add_host("ps0", ps_address)
+            cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
+
+        record["vanished"] = dict(long_fault(worker, vanish, come_back, sockets_to_ps, recover="init"),
+                                  sockets_before=before)
+        worker.send("exit")
+        worker.answer("exited", timeout=30)
+    return record
+
+
+def long_fault(worker, apply, lift, sockets_to_ps, recover="probe"):
+    """Five steps, then the fault, and the sixth step in it; holds the fault LONG_FAULT_S, lifts
+    it, then repeats `recover` until it works. Returns the sixth step's answer (an error, or
+    "trained" if it rode the fault out), the seconds from the fault to it, tf_rdma's sockets to
+    the ps then, and the recovery's answers."""
+    worker.send("train 6 5")
+    worker.answer("paused", timeout=30)
+    apply()
+    applied = time.time()
+    worker.send("go")
+    outcome = worker.answer("trained", "error", timeout=LONG_FAULT_S + 3 * OP_TIMEOUT_S)
+    outcome["after_fault_s"] = outcome.get("failed_at", time.time()) - applied
+    # Its heartbeat's verdict has closed the connection: it holds no descriptor any more.
+    time.sleep(0.5)
+    outcome["sockets_after_failure"] = sockets_to_ps()
+    time.sleep(max(0.0, applied + LONG_FAULT_S - time.time()))
+    lift()
+    lifted = time.monotonic()
+    answers = worker.until_success(recover, within=60)
+    if recover == "init" and "error" not in answers[-1]:
+        answers.append(worker.command("probe"))
+    outcome["recovery"] = answers
+    outcome["recovered_after_lift_s"] = time.monotonic() - lifted
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def schedules(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("wire_faults")
+    return {transport: play(tmp_path, transport) for transport in ("grpc", "rdma")}
+
+
+def test_schedule_report(schedules):
+    """Not an assertion: what both transports did, in the test log (pytest -s) for the report."""
+    print(json.dumps(schedules, indent=1))
+
+
+def test_both_train_identically_unimpaired(schedules):
+    assert schedules["rdma"]["reference"]["digest"] == schedules["grpc"]["reference"]["digest"], schedules
+
+
+@pytest.mark.parametrize("phase", ["short_partition", "loss"])
+def test_a_short_partition_and_loss_lose_no_step_and_change_no_result(schedules, phase):
+    for transport in ("grpc", "rdma"):
+        run = schedules[transport]
+        assert "error" not in run[phase], (transport, run[phase])
+        assert run[phase]["digest"] == run["reference"]["digest"], (transport, run)
+
+
+def test_loss_step_rate_against_grpc(schedules):
+    """1% loss slows tf_rdma no more than it slows gRPC (the ratio is in the report)."""
+    rate = {t: STEPS / schedules[t]["loss"]["seconds"] for t in schedules}
+    clean = {t: STEPS / schedules[t]["reference"]["seconds"] for t in schedules}
+    print(f"steps/s under {LOSS_PERCENT}% loss: rdma {rate['rdma']:.1f}, grpc {rate['grpc']:.1f} "
+          f"(ratio {rate['rdma'] / rate['grpc']:.2f}); unimpaired: rdma {clean['rdma']:.1f}, "
+          f"grpc {clean['grpc']:.1f}")
+    assert rate["rdma"] > 0.5 * rate["grpc"], (rate, clean)
+
+
+@pytest.mark.parametrize("phase", ["long_partition", "frozen", "vanished"])
+def test_a_lost_peer_fails_the_step_within_the_peer_timeout_and_is_used_again(schedules, phase):
+    ours, stock = schedules["rdma"][phase], schedules["grpc"][phase]
+    assert ours.get("error") == "UnavailableError", ours
+    assert PS in ours["message"], ours
+    assert ours["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, ours
+    # gRPC has no peer timeout of its own: the step's deadline ends it, or it rides the fault out.
+    assert stock.get("error") in (None, "DeadlineExceededError", "UnavailableError"), stock
+    # The dead connection's descriptors are released.
+    assert ours["sockets_after_failure"] == 0, ours
+    # Once the peer is back, the next operations work, over new connections, with every byte right.
+    for run in (ours, stock):
+        assert "error" not in run["recovery"][-1], run
+        assert run["recovery"][-1]["probe"] is True, run
