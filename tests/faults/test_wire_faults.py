@@ -40,6 +40,9 @@ LONG_FAULT_S = 8.0
 # timeout after the heal: a partition of p is seen to end up to ~p later.
 SHORT_PARTITION_S = 1.0
 STEPS = 60
+# From lifting a fault to the worker's first good probe: a healed link and a thawed ps at once; a
+# restarted ps after its start (TensorFlow's import, seconds on a busy machine).
+RECOVERY_S = {"long_partition": OP_TIMEOUT_S + 1, "frozen": 1.0, "vanished": 45.0}
 LOSS_PERCENT = 1
 
 pytestmark = pytest.mark.skipif(network.unavailable_reason() is not None,
@@ -74,8 +77,9 @@ class Driver:
         self.process.stdin.write(line.encode() + b"\n")
         self.process.stdin.flush()
 
-    def answer(self, *keys, timeout):
-        """The next answer holding one of `keys` (earlier answers skipped)."""
+    def answer(self, *keys, timeout, none_ok=False):
+        """The next answer holding one of `keys` (earlier answers skipped); with `none_ok`, if
+        none comes in time, {"error": "no answer"} (the worker still busy with the command)."""
         deadline = time.monotonic() + timeout
         while True:
             lines = [l for l in self.cluster.log("worker", 0).splitlines() if l.startswith("{")]
@@ -84,26 +88,36 @@ class Driver:
                 if any(k in message for k in keys):
                     self.seen = number + 1
                     return message
-            assert time.monotonic() < deadline, (keys, self.cluster.log("worker", 0)[-3000:])
+            if time.monotonic() > deadline:
+                assert none_ok, (keys, self.cluster.log("worker", 0)[-3000:])
+                return {"error": "no answer", "waited_s": timeout}
             assert self.process.poll() is None, self.cluster.log("worker", 0)[-3000:]
             time.sleep(0.05)
 
-    def command(self, line, timeout=OP_TIMEOUT_S * 3):
+    def command(self, line, timeout=OP_TIMEOUT_S * 3, none_ok=False):
         self.send(line)
-        return self.answer("trained", "probe", "init", "error", timeout=timeout)
+        return self.answer("trained", "probe", "init", "renew", "error", timeout=timeout, none_ok=none_ok)
 
-    def until_success(self, line, within):
-        """Repeats `line` until it succeeds (the cluster recovering); the answers, last one last."""
+    def until_success(self, lines, within):
+        """Repeats `lines` until the last one succeeds (the cluster recovering), or `within`
+        seconds pass; the answers. A command left without answer ends it: the worker is stuck."""
         deadline = time.monotonic() + within
-        answers = [self.command(line)]
-        while "error" in answers[-1] and time.monotonic() < deadline:
-            answers.append(self.command(line))
+        answers = []
+        while not answers or "error" in answers[-1] and time.monotonic() < deadline:
+            for line in lines:
+                answers.append(self.command(line, max(1.0, deadline - time.monotonic()), none_ok=True))
+                if answers[-1].get("error") == "no answer":
+                    return answers
         return answers
 
 
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
+
+
 def rdma_sockets_to(pid, address, ports):
-    """Descriptors of process `pid` that are TCP sockets between it and `address` on one of
-    `ports` (either end): tf_rdma's connections to that host."""
+    """The TCP sockets process `pid` holds a descriptor of between it and `address` on one of
+    `ports` (either end), tf_rdma's connections to that host: [(local port, remote port, state)]."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -113,7 +127,7 @@ def rdma_sockets_to(pid, address, ports):
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     peer = socket.inet_aton(address)[::-1].hex().upper()  # /proc/net/tcp: little-endian hex
-    found = 0
+    found = []
     with open(f"/proc/{pid}/net/tcp") as f:
         for row in f.readlines()[1:]:
             fields = row.split()
@@ -121,7 +135,7 @@ def rdma_sockets_to(pid, address, ports):
             remote_ip, remote_port = fields[2].split(":")
             if fields[9] in inodes and remote_ip == peer and (
                     local_port in ports or int(remote_port, 16) in ports):
-                found += 1
+                found.append((local_port, int(remote_port, 16), TCP_STATES[int(fields[3], 16)]))
     return found
 
 
@@ -138,7 +152,7 @@ def play(tmp_path, transport):
                       transport=transport, op_timeout_ms=int(OP_TIMEOUT_S * 1000))
         worker = Driver(cluster)
         worker.answer("ready", timeout=180)
-        record["init"] = worker.until_success("init", within=60)[-1]
+        record["init"] = worker.until_success(["init"], within=60)[-1]
         record["reference"] = worker.command(f"train {STEPS}")
 
         # A partition shorter than the peer timeout, while a step runs.
@@ -175,8 +189,6 @@ def play(tmp_path, transport):
 
         # The ps's host vanishes (link gone first: its death sends no FIN), and comes back on the
         # same address with a new ps.
-        before = sockets_to_ps()
-
         def vanish():
             net.cut_off("ps0")
             cluster.signal("ps", 0, signal.SIGKILL)
@@ -187,18 +199,18 @@ def play(tmp_path, transport):
             net.add_host("ps0", ps_address)
             cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
 
-        record["vanished"] = dict(long_fault(worker, vanish, come_back, sockets_to_ps, recover="init"),
-                                  sockets_before=before)
-        worker.send("exit")
-        worker.answer("exited", timeout=30)
+        # TensorFlow's recovery from a restarted ps (its session gone: AbortedError), as
+        # MonitoredSession's: a new session, the variables set again.
+        record["vanished"] = long_fault(worker, vanish, come_back, sockets_to_ps, recover=("renew", "init"))
     return record
 
 
-def long_fault(worker, apply, lift, sockets_to_ps, recover="probe"):
+def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
     """Five steps, then the fault, and the sixth step in it; holds the fault LONG_FAULT_S, lifts
     it, then repeats `recover` until it works. Returns the sixth step's answer (an error, or
     "trained" if it rode the fault out), the seconds from the fault to it, tf_rdma's sockets to
     the ps then, and the recovery's answers."""
+    connections = sockets_to_ps()
     worker.send("train 6 5")
     worker.answer("paused", timeout=30)
     apply()
@@ -208,12 +220,13 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover="probe"):
     outcome["after_fault_s"] = outcome.get("failed_at", time.time()) - applied
     # Its heartbeat's verdict has closed the connection: it holds no descriptor any more.
     time.sleep(0.5)
-    outcome["sockets_after_failure"] = sockets_to_ps()
+    outcome["connections_before"] = connections
+    outcome["connections_after_failure"] = sockets_to_ps()
     time.sleep(max(0.0, applied + LONG_FAULT_S - time.time()))
     lift()
     lifted = time.monotonic()
     answers = worker.until_success(recover, within=60)
-    if recover == "init" and "error" not in answers[-1]:
+    if "probe" not in recover and "error" not in answers[-1]:
         answers.append(worker.command("probe"))
     outcome["recovery"] = answers
     outcome["recovered_after_lift_s"] = time.monotonic() - lifted
@@ -261,9 +274,11 @@ def test_a_lost_peer_fails_the_step_within_the_peer_timeout_and_is_used_again(sc
     assert ours["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, ours
     # gRPC has no peer timeout of its own: the step's deadline ends it, or it rides the fault out.
     assert stock.get("error") in (None, "DeadlineExceededError", "UnavailableError"), stock
-    # The dead connection's descriptors are released.
-    assert ours["sockets_after_failure"] == 0, ours
-    # Once the peer is back, the next operations work, over new connections, with every byte right.
-    for run in (ours, stock):
-        assert "error" not in run["recovery"][-1], run
-        assert run["recovery"][-1]["probe"] is True, run
+    # The dead connection's descriptors are released (a new one may be on its way).
+    assert ours["connections_before"], ours
+    before, after = ({tuple(c) for c in ours[k]} for k in ("connections_before", "connections_after_failure"))
+    assert not before & after, ours
+    # Once the peer is back, the next operations work, over new connections, with every byte right
+    # (gRPC's recovery is in the report, not asserted: it is TensorFlow's, not ours).
+    assert ours["recovery"][-1].get("probe") is True, ours
+    assert ours["recovered_after_lift_s"] < RECOVERY_S[phase], ours

@@ -28,6 +28,7 @@ def driven_worker(cluster, job, index, transport, op_timeout_ms, hidden=256, lea
     train N [P]      N steps from batch 0; with P, stops before step P, says "paused" and waits for
                      a line on stdin (the test applies its fault meanwhile). Says the digest of
                      every loss and the final variables, the seconds taken, or the first error
+    renew            a new session (the old one abandoned, not closed: that could wait on a lost ps)
     probe            writes random values to the ps and reads them back: every byte must match
     exit
 
@@ -89,6 +90,9 @@ def driven_worker(cluster, job, index, transport, op_timeout_ms, hidden=256, lea
                 for name, value in sorted(run(read).items()):
                     digest.update(name.encode() + value.tobytes())
                 _say(trained=steps, digest=digest.hexdigest(), seconds=seconds + time.monotonic() - started)
+            elif command == "renew":
+                sess = tf.compat.v1.Session(server.target)
+                _say(renew=True)
             elif command == "probe":
                 values = {name: rng.standard_normal(v.shape).astype(np.float32) for name, v in initial.items()}
                 run(assign, {fed[name]: value for name, value in values.items()})
