@@ -50,19 +50,25 @@ pytestmark = pytest.mark.skipif(network.unavailable_reason() is not None,
 
 
 class NamespacedCluster(Cluster):
-    """Cluster whose tasks each run in their own host of `net`, named after the task."""
+    """Cluster whose tasks run in hosts of `net`: each in its own, named after the task, or with
+    `one_host`, all in that one (shm's case: a wire between them is not shm's)."""
 
-    def __init__(self, tmp_path, net, jobs, env=None):
+    def __init__(self, tmp_path, net, jobs, env=None, one_host=None):
         super().__init__(tmp_path, jobs, env)
         self.net = net
+        self.one_host = one_host
         for job, addresses in self.spec.items():
             for index, address in enumerate(addresses):
-                host = f"{job}{index}"
-                net.add_host(host)
+                host = self.host(job, index)
+                if host not in net.hosts:
+                    net.add_host(host)
                 addresses[index] = f"{net.address(host)}:{address.rsplit(':', 1)[1]}"
 
+    def host(self, job, index):
+        return self.one_host or f"{job}{index}"
+
     def command(self, job, index, argv):
-        return ["ip", "netns", "exec", self.net.namespace(f"{job}{index}"), *argv]
+        return ["ip", "netns", "exec", self.net.namespace(self.host(job, index)), *argv]
 
 
 class Driver:
@@ -139,14 +145,17 @@ def rdma_sockets_to(pid, address, ports):
     return found
 
 
-def play(tmp_path, transport):
-    """The schedule over `transport`; returns what each phase did."""
-    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(PEER_TIMEOUT_S * 1000)), "TF_RDMA_BACKEND": "tcp"}
+def play(tmp_path, transport, backend="tcp"):
+    """The schedule over `transport` (tf_rdma's over `backend`); returns what each phase did.
+    Over shm, both tasks share a host and the wire's phases are left out."""
+    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(PEER_TIMEOUT_S * 1000)), "TF_RDMA_BACKEND": backend}
     offset = int(os.environ.get("TF_RDMA_PORT_OFFSET", "1000"))
+    wire = backend == "tcp"
     record = {}
-    (tmp_path / transport).mkdir()
+    (tmp_path / f"{transport}-{backend}").mkdir()
     with network.Network() as net, \
-            NamespacedCluster(tmp_path / transport, net, {"ps": 1, "worker": 1}, env) as cluster:
+            NamespacedCluster(tmp_path / f"{transport}-{backend}", net, {"ps": 1, "worker": 1}, env,
+                              one_host=None if wire else "host") as cluster:
         cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
         cluster.start("worker", 0, "driven_worker", program=PROGRAM, stdin=subprocess.PIPE,
                       transport=transport, op_timeout_ms=int(OP_TIMEOUT_S * 1000))
@@ -154,33 +163,15 @@ def play(tmp_path, transport):
         worker.answer("ready", timeout=180)
         record["init"] = worker.until_success(["init"], within=60)[-1]
         record["reference"] = worker.command(f"train {STEPS}")
-
-        # A partition shorter than the peer timeout, while a step runs.
-        worker.command("init")
-        worker.send(f"train {STEPS} 10")
-        worker.answer("paused", timeout=30)
-        net.partition("ps0", "worker0")
-        worker.send("go")
-        time.sleep(SHORT_PARTITION_S)
-        net.heal("ps0", "worker0")
-        record["short_partition"] = worker.answer("trained", "error", timeout=OP_TIMEOUT_S * 2 + STEPS)
-
-        # Loss on the link for a whole training run.
-        worker.command("init")
-        net.lose(LOSS_PERCENT)
-        record["loss"] = worker.command(f"train {STEPS}", timeout=STEPS * OP_TIMEOUT_S)
-        net.keep_all()
-
+        ps_host = cluster.host("ps", 0)
         rdma_ports = {int(a.rsplit(":", 1)[1]) + offset for addresses in cluster.spec.values() for a in addresses}
-        ps_address = net.address("ps0")
+        ps_address = net.address(ps_host)
 
         def sockets_to_ps():
             return rdma_sockets_to(worker.process.pid, ps_address, rdma_ports)
 
-        # A partition longer than the peer timeout and the step deadline; then healed.
-        record["long_partition"] = long_fault(
-            worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
-            sockets_to_ps)
+        if wire:
+            wire_faults(worker, net, record, sockets_to_ps)
 
         # The ps frozen (SIGSTOP) for as long, then thawed.
         record["frozen"] = long_fault(
@@ -198,16 +189,42 @@ def play(tmp_path, transport):
             worker, kill_ps, lambda: cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport),
             sockets_to_ps, recover=("renew", "init"))
 
-        # The ps's host vanishes: its link first, so its death sends no FIN, then its namespace.
-        # The worker's connections to it are half-open. (No recovery: a half-open gRPC channel
-        # holds TensorFlow's next session for 40 s and more, whatever carries the tensors.)
-        def vanish():
-            net.cut_off("ps0")
-            kill_ps()
-            net.remove_host("ps0")
+        if wire:
+            # The ps's host vanishes: its link first, so its death sends no FIN, then its
+            # namespace. The worker's connections to it are half-open. (No recovery: a half-open
+            # gRPC channel holds TensorFlow's next session for 40 s and more, whatever carries
+            # the tensors.)
+            def vanish():
+                net.cut_off(ps_host)
+                kill_ps()
+                net.remove_host(ps_host)
 
-        record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps)
+            record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps)
     return record
+
+
+def wire_faults(worker, net, record, sockets_to_ps):
+    """The link's faults, between the ps's and the worker's hosts."""
+    # A partition shorter than the peer timeout, while a step runs.
+    worker.command("init")
+    worker.send(f"train {STEPS} 10")
+    worker.answer("paused", timeout=30)
+    net.partition("ps0", "worker0")
+    worker.send("go")
+    time.sleep(SHORT_PARTITION_S)
+    net.heal("ps0", "worker0")
+    record["short_partition"] = worker.answer("trained", "error", timeout=OP_TIMEOUT_S * 2 + STEPS)
+
+    # Loss on the link for a whole training run.
+    worker.command("init")
+    net.lose(LOSS_PERCENT)
+    record["loss"] = worker.command(f"train {STEPS}", timeout=STEPS * OP_TIMEOUT_S)
+    net.keep_all()
+
+    # A partition longer than the peer timeout and the step deadline; then healed.
+    record["long_partition"] = long_fault(
+        worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
+        sockets_to_ps)
 
 
 def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
@@ -246,8 +263,15 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
 
 @pytest.fixture(scope="module")
 def schedules(tmp_path_factory):
+    """gRPC's and tf_rdma's (tcp) runs of the whole schedule, and tf_rdma's over shm (two tasks on
+    one host: no wire, but a frozen or restarted peer)."""
     tmp_path = tmp_path_factory.mktemp("wire_faults")
-    return {transport: play(tmp_path, transport) for transport in ("grpc", "rdma")}
+    return {"grpc": play(tmp_path, "grpc"), "rdma": play(tmp_path, "rdma"),
+            "rdma-shm": play(tmp_path, "rdma", backend="shm")}
+
+
+def ours(schedules, phase, backend):
+    return schedules["rdma" if backend == "tcp" else f"rdma-{backend}"][phase]
 
 
 def test_schedule_report(schedules):
@@ -256,7 +280,8 @@ def test_schedule_report(schedules):
 
 
 def test_both_train_identically_unimpaired(schedules):
-    assert schedules["rdma"]["reference"]["digest"] == schedules["grpc"]["reference"]["digest"], schedules
+    digests = {name: run["reference"]["digest"] for name, run in schedules.items()}
+    assert len(set(digests.values())) == 1, digests
 
 
 @pytest.mark.parametrize("phase", ["short_partition", "loss"])
@@ -269,20 +294,21 @@ def test_a_short_partition_and_loss_lose_no_step_and_change_no_result(schedules,
 
 def test_loss_step_rate_against_grpc(schedules):
     """1% loss slows tf_rdma no more than it slows gRPC (the ratio is in the report)."""
-    rate = {t: STEPS / schedules[t]["loss"]["seconds"] for t in schedules}
-    clean = {t: STEPS / schedules[t]["reference"]["seconds"] for t in schedules}
+    rate = {t: STEPS / schedules[t]["loss"]["seconds"] for t in ("grpc", "rdma")}
+    clean = {t: STEPS / schedules[t]["reference"]["seconds"] for t in ("grpc", "rdma")}
     print(f"steps/s under {LOSS_PERCENT}% loss: rdma {rate['rdma']:.1f}, grpc {rate['grpc']:.1f} "
           f"(ratio {rate['rdma'] / rate['grpc']:.2f}); unimpaired: rdma {clean['rdma']:.1f}, "
           f"grpc {clean['grpc']:.1f}")
     assert rate["rdma"] > 0.5 * rate["grpc"], (rate, clean)
 
 
-@pytest.mark.parametrize("phase", ["long_partition", "frozen", "restarted", "vanished"])
-def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase):
-    ours, stock = schedules["rdma"][phase], schedules["grpc"][phase]
-    assert ours.get("error") == "UnavailableError", ours
-    assert PS in ours["message"], ours
-    assert ours["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, ours
+@pytest.mark.parametrize("phase, backend", [("long_partition", "tcp"), ("frozen", "tcp"), ("frozen", "shm"),
+                                            ("restarted", "tcp"), ("restarted", "shm"), ("vanished", "tcp")])
+def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase, backend):
+    run, stock = ours(schedules, phase, backend), schedules["grpc"][phase]
+    assert run.get("error") == "UnavailableError", run
+    assert PS in run["message"], run
+    assert run["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, run
     # gRPC has no peer timeout of its own: the step's deadline ends it (a killed ps: at once).
     assert stock.get("error") in ("DeadlineExceededError", "UnavailableError"), stock
 
@@ -291,10 +317,11 @@ def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase):
 def test_a_peer_back_is_used_again_over_a_new_connection(schedules, phase):
     """Once the link heals, the ps thaws or a new one runs on its address, the next operations work
     with every byte right, and the old connection is gone (it neither delivers nor blocks)."""
-    for transport in ("grpc", "rdma"):
-        run = schedules[transport][phase]
-        assert run["recovery"][-1].get("probe") is True, (transport, run)
-        assert run["recovered_after_lift_s"] < RECOVERY_S[phase], (transport, run)
+    for name, schedule in schedules.items():
+        if phase in schedule:
+            run = schedule[phase]
+            assert run["recovery"][-1].get("probe") is True, (name, run)
+            assert run["recovered_after_lift_s"] < RECOVERY_S[phase], (name, run)
     assert not schedules["rdma"][phase]["old_connection_held_after_recovery"], schedules["rdma"][phase]
 
 
@@ -305,6 +332,6 @@ def test_a_peer_back_is_used_again_over_a_new_connection(schedules, phase):
     "for the life of the process"))
 @pytest.mark.parametrize("phase", ["long_partition", "vanished"])
 def test_a_dead_connection_releases_its_descriptor_within_the_peer_timeout(schedules, phase):
-    ours = schedules["rdma"][phase]
-    assert ours["connections_before"], ours
-    assert ours["old_connection_released_after_failure_s"] is not None, ours
+    run = schedules["rdma"][phase]
+    assert run["connections_before"], run
+    assert run["old_connection_released_after_failure_s"] is not None, run
