@@ -302,10 +302,10 @@ def test_loss_step_rate_against_grpc(schedules):
     assert rate["rdma"] > 0.5 * rate["grpc"], (rate, clean)
 
 
-@pytest.mark.parametrize("phase, backend", [("long_partition", "tcp"), ("frozen", "tcp"), ("frozen", "shm"),
+@pytest.mark.parametrize("phase, rdma_backend", [("long_partition", "tcp"), ("frozen", "tcp"), ("frozen", "shm"),
                                             ("restarted", "tcp"), ("restarted", "shm"), ("vanished", "tcp")])
-def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase, backend):
-    run, stock = ours(schedules, phase, backend), schedules["grpc"][phase]
+def test_a_lost_peer_fails_the_step_within_the_peer_timeout(schedules, phase, rdma_backend):
+    run, stock = ours(schedules, phase, rdma_backend), schedules["grpc"][phase]
     assert run.get("error") == "UnavailableError", run
     assert PS in run["message"], run
     assert run["after_fault_s"] < PEER_TIMEOUT_S + SLACK_S, run
