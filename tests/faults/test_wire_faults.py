@@ -123,7 +123,9 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
 
 def rdma_sockets_to(pid, address, ports):
     """The TCP sockets process `pid` holds a descriptor of between it and `address` on one of
-    `ports` (either end), tf_rdma's connections to that host: [(local port, remote port, state)]."""
+    `ports` (either end), tf_rdma's connections to that host: [(inode, local port, remote port,
+    state)]. A socket that reached CLOSE leaves /proc/net/tcp: follow a connection by its inode
+    in /proc/PID/fd (held_sockets) once it was seen here."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -141,8 +143,21 @@ def rdma_sockets_to(pid, address, ports):
             remote_ip, remote_port = fields[2].split(":")
             if fields[9] in inodes and remote_ip == peer and (
                     local_port in ports or int(remote_port, 16) in ports):
-                found.append((local_port, int(remote_port, 16), TCP_STATES[int(fields[3], 16)]))
+                found.append((fields[9], local_port, int(remote_port, 16), TCP_STATES[int(fields[3], 16)]))
     return found
+
+
+def held_sockets(pid, inodes):
+    """Which of the socket `inodes` process `pid` still holds a descriptor of."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            held.add(target[8:-1])
+    return held
 
 
 def play(tmp_path, transport, backend="tcp"):
@@ -170,13 +185,16 @@ def play(tmp_path, transport, backend="tcp"):
         def sockets_to_ps():
             return rdma_sockets_to(worker.process.pid, ps_address, rdma_ports)
 
+        def still_held(inodes):
+            return held_sockets(worker.process.pid, inodes)
+
         if wire:
-            wire_faults(worker, net, record, sockets_to_ps)
+            wire_faults(worker, net, record, sockets_to_ps, still_held)
 
         # The ps frozen (SIGSTOP) for as long, then thawed.
         record["frozen"] = long_fault(
             worker, lambda: cluster.signal("ps", 0, signal.SIGSTOP),
-            lambda: cluster.signal("ps", 0, signal.SIGCONT), sockets_to_ps)
+            lambda: cluster.signal("ps", 0, signal.SIGCONT), sockets_to_ps, still_held)
 
         # The ps killed (its connections end: FIN) and a new one started on the same address after
         # LONG_FAULT_S. TensorFlow's recovery from a restarted ps (its session gone: AbortedError),
@@ -187,7 +205,7 @@ def play(tmp_path, transport, backend="tcp"):
 
         record["restarted"] = long_fault(
             worker, kill_ps, lambda: cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport),
-            sockets_to_ps, recover=("renew", "init"))
+            sockets_to_ps, still_held, recover=("renew", "init"))
 
         if wire:
             # The ps's host vanishes: its link first, so its death sends no FIN, then its
@@ -199,11 +217,11 @@ def play(tmp_path, transport, backend="tcp"):
                 kill_ps()
                 net.remove_host(ps_host)
 
-            record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps)
+            record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps, still_held)
     return record
 
 
-def wire_faults(worker, net, record, sockets_to_ps):
+def wire_faults(worker, net, record, sockets_to_ps, still_held):
     """The link's faults, between the ps's and the worker's hosts."""
     # A partition shorter than the peer timeout, while a step runs.
     worker.command("init")
@@ -224,10 +242,10 @@ def wire_faults(worker, net, record, sockets_to_ps):
     # A partition longer than the peer timeout and the step deadline; then healed.
     record["long_partition"] = long_fault(
         worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
-        sockets_to_ps)
+        sockets_to_ps, still_held)
 
 
-def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
+def long_fault(worker, apply, lift, sockets_to_ps, still_held, recover=("probe",)):
     """Five steps, then the fault, and the sixth step in it; holds the fault LONG_FAULT_S, lifts
     it (unless `lift` is None), then repeats `recover` until it works. Returns the sixth step's
     answer (an error, or "trained" if it rode the fault out), the seconds from the fault to it,
@@ -242,11 +260,10 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
     failed = outcome.get("failed_at", time.time())
     outcome["after_fault_s"] = failed - applied
     outcome["connections_before"] = connections
-    old = {tuple(c[:2]) for c in connections}
-    while old & {tuple(c[:2]) for c in sockets_to_ps()} and time.time() < failed + PEER_TIMEOUT_S:
+    old = {c[0] for c in connections}
+    while still_held(old) and time.time() < failed + PEER_TIMEOUT_S:
         time.sleep(0.1)
-    still_held = old & {tuple(c[:2]) for c in sockets_to_ps()}
-    outcome["old_connection_released_after_failure_s"] = None if still_held else time.time() - failed
+    outcome["old_connection_released_after_failure_s"] = None if still_held(old) else time.time() - failed
     if lift is None:
         return outcome
     time.sleep(max(0.0, applied + LONG_FAULT_S - time.time()))
@@ -257,7 +274,7 @@ def long_fault(worker, apply, lift, sockets_to_ps, recover=("probe",)):
         answers.append(worker.command("probe"))
     outcome["recovery"] = answers
     outcome["recovered_after_lift_s"] = time.monotonic() - lifted
-    outcome["old_connection_held_after_recovery"] = bool(old & {tuple(c[:2]) for c in sockets_to_ps()})
+    outcome["old_connection_held_after_recovery"] = bool(still_held(old))
     return outcome
 
 
@@ -330,7 +347,7 @@ def test_a_peer_back_is_used_again_over_a_new_connection(schedules, phase):
     "until a new connection replaces it, and StreamConnection closes its descriptor only in its "
     "destructor: a peer that never comes back holds one socket (and the connection's buffers) "
     "for the life of the process"))
-@pytest.mark.parametrize("phase", ["long_partition", "vanished"])
+@pytest.mark.parametrize("phase", ["long_partition", "frozen", "restarted", "vanished"])
 def test_a_dead_connection_releases_its_descriptor_within_the_peer_timeout(schedules, phase):
     run = schedules["rdma"][phase]
     assert run["connections_before"], run
