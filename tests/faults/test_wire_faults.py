@@ -160,6 +160,19 @@ def held_sockets(pid, inodes):
     return held
 
 
+class ConnectionsToPs:
+    """The worker's tf_rdma connections to the ps's host (tcp; shm's Unix sockets are not listed)."""
+
+    def __init__(self, worker_pid, ps_address, rdma_ports):
+        self.pid, self.address, self.ports = worker_pid, ps_address, rdma_ports
+
+    def listed(self):
+        return rdma_sockets_to(self.pid, self.address, self.ports)
+
+    def held(self, inodes):
+        return held_sockets(self.pid, inodes)
+
+
 def play(tmp_path, transport, backend="tcp"):
     """The schedule over `transport` (tf_rdma's over `backend`); returns what each phase did.
     Over shm, both tasks share a host and the wire's phases are left out."""
@@ -182,19 +195,15 @@ def play(tmp_path, transport, backend="tcp"):
         rdma_ports = {int(a.rsplit(":", 1)[1]) + offset for addresses in cluster.spec.values() for a in addresses}
         ps_address = net.address(ps_host)
 
-        def sockets_to_ps():
-            return rdma_sockets_to(worker.process.pid, ps_address, rdma_ports)
-
-        def still_held(inodes):
-            return held_sockets(worker.process.pid, inodes)
+        to_ps = ConnectionsToPs(worker.process.pid, ps_address, rdma_ports)
 
         if wire:
-            wire_faults(worker, net, record, sockets_to_ps, still_held)
+            wire_faults(worker, net, record, to_ps)
 
         # The ps frozen (SIGSTOP) for as long, then thawed.
         record["frozen"] = long_fault(
             worker, lambda: cluster.signal("ps", 0, signal.SIGSTOP),
-            lambda: cluster.signal("ps", 0, signal.SIGCONT), sockets_to_ps, still_held)
+            lambda: cluster.signal("ps", 0, signal.SIGCONT), to_ps)
 
         # The ps killed (its connections end: FIN) and a new one started on the same address after
         # LONG_FAULT_S. TensorFlow's recovery from a restarted ps (its session gone: AbortedError),
@@ -205,7 +214,7 @@ def play(tmp_path, transport, backend="tcp"):
 
         record["restarted"] = long_fault(
             worker, kill_ps, lambda: cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport),
-            sockets_to_ps, still_held, recover=("renew", "init"))
+            to_ps, recover=("renew", "init"))
 
         if wire:
             # The ps's host vanishes: its link first, so its death sends no FIN, then its
@@ -217,11 +226,11 @@ def play(tmp_path, transport, backend="tcp"):
                 kill_ps()
                 net.remove_host(ps_host)
 
-            record["vanished"] = long_fault(worker, vanish, None, sockets_to_ps, still_held)
+            record["vanished"] = long_fault(worker, vanish, None, to_ps)
     return record
 
 
-def wire_faults(worker, net, record, sockets_to_ps, still_held):
+def wire_faults(worker, net, record, to_ps):
     """The link's faults, between the ps's and the worker's hosts."""
     # A partition shorter than the peer timeout, while a step runs.
     worker.command("init")
@@ -242,15 +251,15 @@ def wire_faults(worker, net, record, sockets_to_ps, still_held):
     # A partition longer than the peer timeout and the step deadline; then healed.
     record["long_partition"] = long_fault(
         worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
-        sockets_to_ps, still_held)
+        to_ps)
 
 
-def long_fault(worker, apply, lift, sockets_to_ps, still_held, recover=("probe",)):
+def long_fault(worker, apply, lift, to_ps, recover=("probe",)):
     """Five steps, then the fault, and the sixth step in it; holds the fault LONG_FAULT_S, lifts
     it (unless `lift` is None), then repeats `recover` until it works. Returns the sixth step's
     answer (an error, or "trained" if it rode the fault out), the seconds from the fault to it,
     when tf_rdma's connection to the ps released its descriptor, and the recovery's answers."""
-    connections = sockets_to_ps()
+    connections = to_ps.listed()
     worker.send("train 6 5")
     worker.answer("paused", timeout=30)
     apply()
@@ -261,9 +270,9 @@ def long_fault(worker, apply, lift, sockets_to_ps, still_held, recover=("probe",
     outcome["after_fault_s"] = failed - applied
     outcome["connections_before"] = connections
     old = {c[0] for c in connections}
-    while still_held(old) and time.time() < failed + PEER_TIMEOUT_S:
+    while to_ps.held(old) and time.time() < failed + PEER_TIMEOUT_S:
         time.sleep(0.1)
-    outcome["old_connection_released_after_failure_s"] = None if still_held(old) else time.time() - failed
+    outcome["old_connection_released_after_failure_s"] = None if to_ps.held(old) else time.time() - failed
     if lift is None:
         return outcome
     time.sleep(max(0.0, applied + LONG_FAULT_S - time.time()))
@@ -274,7 +283,7 @@ def long_fault(worker, apply, lift, sockets_to_ps, still_held, recover=("probe",
         answers.append(worker.command("probe"))
     outcome["recovery"] = answers
     outcome["recovered_after_lift_s"] = time.monotonic() - lifted
-    outcome["old_connection_held_after_recovery"] = bool(still_held(old))
+    outcome["old_connection_held_after_recovery"] = bool(to_ps.held(old))
     return outcome
 
 
