@@ -317,7 +317,7 @@ def test_a_short_partition_and_loss_lose_no_step_and_change_no_result(schedules,
 
 def test_loss_step_rate_against_grpc(schedules):
     """Under 1% loss a step's time is mostly retransmission timeouts (200 ms and up) of whichever
-    packets were lost, so the rate varies from run to run (tf_rdma/gRPC 0.74 to 1.81 in three runs
+    packets were lost, so the rate varies from run to run (tf_rdma/gRPC 0.74 to 1.81 in four runs
     of 400 steps): the bound catches a transport that stalls on loss, not a few percent."""
     rate = {t: STEPS / schedules[t]["loss"]["seconds"] for t in ("grpc", "rdma")}
     clean = {t: STEPS / schedules[t]["reference"]["seconds"] for t in ("grpc", "rdma")}
