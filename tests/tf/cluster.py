@@ -45,12 +45,18 @@ class Cluster:
         self.tmp_path = tmp_path
         self.processes = {}
 
-    def start(self, job, index, function, env=None, program=PROGRAMS, **kwargs):
-        """Runs `function` of `program` (a file with programs.py's command line) as the task."""
+    def command(self, job, index, argv):
+        """The command line that runs the task's `argv` (a subclass may run it elsewhere)."""
+        return argv
+
+    def start(self, job, index, function, env=None, program=PROGRAMS, stdin=None, **kwargs):
+        """Runs `function` of `program` (a file with programs.py's command line) as the task;
+        `stdin=subprocess.PIPE` lets the test talk to it."""
         log = open(self.tmp_path / f"{job}{index}.log", "w")
         args = json.dumps({"cluster": self.spec, "job": job, "index": index, "kwargs": kwargs})
-        process = subprocess.Popen([self.python, str(program), function, args],
-                                   stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
+        process = subprocess.Popen(self.command(job, index, [self.python, str(program), function, args]),
+                                   stdin=stdin, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**self.env, **(env or {})})
         self.processes[(job, index)] = process
         return process
 

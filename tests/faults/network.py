@@ -1,0 +1,143 @@
+"""A private network of namespaces for fault tests: one namespace per host, each joined by a veth
+pair to a bridge in a switch namespace of its own. Faults are nftables rules on that bridge (the
+link, not the hosts: neither end sees a refused packet, an ICMP error or an RST), so a partition
+is silence both ways, as a cut cable or a dead switch port.
+
+This kernel has no sch_netem (`tc qdisc ... netem` answers "Specified qdisc kind is unknown"), so
+delay, jitter and reordering cannot be made here; loss and partitions are nftables drops.
+
+Every name carries this process's id and a counter, so concurrent tests never share one; the
+addresses (10.213.0.0/24) exist only inside these namespaces, which have no route anywhere else.
+`close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's.
+"""
+import itertools
+import os
+import shutil
+import subprocess
+
+SUBNET = "10.213.0"
+_networks = itertools.count()
+
+
+def unavailable_reason():
+    """Why this machine cannot run the fault tests, or None. Only not being root is a reason to
+    skip; a root machine without ip or nft is broken (tools/install_test_prereqs.sh installs them)."""
+    if os.geteuid() != 0:
+        return "needs root: each task runs in its own network namespace, faults are nftables rules"
+    return None
+
+
+def check_tools():
+    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"{' and '.join(missing)} not found: run tools/install_test_prereqs.sh "
+                           "(iproute2 and nftables; the fault tests need them)")
+
+
+def _run(*command, input=None):
+    result = subprocess.run(command, input=input, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+class Network:
+    def __init__(self):
+        check_tools()
+        self.prefix = f"tfrf{os.getpid()}n{next(_networks)}"
+        self.switch = f"{self.prefix}-sw"
+        self.hosts = {}                # name -> (namespace, address)
+        self.rules = {}                # fault name -> nftables rule handles
+        _run("ip", "netns", "add", self.switch)
+        self._in_switch("ip", "link", "add", "br0", "type", "bridge")
+        self._in_switch("ip", "link", "set", "br0", "up")
+        self._nft("add table bridge faults\n"
+                  "add chain bridge faults forward { type filter hook forward priority 0; policy accept; }\n")
+
+    def _in_switch(self, *command):
+        return _run("ip", "netns", "exec", self.switch, *command)
+
+    def _nft(self, script):
+        return _run("ip", "netns", "exec", self.switch, "nft", "-f", "-", input=script)
+
+    def add_host(self, name, address=None):
+        """A namespace named after `name`, up on the bridge; returns its address. `address`: the one
+        a host of this network had before (a restarted machine keeps its address)."""
+        assert name not in self.hosts, name
+        if address is None:
+            used = {a for _, a in self.hosts.values()}
+            address = next(f"{SUBNET}.{i}" for i in itertools.count(1) if f"{SUBNET}.{i}" not in used)
+        namespace = f"{self.prefix}-{name}"
+        port = f"p{len(self.hosts)}{name}"[:15]
+        _run("ip", "netns", "add", namespace)
+        self.hosts[name] = (namespace, address)
+        _run("ip", "-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+             "netns", namespace)
+        self._in_switch("ip", "link", "set", port, "master", "br0", "up")
+        _run("ip", "-n", namespace, "link", "set", "lo", "up")
+        _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+        _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+        return address
+
+    def cut_off(self, name):
+        """Deletes the host's link: whatever its processes send from now on (a FIN as they die)
+        reaches no one, and the others get no RST or ICMP error for what they send it."""
+        _run("ip", "-n", self.namespace(name), "link", "del", "eth0")
+
+    def remove_host(self, name):
+        """Deletes the host's namespace, after cut_off() and once its processes are gone (a
+        process inside keeps a namespace alive)."""
+        namespace, _ = self.hosts.pop(name)
+        _run("ip", "netns", "del", namespace)
+
+    def namespace(self, name):
+        return self.hosts[name][0]
+
+    def address(self, name):
+        return self.hosts[name][1]
+
+    def _add_rules(self, fault, rules):
+        assert fault not in self.rules, f"{fault} already applied"
+        handles = []
+        for rule in rules:
+            out = _run("ip", "netns", "exec", self.switch, "nft", "--echo", "--handle",
+                       "add", "rule", "bridge", "faults", "forward", *rule.split())
+            handles.append(out.rsplit("# handle", 1)[1].split()[0])
+        self.rules[fault] = handles
+
+    def partition(self, a, b):
+        """Drops everything between hosts `a` and `b`, both ways, until heal(a, b)."""
+        x, y = self.address(a), self.address(b)
+        self._add_rules(("partition", a, b), [f"ip saddr {x} ip daddr {y} drop",
+                                              f"ip saddr {y} ip daddr {x} drop"])
+
+    def heal(self, a, b):
+        self._lift(("partition", a, b))
+
+    def lose(self, percent):
+        """Drops `percent`% of all IPv4 packets on the bridge, at random, until keep_all()."""
+        self._add_rules(("loss",), [f"meta protocol ip numgen random mod 100 < {percent} drop"])
+
+    def keep_all(self):
+        self._lift(("loss",))
+
+    def _lift(self, fault):
+        for handle in self.rules.pop(fault):
+            self._in_switch("nft", "delete", "rule", "bridge", "faults", "forward", "handle", handle)
+
+    def close(self):
+        errors = []
+        for namespace in [self.switch] + [n for n, _ in self.hosts.values()]:
+            try:
+                _run("ip", "netns", "del", namespace)
+            except RuntimeError as e:
+                errors.append(str(e))
+        self.hosts.clear()
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
