@@ -31,6 +31,9 @@ struct Config {
   // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
   // little more there for a whole core (README, Performance).
   absl::Duration verbs_poll_window = absl::Microseconds(100);
+  // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
+  // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
+  int data_prefetch_elements = 2;
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
   TransportLimits limits;
