@@ -14,6 +14,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cc/tf/data/data_transfer_api.h"
 #include "cc/tf/data/element_message.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
@@ -228,6 +229,12 @@ class RdmaDataTransferClient : public DataTransferClient {
   ~RdmaDataTransferClient() override {
     std::unique_lock<std::mutex> lock(state_->mu);
     RevokeAllLocked();
+  }
+
+  absl::Status Connect() {
+    std::shared_ptr<Connection> connection;
+    std::shared_ptr<BufferPool> pool;
+    return Connected(&connection, &pool);
   }
 
   absl::Status GetElement(const GetElementRequest& req, GetElementResult& result) override {
@@ -477,7 +484,12 @@ struct Registrar {
       }
       absl::StatusOr<std::shared_ptr<Runtime>> runtime = TrainerRuntime();
       if (!runtime.ok()) return runtime.status();
-      *out = std::make_unique<RdmaDataTransferClient>(*runtime, *address);
+      auto client = std::make_unique<RdmaDataTransferClient>(*runtime, *address);
+      // Connecting now lets TensorFlow fall back to gRPC for this worker (and count why) when
+      // tf_rdma cannot reach it, instead of failing the first read.
+      absl::Status connected = client->Connect();
+      if (!connected.ok()) return connected;
+      *out = std::move(client);
       return absl::OkStatus();
     });
   }
@@ -495,14 +507,18 @@ std::map<std::string, uint64_t> DataTransferFallbacks() {
   auto it = collected->point_set_map.find("/tensorflow/data/service/data_transfer_protocol_fallback");
   if (it == collected->point_set_map.end()) return fallbacks;
   for (const auto& point : it->second->points) {
-    std::string protocol, code, reason;
+    std::string protocol;
+    std::vector<std::string> why;
     for (const auto& label : point->labels) {
-      if (label.name == "data_transfer_protocol") protocol = label.value;
-      if (label.name == "code") code = label.value;
-      if (label.name == "error_message") reason = label.value;
+      if (label.name == "data_transfer_protocol") {
+        protocol = label.value;
+      } else {
+        why.push_back(absl::StrCat(label.name, ": ", label.value));
+      }
     }
     if (protocol != kDataTransferProtocol || point->int64_value <= 0) continue;
-    fallbacks[absl::StrCat("tf.data worker without tf_rdma (", code, "): ", reason)] += point->int64_value;
+    fallbacks[absl::StrCat("tf.data elements from a worker over gRPC instead of tf_rdma (",
+                           absl::StrJoin(why, "; "), ")")] += point->int64_value;
   }
   return fallbacks;
 }
