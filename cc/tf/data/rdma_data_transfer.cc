@@ -227,23 +227,26 @@ class RdmaDataTransferClient : public DataTransferClient {
         prefetch_(runtime_->config().data_prefetch_elements) {}
 
   ~RdmaDataTransferClient() override {
-    std::unique_lock<std::mutex> lock(state_->mu);
+    std::lock_guard<std::mutex> lock(mu_);
     RevokeAllLocked();
   }
 
   absl::Status Connect() {
+    std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<Connection> connection;
     std::shared_ptr<BufferPool> pool;
-    return Connected(&connection, &pool);
+    return ConnectedLocked(&connection, &pool);
   }
 
   absl::Status GetElement(const GetElementRequest& req, GetElementResult& result) override {
+    // Grants and revokes are made under mu_ alone: their callbacks, which may run inside those
+    // calls (on a connection that failed), take state_->mu.
+    std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<Connection> connection;
     std::shared_ptr<BufferPool> pool;
-    absl::Status connected = Connected(&connection, &pool);
+    absl::Status connected = ConnectedLocked(&connection, &pool);
     if (!connected.ok()) return connected;
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (state_->cancelled) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
+    if (Cancelled()) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
     const uint64_t sequence = next_sequence_++;
     for (uint64_t s = sequence; s <= sequence + prefetch_; ++s) {
       if (!granted_.count(s)) {
@@ -263,8 +266,8 @@ class RdmaDataTransferClient : public DataTransferClient {
     connection->Write(RequestTag(), request->data(), request->size(), [request](const absl::Status&) {});
 
     absl::Status header_landed =
-        AwaitLocked(lock, *connection, *pool, ResponseTag(client_id_, sequence, 0), grants.header, kMaxResponseHeaderBytes);
-    if (!header_landed.ok()) return Fail(connection, header_landed);
+        AwaitLocked(*connection, *pool, ResponseTag(client_id_, sequence, 0), grants.header, kMaxResponseHeaderBytes);
+    if (!header_landed.ok()) return Abandon(connection, sequence, grants, header_landed);
     absl::StatusOr<DecodedResponse> response = DecodeResponse(grants.header->buffer->data(), grants.header->result.length);
     if (!response.ok()) return Fail(connection, response.status());
     // Components granted ahead that travel inline after all, or do not exist: their ranges go back.
@@ -290,9 +293,9 @@ class RdmaDataTransferClient : public DataTransferClient {
         continue;
       }
       std::shared_ptr<Landing>& landing = grants.components[i];
-      absl::Status landed = AwaitLocked(lock, *connection, *pool, ResponseTag(client_id_, sequence, i + 1), landing,
+      absl::Status landed = AwaitLocked(*connection, *pool, ResponseTag(client_id_, sequence, i + 1), landing,
                                         component.header.data_bytes);
-      if (!landed.ok()) return Fail(connection, landed);
+      if (!landed.ok()) return Abandon(connection, sequence, grants, landed);
       if (landing->result.length != component.header.data_bytes) {
         return Fail(connection, absl::DataLossError(absl::StrCat(
                                     "tf_rdma: component ", i, " of a tf.data element came with ",
@@ -315,9 +318,9 @@ class RdmaDataTransferClient : public DataTransferClient {
   }
 
   void TryCancel() override {
-    std::unique_lock<std::mutex> lock(state_->mu);
+    // Wakes a read in progress, which gives its grants back; the rest go with the client.
+    std::lock_guard<std::mutex> lock(state_->mu);
     state_->cancelled = true;
-    RevokeAllLocked();
     state_->changed.notify_all();
   }
 
@@ -329,8 +332,7 @@ class RdmaDataTransferClient : public DataTransferClient {
     bool cancelled = false;
   };
 
-  absl::Status Connected(std::shared_ptr<Connection>* connection, std::shared_ptr<BufferPool>* pool) {
-    std::lock_guard<std::mutex> lock(connect_mu_);
+  absl::Status ConnectedLocked(std::shared_ptr<Connection>* connection, std::shared_ptr<BufferPool>* pool) {
     if (!connection_ || !connection_->health().ok()) {
       absl::StatusOr<std::shared_ptr<Connection>> dialed = runtime_->Dial(address_);
       if (!dialed.ok()) {
@@ -339,7 +341,6 @@ class RdmaDataTransferClient : public DataTransferClient {
       }
       absl::StatusOr<std::shared_ptr<BufferPool>> dialed_pool = runtime_->PoolFor(*dialed);
       if (!dialed_pool.ok()) return dialed_pool.status();
-      std::lock_guard<std::mutex> state_lock(state_->mu);
       granted_.clear();  // grants of a connection that ended completed with its error
       connection_ = *dialed;
       pool_ = *dialed_pool;
@@ -387,16 +388,19 @@ class RdmaDataTransferClient : public DataTransferClient {
 
   // Waits for `landing` (granting it first if there is none), granting a larger range once when the
   // message outgrew it, up to `most` bytes.
-  absl::Status AwaitLocked(std::unique_lock<std::mutex>& lock, Connection& connection, BufferPool& pool,
-                           const Tag& tag, std::shared_ptr<Landing>& landing, uint64_t most) {
+  absl::Status AwaitLocked(Connection& connection, BufferPool& pool, const Tag& tag,
+                           std::shared_ptr<Landing>& landing, uint64_t most) {
     while (true) {
       if (!landing) {
         absl::StatusOr<std::shared_ptr<Landing>> granted = GrantLocked(connection, pool, tag, most);
         if (!granted.ok()) return granted.status();
         landing = *granted;
       }
-      state_->changed.wait(lock, [&] { return landing->done || state_->cancelled; });
-      if (state_->cancelled) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
+      {
+        std::unique_lock<std::mutex> lock(state_->mu);
+        state_->changed.wait(lock, [&] { return landing->done || state_->cancelled; });
+        if (!landing->done) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
+      }
       if (landing->result.status.ok()) return absl::OkStatus();
       if (!absl::IsResourceExhausted(landing->result.status)) {
         return absl::UnavailableError(absl::StrCat("tf_rdma: receiving a tf.data element from ",
@@ -445,6 +449,29 @@ class RdmaDataTransferClient : public DataTransferClient {
     return error;
   }
 
+  bool Cancelled() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->cancelled;
+  }
+
+  // A read that ends before its element arrived (cancelled, or the connection failed): its grants
+  // go back, and the worker is told not to write the element's messages. Errors other than a
+  // cancel also end the connection, since its messages may be out of step from here on.
+  absl::Status Abandon(const std::shared_ptr<Connection>& connection, uint64_t sequence, const ElementGrants& grants,
+                       const absl::Status& error) {
+    connection->Revoke(grants.header->grant_id);
+    for (const auto& [component, landing] : grants.components) {
+      if (landing) connection->Revoke(landing->grant_id);
+    }
+    connection->Discard(ResponseTag(client_id_, sequence, 0));
+    for (uint32_t i = 0; i < layout_.size(); ++i) connection->Discard(ResponseTag(client_id_, sequence, i + 1));
+    if (absl::IsCancelled(error)) {
+      RevokeAllLocked();
+      return error;
+    }
+    return Fail(connection, error);
+  }
+
   void RevokeAllLocked() {
     if (connection_) {
       for (auto& [sequence, grants] : granted_) {
@@ -459,7 +486,7 @@ class RdmaDataTransferClient : public DataTransferClient {
   const Endpoint address_;
   const uint64_t client_id_;
   const int prefetch_;
-  std::mutex connect_mu_;
+  std::mutex mu_;  // one read at a time; guards what follows
   std::shared_ptr<Connection> connection_;
   std::shared_ptr<BufferPool> pool_;
   const std::shared_ptr<State> state_ = std::make_shared<State>();
