@@ -83,19 +83,19 @@ def read(dispatcher_port, output, count=40, floats=65536):
     print("done", flush=True)
 
 
-def read_until_killed(dispatcher_port, output, kill_file, count=400, floats=65536):
-    """Reads one epoch from two workers; after the first elements, asks the test to kill one."""
-    import tf_rdma
+def read_until_killed(dispatcher_port, output, kill_file, protocol="tf_rdma", count=400, floats=65536):
+    """Reads an epoch from two workers; after the first elements, asks the test to kill one. As
+    over gRPC, the epoch then waits for the lost worker to come back: what arrived so far is in
+    `output`, rewritten after every element."""
     got = []
-    for element in _distributed(elements(count, floats), dispatcher_port, "parallel_epochs",
-                                tf_rdma.DATA_TRANSFER_PROTOCOL, None):
+    for element in _distributed(elements(count, floats), dispatcher_port, "parallel_epochs", protocol, None):
         got.append(_fingerprint(element)[:2])
         if len(got) == 10:
             open(kill_file, "w").close()
             time.sleep(1)  # the worker dies while this trainer's next reads are in flight
-    with open(output, "w") as f:
-        json.dump({"elements": got, "stats": tf_rdma.stats()}, f)
-    print("done", flush=True)
+        with open(output + ".tmp", "w") as f:
+            json.dump({"elements": got}, f)
+        os.replace(output + ".tmp", output)
 
 
 def read_with_protocol(dispatcher_port, output, count=20, floats=1024):
