@@ -30,13 +30,16 @@ _TENSORFLOW_SIDE = ("Server", "MultiWorkerMirroredStrategy", "ParameterServerStr
 def __getattr__(name):
     # TensorFlow is imported only when its side of tf_rdma is asked for: the transport, its CLI and
     # its tests do without it.
+    if name == "DATA_TRANSFER_PROTOCOL":
+        from tf_rdma import server
+        return server.data_transfer_protocol()
     if name in _TENSORFLOW_SIDE:
         from tf_rdma import server
         return getattr(server, name)
     raise AttributeError(f"module 'tf_rdma' has no attribute {name!r}")
 
 __all__ = [
-    "BackendUnavailableError", "CancelledError", "Config", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
+    "BackendUnavailableError", "CancelledError", "Config", "DATA_TRANSFER_PROTOCOL", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
     "TensorFlowMismatchError", "TransportError", "config", "errors", "load_config",
 ]

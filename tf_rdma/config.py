@@ -23,6 +23,7 @@ class Config:
     max_concurrent_handshakes: int = 64              # TF_RDMA_MAX_CONCURRENT_HANDSHAKES
     max_grants_per_peer: int = 65536                 # TF_RDMA_MAX_GRANTS_PER_PEER
     shm_max_mapped_bytes_per_peer: int = 64 << 30    # TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER
+    data_prefetch_elements: int = 2  # TF_RDMA_DATA_PREFETCH_ELEMENTS (tf.data service trainers)
 
     def cluster_key(self, cluster_description: str) -> bytes:
         """The key peers prove to each other: derived from what defines the cluster and the secret."""

@@ -156,6 +156,12 @@ def connect_to_cluster(cluster_spec_or_resolver, job_name="localhost", task_inde
         cluster_device_filters=cluster_device_filters)
 
 
+def data_transfer_protocol():
+    """The tf.data service data transfer protocol name, registered with TensorFlow once this returns:
+    give it as `data_transfer_protocol=` to WorkerConfig and to distribute()/from_dataset_id()."""
+    return _extension().DATA_TRANSFER_PROTOCOL
+
+
 def stats():
     """What tf_rdma carried in this process, per server (task): per peer task its backend, tensors
     and bytes each way (also by kind: graph, eager, collective), grants, regrants and errors, the
@@ -163,6 +169,16 @@ def stats():
     gRPC with the reason. With one server in the process, its record; with
     several, {"servers": [record, ...]}; empty before any server started."""
     servers = _extension().server_stats()
+    # A trainer whose tf.data workers lack tf_rdma never builds a tf_rdma client: TensorFlow falls
+    # back to gRPC and counts why, and that count is reported with the process's trainer record.
+    data_fallbacks = _extension().data_transfer_fallbacks()
+    if data_fallbacks:
+        trainer = next((s for s in servers if s["task"].startswith("tf.data trainer")), None)
+        if trainer is None:
+            trainer = {"task": "tf.data trainer", "fallback": {}, "peers": {}}
+            servers.append(trainer)
+        for reason, count in data_fallbacks.items():
+            trainer["fallback"][reason] = trainer["fallback"].get(reason, 0) + count
     if len(servers) == 1:
         return servers[0]
     return {"servers": servers} if servers else {}

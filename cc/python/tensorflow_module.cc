@@ -1,11 +1,13 @@
 // tf_rdma._tensorflow: the TensorFlow side of tf_rdma. Loading this module registers tf_rdma's
-// server protocol ("grpc+tf_rdma", cc/tf/server/) with the TensorFlow in the process; its functions
+// server protocol ("grpc+tf_rdma", cc/tf/server/) and tf.data service data transfer protocol
+// ("tf_rdma", cc/tf/data/) with the TensorFlow in the process; its functions
 // configure the servers created next and read every server's stats.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
+#include "cc/tf/data/rdma_data_transfer.h"
 #include "cc/tf/runtime/runtime.h"
 #include "cc/tf/server/rdma_server.h"
 
@@ -84,11 +86,13 @@ PYBIND11_MODULE(_tensorflow, m) {
           return out;
         },
         py::arg("serialized_cluster_def"), py::arg("overrides"));
+  m.attr("DATA_TRANSFER_PROTOCOL") = kDataTransferProtocol;
   m.def("server_stats", [] {
     py::list out;
     for (const auto& runtime : Runtime::Running()) out.append(ServerStats(*runtime));
     return out;
   });
+  m.def("data_transfer_fallbacks", &DataTransferFallbacks);
   m.def("reset_stats", [] {
     for (const auto& runtime : Runtime::Running()) runtime->stats().Reset();
   });

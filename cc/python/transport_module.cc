@@ -215,6 +215,7 @@ py::dict ConfigToDict(const Config& config) {
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
   d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
+  d["data_prefetch_elements"] = config.data_prefetch_elements;
   return d;
 }
 

@@ -91,6 +91,9 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "Grants a peer may have outstanding here that no write used yet; more close its connection."},
       {"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER", "64G",
        "shm: bytes of a peer's shared regions this process maps; more close its connection."},
+      {"TF_RDMA_DATA_PREFETCH_ELEMENTS", "2",
+       "tf.data service: elements past the one being read that a trainer keeps receive buffers "
+       "granted for, per worker task (0 to 64); each holds about one element's bytes."},
       {"TF_RDMA_TEST_HOST", "127.0.0.1",
        "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
       {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
@@ -128,6 +131,9 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "TF_RDMA_PORT_OFFSET='", value, "' is not a non-zero whole number between -65535 and "
             "65535; set it to e.g. 1000 or unset it"));
       }
+    } else if (name == "TF_RDMA_DATA_PREFETCH_ELEMENTS") {
+      absl::Status parsed = ParseLimit(name, value, 0, 64, false, "2", &config.data_prefetch_elements);
+      if (!parsed.ok()) return parsed;
     } else if (name == "TF_RDMA_SECRET") {
       config.secret = value;
     } else if (name == "TF_RDMA_VERBS_DEVICE") {

@@ -34,6 +34,9 @@ struct Config {
   // tcp and shm: the I/O threads each transport serves all its connections from
   // (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
+  // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
+  // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
+  int data_prefetch_elements = 2;
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
   TransportLimits limits;

@@ -17,6 +17,7 @@
 #include "cc/tf/planning/fusion.h"
 #include "cc/tf/planning/static_sizes.h"
 #include "cc/tf/rendezvous/fused_receive.h"
+#include "cc/tf/runtime/pool_tensor_buffer.h"
 #include "cc/tf/rendezvous/tensor_message.h"
 #include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
@@ -29,25 +30,6 @@ namespace {
 
 using tensorflow::Rendezvous;
 using tensorflow::Tensor;
-
-// A tensor's storage that lives in a pool buffer of a granted region: the received tensor aliases
-// the bytes where they landed, and the buffer returns to the pool when TensorFlow drops it.
-class PoolTensorBuffer : public tensorflow::TensorBuffer {
- public:
-  PoolTensorBuffer(std::shared_ptr<PoolBuffer> buffer, size_t size)
-      : TensorBuffer(buffer->data()), buffer_(std::move(buffer)), size_(size) {}
-  size_t size() const override { return size_; }
-  TensorBuffer* root_buffer() override { return this; }
-  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
-    proto->set_requested_bytes(size_);
-    proto->set_allocator_name("tf_rdma");
-  }
-  bool OwnsMemory() const override { return false; }
-
- private:
-  std::shared_ptr<PoolBuffer> buffer_;
-  size_t size_;
-};
 
 std::string TaskName(const tensorflow::DeviceNameUtils::ParsedName& device) {
   return absl::StrCat("/job:", device.job, "/replica:", device.replica, "/task:", device.task);

@@ -204,29 +204,42 @@ std::map<Backend, BufferPool::Usage> Runtime::PoolUsage() const {
 
 absl::Status Runtime::Listen() {
   const TaskAddress self = peers_.at(options_.local_task).address;
+  // Peers know one port per task: with port 0, the first listener's free port is every backend's.
+  uint16_t port = self.rdma_port;
   for (Backend backend : {Backend::kTcp, Backend::kShm, Backend::kVerbs}) {
     if (!BackendAvailable(backend).ok()) continue;
     absl::StatusOr<Transport*> transport = TransportFor(backend);
     if (!transport.ok()) return transport.status();
     absl::StatusOr<std::unique_ptr<Listener>> listener = (*transport)->Listen(
-        Endpoint{"", self.rdma_port}, [this](std::shared_ptr<Connection> c) { OnAccepted(std::move(c)); });
+        Endpoint{"", port}, [this](std::shared_ptr<Connection> c) { OnAccepted(std::move(c)); });
     if (!listener.ok()) {
       return absl::Status(listener.status().code(),
                           absl::StrCat("tf_rdma cannot listen for task ", self.task, " on port ",
-                                       self.rdma_port, " (", BackendName(backend), "): ",
+                                       port, " (", BackendName(backend), "): ",
                                        listener.status().message()));
     }
+    if (port == 0) port = (*listener)->endpoint().port;
     std::lock_guard<std::mutex> lock(mu_);
     listeners_.push_back(std::move(*listener));
   }
+  port_ = port;
   // Formatted by StrCat: absl's LogMessage takes integers through templates that some TensorFlow
   // releases (built by clang 18) export under names g++ does not use (tools/tensorflow_versions.py).
-  LOG(INFO) << absl::StrCat("tf_rdma: task ", self.task, " listens on port ", self.rdma_port);
+  LOG(INFO) << absl::StrCat("tf_rdma: task ", self.task, " listens on port ", port);
   return absl::OkStatus();
 }
 
 void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   const std::string peer = connection->peer_name();
+  if (options_.serve_any_peer) {
+    stats_.Peer(peer, [&](PeerStats& s) {
+      s.backend = BackendName(connection->backend());
+      s.backend_reason = "chosen by the peer, which connects";
+      s.connects++;
+    });
+    options_.serve_any_peer(std::move(connection));
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   // A task this server has not heard of yet may be a client whose cluster reaches us with its first
   // request (an eager context, a coordinator); it proved the cluster key, so it may connect.
@@ -369,6 +382,29 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
     if (!diagnosis.ok() && WasConnected(peer.task)) return diagnosis;
     if (!backoff.Wait()) return diagnosis.ok() ? connection.status() : diagnosis;
   }
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> Runtime::Dial(const Endpoint& address) {
+  TaskAddress peer;
+  peer.host = address.host;
+  peer.rdma_port = address.port;
+  absl::StatusOr<std::pair<Transport*, BackendChoice>> route = TransportTo(peer);
+  if (!route.ok()) return route.status();
+  const auto& [transport, choice] = *route;
+  // One attempt (the transport retries within it): a listener named by a running server is up.
+  absl::StatusOr<std::shared_ptr<Connection>> connection = transport->Connect(address);
+  if (!connection.ok()) {
+    return absl::Status(connection.status().code(), absl::StrCat("no tf_rdma connection to ", address.ToString(),
+                                                                 ": ", connection.status().message()));
+  }
+  LOG(INFO) << "tf_rdma: " << BackendName(choice.backend) << " to " << (*connection)->peer_name() << " at "
+            << address.ToString() << " (" << choice.reason << ")";
+  stats_.Peer((*connection)->peer_name(), [&](PeerStats& s) {
+    s.backend = BackendName(choice.backend);
+    s.backend_reason = choice.reason;
+    s.connects++;
+  });
+  return connection;
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {

@@ -38,6 +38,9 @@ struct RuntimeOptions {
   // Bounds of the slabs a peer's receive pool grows by (BufferPool).
   uint64_t min_slab_bytes = 1ull << 20;
   uint64_t max_slab_bytes = 64ull << 20;
+  // Set for a server that anyone holding the cluster key may use (a tf.data service worker): every
+  // accepted connection goes to it, whatever name its peer claims, instead of the task pairing rules.
+  AcceptCallback serve_any_peer;
 };
 
 class Runtime {
@@ -52,6 +55,8 @@ class Runtime {
   ~Runtime();
 
   const std::string& local_task() const { return options_.local_task; }
+  // The port every backend's listener took (the one asked for, or the first free one if 0).
+  uint16_t port() const { return port_; }
   const Config& config() const { return options_.config; }
   // Adds or updates tasks (a session or an eager context may bring a cluster of a different shape:
   // a client job, a renamed job). A task whose address changed loses its old connection.
@@ -62,6 +67,11 @@ class Runtime {
   // shares one connection for both directions.
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
   void WithConnection(const std::string& peer_task, ConnectionCallback done);
+
+  // A connection to the tf_rdma listener at `address` whoever serves it (a tf.data service worker,
+  // known by address alone). One attempt: the caller got the address from a server already up.
+  // Not shared: the caller owns it.
+  absl::StatusOr<std::shared_ptr<Connection>> Dial(const Endpoint& address);
 
   // Whether `peer_task` names the server of another task (a session or eager context renamed it):
   // known once WithConnection reported it, and from then on at once.
@@ -131,6 +141,7 @@ class Runtime {
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<std::string, Peer> peers_;
   std::unordered_map<std::string, uint64_t> learned_bytes_;
+  uint16_t port_ = 0;
   Stats stats_;
 };
 

@@ -1,0 +1,141 @@
+"""tf.data service processes for tests/tf/test_data_service.py and `python -m tf_rdma bench data`:
+`python data_service_programs.py FUNCTION JSON_ARGS`."""
+import hashlib
+import json
+import os
+import sys
+import time
+
+
+def dispatcher(port, worker_timeout_ms=3000):
+    import tensorflow as tf
+    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
+        port=port, worker_timeout_ms=worker_timeout_ms))
+    print("serving", flush=True)
+    server.join()
+
+
+def worker(dispatcher_port, protocol):
+    """A worker serving `protocol` ("tf_rdma", or "grpc": TensorFlow alone, tf_rdma not imported)."""
+    import tensorflow as tf
+    options = {}
+    if protocol == "tf_rdma":
+        import tf_rdma
+        options["data_transfer_protocol"] = tf_rdma.DATA_TRANSFER_PROTOCOL
+    server = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=f"localhost:{dispatcher_port}", heartbeat_interval_ms=500, **options))
+    print("serving", flush=True)
+    server.join()
+
+
+def elements(count, floats):
+    """Element i: `floats` float32 values from i (travels on its own when large), a small int64
+    vector (inline) and a string (as TensorProto): every way a component travels."""
+    import tensorflow as tf
+    return tf.data.Dataset.range(count).map(lambda i: {
+        "image": tf.cast(i, tf.float32) + tf.range(floats, dtype=tf.float32),
+        "label": tf.stack([i, i * 7, -i]),
+        "name": tf.strings.join(["element-", tf.strings.as_string(i)]),
+    })
+
+
+def _distributed(dataset, dispatcher_port, mode, protocol, compression):
+    import tensorflow as tf
+    options = {"data_transfer_protocol": protocol} if protocol else {}
+    return dataset.apply(tf.data.experimental.service.distribute(
+        mode, f"grpc://localhost:{dispatcher_port}", job_name=None, compression=compression, **options))
+
+
+def _fingerprint(element):
+    import numpy as np
+    h = hashlib.sha256()
+    values = {key: np.asarray(element[key].numpy()) for key in sorted(element)}
+    for key, value in values.items():
+        h.update(f"{key}|{value.dtype.str}|{value.shape}|".encode())
+        h.update(value.tobytes())
+    return int(element["label"][0]), h.hexdigest(), sum(value.nbytes for value in values.values())
+
+
+def _data_bytes_received(stats):
+    records = stats.get("servers", [stats]) if stats else []
+    return sum(peer["bytes_received_by_kind"].get("data", 0)
+               for record in records for peer in record.get("peers", {}).values())
+
+
+def read(dispatcher_port, output, count=40, floats=65536):
+    """Reads the dataset over gRPC and over tf_rdma in each processing mode; writes what it got."""
+    import tensorflow as tf
+    import tf_rdma
+    results = {}
+    for mode, compression in (("parallel_epochs", None), ("distributed_epoch", "AUTO")):
+        for protocol in ("grpc", tf_rdma.DATA_TRANSFER_PROTOCOL):
+            before = _data_bytes_received(tf_rdma.stats())
+            got = [_fingerprint(e) for e in _distributed(elements(count, floats), dispatcher_port, mode,
+                                                           protocol, compression)]
+            results[f"{mode}/{protocol}"] = {
+                "elements": sorted([index, digest] for index, digest, _ in got),
+                "element_bytes": sum(nbytes for _, _, nbytes in got),
+                "tf_rdma_bytes": _data_bytes_received(tf_rdma.stats()) - before,
+            }
+    results["stats"] = tf_rdma.stats()
+    with open(output, "w") as f:
+        json.dump(results, f)
+    print("done", flush=True)
+
+
+def read_until_killed(dispatcher_port, output, kill_file, protocol="tf_rdma", count=400, floats=65536):
+    """Reads an epoch from two workers; after the first elements, asks the test to kill one. As
+    over gRPC, the epoch then waits for the lost worker to come back: what arrived so far is in
+    `output`, rewritten after every element."""
+    got = []
+    for element in _distributed(elements(count, floats), dispatcher_port, "parallel_epochs", protocol, None):
+        got.append(_fingerprint(element)[:2])
+        if len(got) == 10:
+            open(kill_file, "w").close()
+            time.sleep(1)  # the worker dies while this trainer's next reads are in flight
+        with open(output + ".tmp", "w") as f:
+            json.dump({"elements": got}, f)
+        os.replace(output + ".tmp", output)
+
+
+def read_with_protocol(dispatcher_port, output, count=20, floats=1024):
+    """One parallel_epochs read over tf_rdma; records the elements, or the error TensorFlow raised."""
+    import tensorflow as tf
+    import tf_rdma
+    result = {}
+    try:
+        result["elements"] = sorted(_fingerprint(e)[:2] for e in _distributed(
+            elements(count, floats), dispatcher_port, "parallel_epochs", tf_rdma.DATA_TRANSFER_PROTOCOL, None))
+    except tf.errors.OpError as e:
+        result["error"] = f"{type(e).__name__}: {e.message}"
+    result["expected"] = sorted(_fingerprint(e)[:2] for e in elements(count, floats))
+    result["stats"] = tf_rdma.stats()
+    with open(output, "w") as f:
+        json.dump(result, f)
+    print("done", flush=True)
+
+
+def cancel_mid_read(dispatcher_port, output, floats=1 << 20):
+    """Drops iterators over an endless dataset of 4 MiB elements with reads in flight, then reads
+    again: nothing may hang, and the worker must still serve."""
+    import gc
+    import tensorflow as tf
+    import tf_rdma
+    endless = elements(1 << 30, floats)
+    for _ in range(3):
+        iterator = iter(_distributed(endless, dispatcher_port, "parallel_epochs", tf_rdma.DATA_TRANSFER_PROTOCOL, None))
+        for _ in range(5):
+            next(iterator)
+        del iterator
+        gc.collect()
+    after = [_fingerprint(e)[:2] for e in _distributed(elements(5, 256), dispatcher_port, "parallel_epochs",
+                                                      tf_rdma.DATA_TRANSFER_PROTOCOL, None)]
+    with open(output, "w") as f:
+        json.dump({"after": sorted(after), "expected": sorted(_fingerprint(e)[:2] for e in elements(5, 256)),
+                   "stats": tf_rdma.stats()}, f)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    function, arguments = sys.argv[1], json.loads(sys.argv[2])
+    globals()[function](**arguments)

@@ -1,0 +1,157 @@
+"""tf.data service over tf_rdma's data transfer protocol: a dispatcher, workers and a trainer, each
+a process, on the backend under test."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tf_rdma import ports
+
+PROGRAMS = Path(__file__).with_name("data_service_programs.py")
+
+
+class DataService:
+    """A dispatcher and workers (one process each), killed when the test ends."""
+
+    def __init__(self, tmp_path, env):
+        self.tmp_path = tmp_path
+        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", **env)
+        self.dispatcher_port = ports.free_ports(1)[0]
+        self.processes = {}
+
+    def start(self, name, function, env=None, **kwargs):
+        log = open(self.tmp_path / f"{name}.log", "w")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, str(PROGRAMS), function, json.dumps(kwargs)], stdout=log,
+            stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
+
+    def log(self, name):
+        return (self.tmp_path / f"{name}.log").read_text()
+
+    def wait_serving(self, *names, timeout=60):
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while "serving" not in self.log(name):
+                assert self.processes[name].poll() is None, self.log(name)[-3000:]
+                assert time.monotonic() < deadline, self.log(name)[-3000:]
+                time.sleep(0.2)
+
+    def cluster(self, *worker_protocols):
+        self.start("dispatcher", "dispatcher", port=self.dispatcher_port)
+        self.wait_serving("dispatcher")
+        for i, protocol in enumerate(worker_protocols):
+            self.start(f"worker{i}", "worker", dispatcher_port=self.dispatcher_port, protocol=protocol)
+        self.wait_serving(*(f"worker{i}" for i in range(len(worker_protocols))))
+
+    def run(self, name, function, timeout, env=None, **kwargs):
+        """Runs a trainer to its end; its output file's contents."""
+        output = self.tmp_path / f"{name}.json"
+        self.start(name, function, env=env, dispatcher_port=self.dispatcher_port, output=str(output), **kwargs)
+        try:
+            code = self.processes[name].wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}")
+        assert code == 0, self.log(name)[-3000:]
+        return json.loads(output.read_text())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def data_peers(stats):
+    records = stats.get("servers", [stats])
+    return {name: peer for record in records for name, peer in record.get("peers", {}).items()}
+
+
+def test_trainer_gets_exactly_the_grpc_elements_over_tf_rdma(tmp_path, backend):
+    with DataService(tmp_path, {"TF_RDMA_BACKEND": backend}) as service:
+        service.cluster("tf_rdma", "tf_rdma")
+        result = service.run("trainer", "read", timeout=240)
+    for mode in ("parallel_epochs", "distributed_epoch"):
+        grpc, rdma = result[f"{mode}/grpc"], result[f"{mode}/tf_rdma"]
+        assert rdma["elements"] == grpc["elements"], mode
+        # parallel_epochs: each of the 2 workers serves every element; distributed_epoch: once.
+        assert len(rdma["elements"]) == (80 if mode == "parallel_epochs" else 40), mode
+        assert grpc["tf_rdma_bytes"] == 0, mode
+    # Uncompressed elements (parallel_epochs here) arrive as their tensors' bytes; compressed ones
+    # (distributed_epoch, compression AUTO) as one compressed tensor, smaller than the element.
+    pe = result["parallel_epochs/tf_rdma"]
+    assert pe["tf_rdma_bytes"] >= 0.99 * pe["element_bytes"], pe
+    assert result["distributed_epoch/tf_rdma"]["tf_rdma_bytes"] > 0
+    peers = data_peers(result["stats"])
+    assert len(peers) == 2 and all(p["backend"] == backend for p in peers.values()), peers
+    assert all(p["errors"] == 0 for p in peers.values()), peers
+
+
+def test_worker_killed_mid_epoch_the_other_workers_elements_keep_coming(tmp_path, backend):
+    # As over gRPC (the test below): the lost worker's reads fail and are retried, the surviving
+    # worker's whole epoch arrives, intact.
+    read_while_a_worker_dies(tmp_path, "tf_rdma", {"TF_RDMA_BACKEND": backend})
+
+
+def test_worker_killed_mid_epoch_over_grpc_for_reference(tmp_path):
+    read_while_a_worker_dies(tmp_path, "grpc", {})
+
+
+def read_while_a_worker_dies(tmp_path, protocol, env):
+    kill_file, output = tmp_path / "kill-now", tmp_path / "trainer.json"
+    with DataService(tmp_path, env) as service:
+        service.cluster(protocol, protocol)
+        service.start("trainer", "read_until_killed", dispatcher_port=service.dispatcher_port,
+                      output=str(output), kill_file=str(kill_file), protocol=protocol)
+        deadline = time.monotonic() + 120
+        while not kill_file.exists():
+            assert service.processes["trainer"].poll() is None, service.log("trainer")[-3000:]
+            assert time.monotonic() < deadline, service.log("trainer")[-3000:]
+            time.sleep(0.1)
+        service.processes["worker1"].send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:
+            assert service.processes["trainer"].poll() is None, service.log("trainer")[-3000:]
+            elements = json.loads(output.read_text())["elements"] if output.exists() else []
+            if sorted({index for index, _ in elements}) == list(range(400)):
+                break
+            assert time.monotonic() < deadline, f"{len(elements)} elements:\n" + service.log("trainer")[-3000:]
+            time.sleep(0.5)
+    digests = {}
+    for index, digest in elements:
+        assert digests.setdefault(index, digest) == digest, index
+
+
+def test_trainer_falls_back_to_grpc_visibly_when_tf_rdma_cannot_reach_the_worker(tmp_path):
+    with DataService(tmp_path, {}) as service:
+        service.cluster("tf_rdma", "tf_rdma")
+        # A trainer whose secret differs fails tf_rdma's handshake with the workers.
+        result = service.run("trainer", "read_with_protocol", timeout=120, env={"TF_RDMA_SECRET": "other"})
+    assert "error" not in result, result["error"]
+    assert result["elements"] == sorted(result["expected"] * 2)
+    fallback = result["stats"]["fallback"]
+    assert sum(fallback.values()) == 2 and all("over gRPC instead of tf_rdma" in r for r in fallback), fallback
+    assert not any(p.get("bytes_received") for p in data_peers(result["stats"]).values())
+
+
+def test_worker_without_tf_rdma_is_named_in_the_error(tmp_path):
+    # TensorFlow 2.21 falls back to gRPC only for its default protocol: a trainer asking for
+    # tf_rdma from a worker that does not offer it fails at once, naming the worker.
+    with DataService(tmp_path, {}) as service:
+        service.cluster("grpc")
+        result = service.run("trainer", "read_with_protocol", timeout=120)
+    assert "Protocol 'tf_rdma' is not available for worker" in result["error"], result
+
+
+def test_trainer_cancelled_mid_read_does_not_hang(tmp_path, backend):
+    with DataService(tmp_path, {"TF_RDMA_BACKEND": backend}) as service:
+        service.cluster("tf_rdma")
+        result = service.run("trainer", "cancel_mid_read", timeout=180)
+    assert result["after"] == result["expected"]
