@@ -1,8 +1,9 @@
-"""python -m tf_rdma {info,bench}"""
+"""python -m tf_rdma {info,secret,bench}"""
 import argparse
 import importlib.util
 import json
 import logging
+import secrets
 import sys
 
 
@@ -24,6 +25,7 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="backends, RDMA devices and limits on this host")
     info.add_argument("--json", action="store_true")
+    commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
     bench.add_argument("what", choices=["transport", "collective", "tf", "soak"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
@@ -63,6 +65,10 @@ def main(argv=None):
             from tf_rdma import info as info_module
             collected = info_module.collect()
             print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
+        elif args.command == "secret":
+            # 32 bytes from the operating system's CSPRNG, URL-safe base64: fits an environment
+            # variable, a Kubernetes Secret and a shell line as it is.
+            print(secrets.token_urlsafe(32))
         elif args.command == "bench-peer":
             from tf_rdma import bench as bench_module
             bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,

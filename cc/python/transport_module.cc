@@ -316,6 +316,9 @@ PYBIND11_MODULE(_transport, m) {
   m.def("parse_config", [](const std::map<std::string, std::string>& environment) {
     return ConfigToDict(ValueOrThrow(ParseConfig(environment)));
   });
+  m.def("cluster_key", [](const py::bytes& secret) {
+    return py::bytes(ValueOrThrow(ClusterKey(std::string(secret))));
+  }, "The key every task derives from TF_RDMA_SECRET (HKDF-SHA-256), as the handshake proves it.");
   m.def("config_variables", [] {
     py::list out;
     for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));

@@ -19,7 +19,7 @@
 namespace tf_rdma::wire {
 
 // Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 4;
+constexpr uint32_t kProtocolVersion = 5;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;
