@@ -2,7 +2,7 @@
 
 #include <memory>
 #include <mutex>
-#include <set>
+#include <map>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -15,41 +15,45 @@
 namespace tf_rdma {
 namespace {
 
-// The nonces of handshakes this process is running, in either role. A peer that sends one of them
-// back is relaying this process's own handshake to it (a listener squatting on an address this
-// process dials, forwarding to this process's listener): refused on sight, whatever else it sends.
+// The nonces of handshakes this process is running, in either role, with the name each was issued
+// under. A peer that sends back one issued under the name it is talking to is relaying that
+// party's own handshake to it (a listener squatting on an address the process dials, forwarding to
+// the process's own listener): refused on sight, whatever else it sends. The tokens alone would
+// fail such an exchange; this names the cause. (Two parties of one process with distinct names
+// may connect to each other: their nonces are in flight in the same process, legitimately.)
 class InFlightNonces {
  public:
   static InFlightNonces& Get() {
     static InFlightNonces* nonces = new InFlightNonces;
     return *nonces;
   }
-  void Add(const wire::Nonce& nonce) {
+  void Add(const wire::Nonce& nonce, const std::string& issuer) {
     std::lock_guard<std::mutex> lock(mu_);
-    nonces_.insert(nonce);
+    issuers_.emplace(nonce, issuer);
   }
   void Remove(const wire::Nonce& nonce) {
     std::lock_guard<std::mutex> lock(mu_);
-    nonces_.erase(nonce);
+    issuers_.erase(nonce);
   }
-  bool Contains(const wire::Nonce& nonce) const {
+  bool IssuedBy(const wire::Nonce& nonce, const std::string& name) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return nonces_.count(nonce) > 0;
+    auto found = issuers_.find(nonce);
+    return found != issuers_.end() && found->second == name;
   }
 
  private:
   mutable std::mutex mu_;
-  std::set<wire::Nonce> nonces_;
+  std::map<wire::Nonce, std::string> issuers_;
 };
 
 // A fresh nonce, in InFlightNonces for as long as this object lives (the handshake's duration).
 class OwnNonce {
  public:
-  static absl::StatusOr<std::unique_ptr<OwnNonce>> Draw() {
+  static absl::StatusOr<std::unique_ptr<OwnNonce>> Draw(const std::string& issuer) {
     auto own = std::unique_ptr<OwnNonce>(new OwnNonce);
     absl::Status drawn = RandomBytes(own->nonce_.data(), own->nonce_.size());
     if (!drawn.ok()) return drawn;
-    InFlightNonces::Get().Add(own->nonce_);
+    InFlightNonces::Get().Add(own->nonce_, issuer);
     return own;
   }
   ~OwnNonce() { InFlightNonces::Get().Remove(nonce_); }
@@ -164,7 +168,7 @@ const char* BuildVersion() { return TF_RDMA_VERSION; }
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
-  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw();
+  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
   const uint32_t version = AnnouncedVersion(options);
   wire::Greeting hello;
@@ -183,20 +187,22 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   if (challenge.protocol_version != version) {
     return Refuse(channel, VersionMismatch(challenge, channel.PeerAddress(), options));
   }
-  if (InFlightNonces::Get().Contains(challenge.nonce)) {
+  if (challenge.nonce == hello.nonce ||
+      InFlightNonces::Get().IssuedBy(challenge.nonce, options.local_name)) {
     return Refuse(channel, Reflected("sent back a nonce this process issued", channel.PeerAddress(), options));
   }
-  if (challenge.name == options.local_name) {
+  const std::string own_name = wire::NameOnWire(options.local_name);
+  if (challenge.name_on_wire == own_name) {
     return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
   }
   wire::Proof proof{Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
-                          options.local_name, challenge.name, hello.nonce, challenge.nonce)};
+                          own_name, challenge.name_on_wire, hello.nonce, challenge.nonce)};
   sent = channel.Send(wire::Frame{wire::FrameType::kProof, proof});
   if (!sent.ok()) return sent;
   frame = Expect(channel, wire::FrameType::kAccept, deadline);
   if (!frame.ok()) return frame.status();
   const wire::Mac expected = Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
-                                   options.local_name, challenge.name, hello.nonce, challenge.nonce);
+                                   own_name, challenge.name_on_wire, hello.nonce, challenge.nonce);
   if (!DigestsEqual(expected, std::get<wire::Accept>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(challenge.name, channel.PeerAddress()));
   }
@@ -218,13 +224,14 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
                                "backend mismatch: peer ", hello.name, " asked for backend #",
                                hello.backend, " on a ", BackendName(backend), " listener")));
   }
-  if (InFlightNonces::Get().Contains(hello.nonce)) {
+  if (InFlightNonces::Get().IssuedBy(hello.nonce, options.local_name)) {
     return Refuse(channel, Reflected("sent a nonce this process issued", channel.PeerAddress(), options));
   }
-  if (hello.name == options.local_name) {
+  const std::string own_name = wire::NameOnWire(options.local_name);
+  if (hello.name_on_wire == own_name) {
     return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
   }
-  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw();
+  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
   wire::Greeting challenge;
   challenge.protocol_version = version;
@@ -238,12 +245,12 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
   frame = Expect(channel, wire::FrameType::kProof, deadline);
   if (!frame.ok()) return frame.status();
   const wire::Mac expected = Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
-                                   hello.name, options.local_name, hello.nonce, challenge.nonce);
+                                   hello.name_on_wire, own_name, hello.nonce, challenge.nonce);
   if (!DigestsEqual(expected, std::get<wire::Proof>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(hello.name, channel.PeerAddress()));
   }
   wire::Accept accept{Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
-                            hello.name, options.local_name, hello.nonce, challenge.nonce)};
+                            hello.name_on_wire, own_name, hello.nonce, challenge.nonce)};
   sent = channel.Send(wire::Frame{wire::FrameType::kAccept, accept});
   if (!sent.ok()) return sent;
   return PeerIdentity{hello.name, hello.build};
