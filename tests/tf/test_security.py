@@ -21,7 +21,7 @@ def test_a_key_holder_cannot_take_over_a_live_tasks_connection(tmp_path):
         cluster.start("ps", 0, "serve")
         cluster.start("worker", 0, "steps_for", program=PROGRAM, output=output, seconds=6)
         cluster.wait_for_output("worker", 0, "warm", timeout=120)
-        key = load_config().cluster_key("tf_rdma cluster key")  # what every task derives from TF_RDMA_SECRET
+        key = load_config().cluster_key()  # what every task derives from TF_RDMA_SECRET
         impostor = _transport.Transport("tcp", name="/job:ps/replica:0/task:0", cluster_key=key)
         host, port = cluster.spec["worker"][0].split(":")
         connection = impostor.connect(f"{host}:{int(port) + load_config().port_offset}")
