@@ -10,6 +10,8 @@ and FUZZ_BATCH=N replays that batch alone."""
 import hashlib
 import os
 import re
+import struct
+import threading
 import time
 from collections import Counter
 
@@ -156,3 +158,60 @@ def test_stalls_and_floods(backend, victim):
     assert verdict["error_class"] == "PeerUnavailableError" and "is unresponsive" in verdict["error"], verdict
     stalled.finish()
     check_leftovers(verdict, "after a stalled peer")
+
+
+# ---- Reflection (issue 22): a squatter without the key, at an address the victim dials ----
+
+@pytest.mark.parametrize("rewrite", ["as it is", "renamed"])
+def test_a_squatter_relaying_to_the_victims_own_listener_gets_no_connection(backend, victim, rewrite):
+    """The squatter relays the victim's handshake to the victim's own listener and the answers
+    back, as they are or claiming other names, so that the victim would prove the key to itself:
+    both ends refuse (a peer with the process's own name, or sending back its nonce), the victim's
+    listener accepts nobody, and the victim's dial fails naming the cause."""
+    squatter = hostile_peer.Squatter(
+        backend, victim.endpoint,
+        (lambda kind, body: body) if rewrite == "as it is" else hostile_peer.renamed("/job:ps/replica:0/task:0"))
+    answer = victim.ask(f"dial {squatter.endpoint}")
+    squatter.close()
+    assert "connected" not in answer, f"the victim connected to itself through the squatter: {answer}"
+    assert answer["failed"].startswith("HandshakeError") and "refused a reflected handshake" in answer["failed"], answer
+    verdict = victim.ask("nothing")
+    assert verdict["accepted"] is None, f"the victim's listener accepted the relayed handshake: {verdict}"
+    check_leftovers(verdict, f"after a relayed handshake ({rewrite})")
+    relayed = [(direction, kind) for direction, kind, _ in squatter.frames]
+    assert ("to listener", w.PROOF) not in relayed, relayed
+    ok, answer = victim.legit_peer_moves_data(victim.member, 11)
+    assert ok, answer
+
+
+def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim):
+    """The initiator's token reaches whoever it dials; one that answers with the initiator's own
+    nonce (to collect a token it could replay or reflect) is refused before any token is sent."""
+    listening, endpoint = hostile_peer.squat(backend)
+    received = []
+
+    def echo():
+        peer, _ = listening.accept()
+        with peer:
+            peer.settimeout(10)
+            header = peer.recv(8)
+            kind, _, length = struct.unpack("<B3sI", header)
+            hello = b""
+            while len(hello) < length:
+                hello += peer.recv(length - len(hello))
+            version, _, nonce, _, build = w.parse_greeting(hello)
+            peer.sendall(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
+            try:
+                while chunk := peer.recv(4096):
+                    received.append(chunk[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    answer = victim.ask(f"dial {endpoint}")
+    thread.join(15)
+    listening.close()
+    assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
+    assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
+    check_leftovers(victim.ask("nothing"), "after an echoed nonce")
