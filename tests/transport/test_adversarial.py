@@ -7,9 +7,11 @@ legitimate peer still moves data byte-exactly through the same listener.
 
 FUZZ_SEED and FUZZ_FRAMES choose the campaign; a failure names the seed and batch,
 and FUZZ_BATCH=N replays that batch alone."""
+import contextlib
 import hashlib
 import os
 import re
+import secrets
 import struct
 import threading
 import time
@@ -20,6 +22,8 @@ import pytest
 import hostile_peer
 import wire_client as w
 from helpers import KEY, transport
+from tf_rdma import _transport, errors
+from tf_rdma.config import load_config
 from victim_process import GRANTS, WRITES, VictimProcess
 
 pytestmark = pytest.mark.stream_backends_only
@@ -215,3 +219,44 @@ def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim
     assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
     assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
     check_leftovers(victim.ask("nothing"), "after an echoed nonce")
+
+
+# ---- Offline guessing (issue 22): whoever a task dials sees its token ----
+
+GUESSES = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret"]
+
+
+def test_offline_guessing_from_a_dialling_victims_token_finds_nothing(backend):
+    """A squatter answering the victim's dial receives its PROOF, a function of public values and
+    the key, on which guesses of the secret can be tested offline. Secrets such guessing could
+    find are refused when a task loads them; a secret that loads resists the list."""
+    for guess in GUESSES:
+        with pytest.raises(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
+            load_config({"TF_RDMA_SECRET": guess})
+
+    secret = secrets.token_urlsafe(32)
+    victim = transport(backend, "victim", key=load_config({"TF_RDMA_SECRET": secret}).cluster_key(),
+                       connect_timeout=1)
+    listening, endpoint = hostile_peer.squat(backend)
+
+    def dial():
+        with contextlib.suppress(errors.TransportError):  # no ACCEPT comes
+            victim.connect(endpoint)
+    dial = threading.Thread(target=dial, daemon=True)
+    dial.start()
+    raw = w.RawPeer.accepted(backend, listening.accept()[0])
+    kind, hello = raw.receive()
+    _, _, victim_nonce, victim_name, _ = w.parse_greeting(hello)
+    our_nonce = os.urandom(32)
+    raw.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, our_nonce, "ps")))
+    kind, proof = raw.receive()
+    assert kind == w.PROOF
+    dial.join(10)
+    raw.close()
+    listening.close()
+
+    def guessed(candidate):
+        return proof == w.token(_transport.cluster_key(candidate.encode()), "initiator->responder", backend,
+                                victim_name, "ps", victim_nonce, our_nonce)
+    assert guessed(secret), "the squatter's offline check does not model the token"
+    assert not any(guessed(guess) for guess in GUESSES)

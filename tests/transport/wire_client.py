@@ -84,6 +84,14 @@ class RawPeer:
         self.sock.settimeout(10)
         self.backend = backend
 
+    @classmethod
+    def accepted(cls, backend, sock):
+        """The peer on the far end of `sock`, a connection accepted where a listener would be."""
+        peer = cls.__new__(cls)
+        peer.sock, peer.backend = sock, backend
+        peer.sock.settimeout(10)
+        return peer
+
     def handshake(self, key, name="raw-peer", version=PROTOCOL_VERSION):
         nonce = os.urandom(32)
         self.send(frame(HELLO, greeting(version, self.backend, nonce, name)))
