@@ -21,6 +21,8 @@ class Config:
     max_concurrent_handshakes: int = 64              # TF_RDMA_MAX_CONCURRENT_HANDSHAKES
     max_grants_per_peer: int = 65536                 # TF_RDMA_MAX_GRANTS_PER_PEER
     shm_max_mapped_bytes_per_peer: int = 64 << 30    # TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER
+    shm_max_mapped_bytes_total: int = 1 << 40        # TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL
+    max_connections_per_peer_name: int = 16          # TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME
 
     def cluster_key(self) -> bytes:
         """The key peers prove to each other in the handshake, derived from the secret alone

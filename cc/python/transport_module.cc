@@ -195,6 +195,8 @@ py::dict ConfigToDict(const Config& config) {
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
   d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
+  d["shm_max_mapped_bytes_total"] = config.limits.shm_max_mapped_bytes_total;
+  d["max_connections_per_peer_name"] = config.limits.max_connections_per_peer_name;
   return d;
 }
 
@@ -274,9 +276,11 @@ PYBIND11_MODULE(_transport, m) {
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
                        double peer_timeout, double connect_timeout, uint32_t protocol_version,
                        size_t max_concurrent_handshakes, size_t max_grants_per_peer,
-                       uint64_t shm_max_mapped_bytes_per_peer) {
+                       uint64_t shm_max_mapped_bytes_per_peer, uint64_t shm_max_mapped_bytes_total,
+                       size_t max_connections_per_peer_name) {
              const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
-                                          shm_max_mapped_bytes_per_peer};
+                                          shm_max_mapped_bytes_per_peer, shm_max_mapped_bytes_total,
+                                          max_connections_per_peer_name};
              return std::make_unique<PyTransport>(ValueOrThrow(CreateTransport(
                  ValueOrThrow(ParseBackend(backend)),
                  MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits))));
@@ -286,7 +290,9 @@ PYBIND11_MODULE(_transport, m) {
            py::arg("protocol_version") = 0,
            py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
            py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
-           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer)
+           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer,
+           py::arg("shm_max_mapped_bytes_total") = TransportLimits{}.shm_max_mapped_bytes_total,
+           py::arg("max_connections_per_peer_name") = TransportLimits{}.max_connections_per_peer_name)
       .def_property_readonly("backend", [](PyTransport& t) { return BackendName(t.get().backend()); })
       .def("allocate_region",
            [](PyTransport& t, size_t bytes) { return ValueOrThrow(t.get().AllocateRegion(bytes)); })

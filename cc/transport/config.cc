@@ -169,6 +169,11 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "Grants a peer may have outstanding here that no write used yet; more close its connection."},
       {"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER", "64G",
        "shm: bytes of a peer's shared regions this process maps; more close its connection."},
+      {"TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL", "1T",
+       "shm: bytes of all peers' shared regions this process maps together; a region past it "
+       "closes the connection that shared it."},
+      {"TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "16",
+       "Live connections (per backend) with peers claiming one task name; more are refused."},
       {"TF_RDMA_TEST_HOST", "127.0.0.1",
        "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
       {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
@@ -269,6 +274,14 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       // At most 64 TiB, half of x86-64's user address space: more could never be mapped.
       absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G",
                                        &config.limits.shm_max_mapped_bytes_per_peer);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL") {
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "1T",
+                                       &config.limits.shm_max_mapped_bytes_total);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME") {
+      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "16",
+                                       &config.limits.max_connections_per_peer_name);
       if (!parsed.ok()) return parsed;
     } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&](const ConfigVariable& v) { return name == v.name; })) {

@@ -34,7 +34,8 @@ struct Config {
   // little more there for a whole core (README, Performance).
   absl::Duration verbs_poll_window = absl::Microseconds(100);
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
-  // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
+  // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
+  // TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME.
   TransportLimits limits;
 };
 

@@ -8,6 +8,7 @@ legitimate peer still moves data byte-exactly through the same listener.
 FUZZ_SEED and FUZZ_FRAMES choose the campaign; a failure names the seed and batch,
 and FUZZ_BATCH=N replays that batch alone."""
 import contextlib
+import gc
 import hashlib
 import os
 import re
@@ -21,7 +22,7 @@ import pytest
 
 import hostile_peer
 import wire_client as w
-from helpers import KEY, transport
+from helpers import HOST, KEY, transport
 from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
 from victim_process import GRANTS, WRITES, VictimProcess
@@ -260,3 +261,70 @@ def test_offline_guessing_from_a_dialling_victims_token_finds_nothing(backend):
                                 victim_name, "ps", victim_nonce, our_nonce)
     assert guessed(secret), "the squatter's offline check does not model the token"
     assert not any(guessed(guess) for guess in GUESSES)
+
+
+# ---- What a key holder's many connections may take (issue 22) ----
+
+def test_connections_claiming_one_task_name_are_bounded(backend):
+    """A key holder opening connection after connection under one name is refused past
+    TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME, told why; other names, and the name once one of its
+    connections closed, are served."""
+    local = transport(backend, "victim", max_connections_per_peer_name=2)
+    listener = local.listen(f"{HOST}:0")
+    peers = [w.RawPeer(backend, listener.endpoint) for _ in range(3)]
+    for peer in peers:
+        peer.handshake(KEY, name="greedy")
+    accepted = [listener.accept(10), listener.accept(10)]
+    reason = peers[2].receive_until_closed()
+    assert reason and "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME" in reason and "greedy" in reason, reason
+    other = w.RawPeer(backend, listener.endpoint)
+    other.handshake(KEY, name="modest")
+    assert listener.accept(10).peer_name == "modest"
+    peers[0].close()
+    with pytest.raises(Exception):
+        while True:
+            accepted[0].check()
+            time.sleep(0.01)
+    again = w.RawPeer(backend, listener.endpoint)
+    again.handshake(KEY, name="greedy")
+    assert listener.accept(10).peer_name == "greedy"
+    for peer in (*peers[1:], other, again):
+        peer.close()
+
+
+def test_shm_bytes_mapped_for_all_peers_together_are_bounded():
+    """shm only: Peers each within TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER cannot together map more than
+    TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL: the region past it closes its connection naming the
+    variable, and the bytes of a connection that ended count no more."""
+    backend = "shm"
+    local = transport(backend, "victim", shm_max_mapped_bytes_total=3 << 20)
+    listener = local.listen(f"{HOST}:0")
+
+    def sharing(name, size):
+        peer = w.RawPeer(backend, listener.endpoint)
+        peer.handshake(KEY, name=name)
+        connection = listener.accept(10)
+        peer.share_region(1, size)
+        return peer, connection
+
+    first, first_connection = sharing("first", 2 << 20)
+    first.send(w.frame(w.PING))
+    time.sleep(0.2)
+    first_connection.check()  # within the total
+    second, second_connection = sharing("second", 2 << 20)
+    reason = second.receive_until_closed()
+    assert reason and "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL" in reason, reason
+    with pytest.raises(errors.TransportError, match="TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL"):
+        second_connection.check()
+    first.close()
+    with pytest.raises(errors.TransportError):
+        while True:
+            first_connection.check()
+            time.sleep(0.01)
+    del first_connection
+    gc.collect()
+    third, third_connection = sharing("third", 2 << 20)
+    third.send(w.frame(w.PING))
+    time.sleep(0.2)
+    third_connection.check()  # the first's bytes were given back
+    third.close()

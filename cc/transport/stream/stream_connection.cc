@@ -174,7 +174,9 @@ void StreamConnection::ReadLoop() {
   while (true) {
     absl::Status status = ReadOneFrame();
     if (!status.ok()) {
-      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
+      // The peer learns why when the cause is ours to state: its protocol error, or our limit.
+      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss ||
+                                           status.code() == absl::StatusCode::kResourceExhausted);
       return;
     }
   }
