@@ -110,14 +110,14 @@ class IncrementalBuildExt(build_ext):
             f"-I{ROOT}", f"-I{pybind11_include()}", f"-I{sysconfig.get_paths()['include']}",
         ] + shlex.split(os.environ.get("CXXFLAGS", ""))  # e.g. -fsanitize=address for a checked build
         compiler = shlex.split(os.environ.get("CXX", "g++"))  # may start with a launcher (ccache)
-        sources, libraries = list(ext.sources), []
+        # Not -lcrypto, -libverbs, -lrdmacm: cc/transport/crypto.cc and verbs/rdma_libraries.cc
+        # dlopen() them (so no OpenSSL or rdma-core headers are needed to build, and TensorFlow's
+        # BoringSSL symbols cannot stand in for OpenSSL's). -ldl for glibc older than 2.34, where
+        # dlopen is not in libc itself.
+        sources, libraries = list(ext.sources), ["-ldl"]
         if verbs_headers_present(compiler):
             sources += VERBS_SOURCES
             cflags.append("-DTF_RDMA_HAVE_VERBS")
-            # Not -libverbs -lrdmacm: cc/transport/verbs/rdma_libraries.cc dlopen()s them when verbs
-            # is first asked for, so this build also imports on hosts without rdma-core. -ldl for
-            # glibc older than 2.34, where dlopen is not in libc itself.
-            libraries = ["-ldl"]
         else:
             print(NO_VERBS_WARNING, file=sys.stderr, flush=True)
         key = sha256(json.dumps([" ".join(compiler), cflags]).encode()).hexdigest()[:12]

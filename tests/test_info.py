@@ -3,13 +3,14 @@ devices, the locked-memory limit and the configuration in effect, without reveal
 import json
 import os
 import resource
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 from tf_rdma import _transport
 
-SECRET = "hunter2-not-for-printing"
+SECRET = "not-for-printing-" + secrets.token_urlsafe(32)
 
 
 def run_info(*args, secret=SECRET, **env_overrides):

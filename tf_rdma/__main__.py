@@ -1,8 +1,9 @@
-"""python -m tf_rdma {info,doctor,bench}"""
+"""python -m tf_rdma {info,doctor,secret,bench}"""
 import argparse
 import importlib.util
 import json
 import logging
+import secrets
 import sys
 
 from tf_rdma.bench import parse_size, parse_sizes
@@ -18,6 +19,7 @@ def main(argv=None):
     doctor.add_argument("--cluster-spec", help="the cluster as JSON, e.g. '{\"ps\": [\"ps0:2222\"], "
                                                "\"worker\": [\"w0:2222\"]}' (default: TF_CONFIG's)")
     doctor.add_argument("--json", action="store_true")
+    commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
     bench.add_argument("what", choices=["transport", "collective", "tf", "soak"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
@@ -63,6 +65,10 @@ def main(argv=None):
             print(json.dumps(collected, indent=2) if args.json else info_module.render(collected))
             if not collected["tensorflow"]["works"]:
                 return 1
+        elif args.command == "secret":
+            # 32 bytes from the operating system's CSPRNG, URL-safe base64: fits an environment
+            # variable, a Kubernetes Secret and a shell line as it is.
+            print(secrets.token_urlsafe(32))
         elif args.command == "doctor":
             from tf_rdma import doctor as doctor_module
             checked = doctor_module.run(doctor_module.cluster_from(args.cluster_spec))

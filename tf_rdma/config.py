@@ -1,7 +1,6 @@
 """TF_RDMA_* configuration, parsed and validated by the C++ core (cc/transport/config.cc), the one
 place that knows the variables."""
 import dataclasses
-import hashlib
 import os
 
 from tf_rdma import _transport
@@ -24,10 +23,13 @@ class Config:
     max_grants_per_peer: int = 65536                 # TF_RDMA_MAX_GRANTS_PER_PEER
     shm_max_mapped_bytes_per_peer: int = 64 << 30    # TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER
     data_prefetch_elements: int = 2  # TF_RDMA_DATA_PREFETCH_ELEMENTS (tf.data service trainers)
+    shm_max_mapped_bytes_total: int = 1 << 40        # TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL
+    max_connections_per_peer_name: int = 16          # TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME
 
-    def cluster_key(self, cluster_description: str) -> bytes:
-        """The key peers prove to each other: derived from what defines the cluster and the secret."""
-        return hashlib.sha256(cluster_description.encode() + b"\0" + self.secret).digest()
+    def cluster_key(self) -> bytes:
+        """The key peers prove to each other in the handshake, derived from the secret alone
+        (cc/transport/config.h, ClusterKey)."""
+        return _transport.cluster_key(self.secret)
 
 
 def load_config(environ=None) -> Config:

@@ -215,6 +215,8 @@ py::dict ConfigToDict(const Config& config) {
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
   d["shm_max_mapped_bytes_per_peer"] = config.limits.shm_max_mapped_bytes_per_peer;
+  d["shm_max_mapped_bytes_total"] = config.limits.shm_max_mapped_bytes_total;
+  d["max_connections_per_peer_name"] = config.limits.max_connections_per_peer_name;
   d["data_prefetch_elements"] = config.data_prefetch_elements;
   return d;
 }
@@ -316,9 +318,11 @@ PYBIND11_MODULE(_transport, m) {
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
                        double peer_timeout, double connect_timeout, uint32_t protocol_version,
                        size_t max_concurrent_handshakes, size_t max_grants_per_peer,
-                       uint64_t shm_max_mapped_bytes_per_peer, size_t io_threads) {
+                       uint64_t shm_max_mapped_bytes_per_peer, uint64_t shm_max_mapped_bytes_total,
+                       size_t max_connections_per_peer_name, size_t io_threads) {
              const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
-                                          shm_max_mapped_bytes_per_peer};
+                                          shm_max_mapped_bytes_per_peer, shm_max_mapped_bytes_total,
+                                          max_connections_per_peer_name};
              return std::make_unique<PyTransport>(ValueOrThrow(CreateTransport(
                  ValueOrThrow(ParseBackend(backend)),
                  MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits,
@@ -330,6 +334,8 @@ PYBIND11_MODULE(_transport, m) {
            py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
            py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
            py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer,
+           py::arg("shm_max_mapped_bytes_total") = TransportLimits{}.shm_max_mapped_bytes_total,
+           py::arg("max_connections_per_peer_name") = TransportLimits{}.max_connections_per_peer_name,
            py::arg("io_threads") = TransportOptions{}.io_threads)
       .def_property_readonly("backend", [](PyTransport& t) { return BackendName(t.get().backend()); })
       .def("allocate_region",
@@ -360,6 +366,9 @@ PYBIND11_MODULE(_transport, m) {
   m.def("parse_config", [](const std::map<std::string, std::string>& environment) {
     return ConfigToDict(ValueOrThrow(ParseConfig(environment)));
   });
+  m.def("cluster_key", [](const py::bytes& secret) {
+    return py::bytes(ValueOrThrow(ClusterKey(std::string(secret))));
+  }, "The key every task derives from TF_RDMA_SECRET (HKDF-SHA-256), as the handshake proves it.");
   m.def("config_variables", [] {
     py::list out;
     for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));

@@ -3,10 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cc/transport/crypto.h"
 
 extern char** environ;
 
@@ -52,7 +58,77 @@ absl::Status ParseLimit(const std::string& name, const std::string& value, uint6
       " between ", minimum, " and ", maximum, "; set it to e.g. ", example, " or unset it"));
 }
 
+// A secret longer than this is not a secret someone typed or mounted by mistake: refused.
+constexpr size_t kMaxSecretLength = 4096;
+
+constexpr char kMakeASecret[] =
+    "Make one with `TF_RDMA_SECRET= python -m tf_rdma secret` (256 random bits; or `openssl rand "
+    "-base64 32`) and give every task the same";
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_RDMA_SECRET_FILE='", path, "' cannot be read: ", std::strerror(errno),
+        ". Point it at the file holding the cluster's secret (e.g. a mounted Kubernetes Secret) or unset it."));
+  }
+  std::string secret(kMaxSecretLength + 1, '\0');
+  file.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  secret.resize(static_cast<size_t>(file.gcount()));
+  if (secret.size() > kMaxSecretLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_RDMA_SECRET_FILE='", path, "' holds more than ", kMaxSecretLength,
+        " bytes, which is not a secret; point it at the secret's file. ", kMakeASecret, "."));
+  }
+  // Files written by editors and `echo` end with a line break that is not part of the secret.
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_RDMA_SECRET_FILE='", path, "' is empty. ", kMakeASecret, " file."));
+  }
+  return secret;
+}
+
+absl::Status CheckSecretStrength(const std::string& variable, const std::string& secret) {
+  const double bits = EstimatedSecretBits(secret);
+  if (bits >= kMinSecretBits) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      variable, " is too weak to keep the cluster closed: about ", static_cast<int>(bits),
+      " bits estimated (its length times the Shannon entropy of its characters), at least ",
+      kMinSecretBits, " needed. Whoever a task dials (anything listening at a peer's address) sees "
+      "a proof made with the secret and can test guesses of it offline. ", kMakeASecret,
+      " value."));
+}
+
 }  // namespace
+
+double EstimatedSecretBits(std::string_view secret) {
+  if (secret.empty()) return 0;
+  std::map<char, size_t> counts;
+  for (char c : secret) counts[c]++;
+  double per_character = 0;
+  for (const auto& [c, count] : counts) {
+    const double p = static_cast<double>(count) / secret.size();
+    per_character -= p * std::log2(p);
+  }
+  return per_character * secret.size();
+}
+
+absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
+  absl::Status crypto = LoadCrypto();
+  if (!crypto.ok()) return crypto;
+  // The secret alone, not the cluster's shape: that may change while the cluster runs (clients
+  // join, jobs are renamed at connect time). The secret is length-prefixed, so that HKDF's input
+  // keying material is never empty (OpenSSL refuses an empty one) and no secret encodes as another.
+  std::string keying_material;
+  for (int i = 0; i < 4; ++i) keying_material.push_back(static_cast<char>((secret.size() >> (8 * i)) & 0xff));
+  keying_material.append(secret);
+  std::string key(32, '\0');
+  absl::Status derived = HkdfSha256(keying_material, "tf_rdma cluster key", "tf_rdma handshake",
+                                    reinterpret_cast<uint8_t*>(key.data()), key.size());
+  if (!derived.ok()) return derived;
+  return key;
+}
 
 const std::vector<ConfigVariable>& ConfigVariables() {
   static const auto* variables = new std::vector<ConfigVariable>{
@@ -68,7 +144,12 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "Each task's tf_rdma listener port is its TensorFlow server port plus this (may be "
        "negative). Every task of a cluster must use the same value."},
       {"TF_RDMA_SECRET", "(empty)",
-       "Shared secret mixed into the cluster key: peers without it cannot connect or write."},
+       "Shared secret the cluster key is derived from: peers without it cannot connect or write. "
+       "At least 128 bits estimated (make one with `python -m tf_rdma secret`); empty: no secret, "
+       "anyone who reaches a tf_rdma port can join."},
+      {"TF_RDMA_SECRET_FILE", "(unset)",
+       "A file holding TF_RDMA_SECRET (e.g. a mounted Kubernetes Secret; trailing line breaks "
+       "are ignored). Setting both is an error."},
       {"TF_RDMA_VERBS_DEVICE", "(auto)",
        "verbs: the RDMA device to use (a name from `ibv_devices`, e.g. mlx5_0). Default: the device "
        "whose port carries the peer's IP route, as rdma_cm resolves it."},
@@ -94,6 +175,11 @@ const std::vector<ConfigVariable>& ConfigVariables() {
       {"TF_RDMA_DATA_PREFETCH_ELEMENTS", "2",
        "tf.data service: elements past the one being read that a trainer keeps receive buffers "
        "granted for, per worker task (0 to 64); each holds about one element's bytes."},
+      {"TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL", "1T",
+       "shm: bytes of all peers' shared regions this process maps together; a region past it "
+       "closes the connection that shared it."},
+      {"TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "16",
+       "Live connections (per backend) with peers claiming one task name; more are refused."},
       {"TF_RDMA_TEST_HOST", "127.0.0.1",
        "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
       {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
@@ -135,7 +221,25 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       absl::Status parsed = ParseLimit(name, value, 0, 64, false, "2", &config.data_prefetch_elements);
       if (!parsed.ok()) return parsed;
     } else if (name == "TF_RDMA_SECRET") {
+      if (value.size() > kMaxSecretLength) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TF_RDMA_SECRET is longer than ", kMaxSecretLength, " bytes. ", kMakeASecret, " value."));
+      }
+      if (!value.empty()) {
+        absl::Status strong = CheckSecretStrength(name, value);
+        if (!strong.ok()) return strong;
+      }
       config.secret = value;
+    } else if (name == "TF_RDMA_SECRET_FILE") {
+      if (environment.count("TF_RDMA_SECRET")) {
+        return absl::InvalidArgumentError(
+            "both TF_RDMA_SECRET and TF_RDMA_SECRET_FILE are set; set only one of them");
+      }
+      absl::StatusOr<std::string> secret = ReadSecretFile(value);
+      if (!secret.ok()) return secret.status();
+      absl::Status strong = CheckSecretStrength(absl::StrCat("the secret in TF_RDMA_SECRET_FILE='", value, "'"), *secret);
+      if (!strong.ok()) return strong;
+      config.secret = *std::move(secret);
     } else if (name == "TF_RDMA_VERBS_DEVICE") {
       // Device names are sysfs names: short, no path separators.
       if (value.empty() || value.size() > 63 || value.find('/') != std::string::npos ||
@@ -182,6 +286,14 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       // At most 64 TiB, half of x86-64's user address space: more could never be mapped.
       absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G",
                                        &config.limits.shm_max_mapped_bytes_per_peer);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL") {
+      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "1T",
+                                       &config.limits.shm_max_mapped_bytes_total);
+      if (!parsed.ok()) return parsed;
+    } else if (name == "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME") {
+      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "16",
+                                       &config.limits.max_connections_per_peer_name);
       if (!parsed.ok()) return parsed;
     } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&](const ConfigVariable& v) { return name == v.name; })) {

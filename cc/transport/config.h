@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,6 +19,7 @@ struct Config {
   std::string backend = "auto";  // auto | verbs | tcp | shm
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(60);
+  // TF_RDMA_SECRET, or the contents of TF_RDMA_SECRET_FILE; empty: no secret.
   std::string secret;
   // A task's tf_rdma port is its TensorFlow server port plus this.
   int port_offset = 1000;
@@ -38,7 +40,8 @@ struct Config {
   // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
   int data_prefetch_elements = 2;
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
-  // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER.
+  // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
+  // TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME.
   TransportLimits limits;
 };
 
@@ -52,6 +55,16 @@ const std::vector<ConfigVariable>& ConfigVariables();
 // Parses `environment` (name -> value, typically the process environment's TF_RDMA_* entries).
 absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment);
 absl::StatusOr<Config> LoadConfigFromEnvironment();
+
+// A secret must be worth at least this many bits: a task's handshake proof reaches whoever answers
+// at the address it dials, who can test guesses of the secret offline; 2^128 guesses are out of reach.
+constexpr int kMinSecretBits = 128;
+// What a secret is worth as this process can tell: its length times the Shannon entropy of its
+// characters' distribution. Generous to a chosen passphrase, never to a short or repetitive one.
+double EstimatedSecretBits(std::string_view secret);
+
+// The key peers prove to each other in the handshake: HKDF-SHA-256 of the secret (config.secret).
+absl::StatusOr<std::string> ClusterKey(std::string_view secret);
 
 }  // namespace tf_rdma
 

@@ -1,11 +1,12 @@
 #include "cc/transport/handshake.h"
 
-#include <sys/random.h>
-
-#include <cstring>
+#include <memory>
+#include <mutex>
+#include <map>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "cc/transport/hmac.h"
+#include "cc/transport/crypto.h"
 
 #ifndef TF_RDMA_VERSION
 #define TF_RDMA_VERSION "dev"
@@ -14,28 +15,84 @@
 namespace tf_rdma {
 namespace {
 
-absl::StatusOr<wire::Nonce> FreshNonce() {
-  wire::Nonce nonce;
-  size_t filled = 0;
-  while (filled < nonce.size()) {
-    const ssize_t n = getrandom(nonce.data() + filled, nonce.size() - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
-    }
-    filled += static_cast<size_t>(n);
+// The nonces of handshakes this process is running, in either role, with the name each was issued
+// under. A peer that sends back one issued under the name it is talking to is relaying that
+// party's own handshake to it (a listener squatting on an address the process dials, forwarding to
+// the process's own listener): refused on sight, whatever else it sends. The tokens alone would
+// fail such an exchange; this names the cause. (Two parties of one process with distinct names
+// may connect to each other: their nonces are in flight in the same process, legitimately.)
+class InFlightNonces {
+ public:
+  static InFlightNonces& Get() {
+    static InFlightNonces* nonces = new InFlightNonces;
+    return *nonces;
   }
-  return nonce;
+  void Add(const wire::Nonce& nonce, const std::string& issuer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    issuers_.emplace(nonce, issuer);
+  }
+  void Remove(const wire::Nonce& nonce) {
+    std::lock_guard<std::mutex> lock(mu_);
+    issuers_.erase(nonce);
+  }
+  bool IssuedBy(const wire::Nonce& nonce, const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = issuers_.find(nonce);
+    return found != issuers_.end() && found->second == name;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<wire::Nonce, std::string> issuers_;
+};
+
+// A fresh nonce, in InFlightNonces for as long as this object lives (the handshake's duration).
+class OwnNonce {
+ public:
+  static absl::StatusOr<std::unique_ptr<OwnNonce>> Draw(const std::string& issuer) {
+    auto own = std::unique_ptr<OwnNonce>(new OwnNonce);
+    absl::Status drawn = RandomBytes(own->nonce_.data(), own->nonce_.size());
+    if (!drawn.ok()) return drawn;
+    InFlightNonces::Get().Add(own->nonce_, issuer);
+    return own;
+  }
+  ~OwnNonce() { InFlightNonces::Get().Remove(nonce_); }
+  const wire::Nonce& value() const { return nonce_; }
+
+ private:
+  OwnNonce() = default;
+  wire::Nonce nonce_{};
+};
+
+void AppendField(std::string& out, std::string_view field) {
+  const uint32_t length = static_cast<uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  out.append(field);
 }
 
-// Binds the proof to both nonces, the role and the backend, so a proof cannot be replayed on
-// another connection or reflected back to its sender.
-wire::Mac Prove(const std::string& key, const char* role, const wire::Nonce& first,
-                const wire::Nonce& second, Backend backend) {
-  std::string message = absl::StrCat("tf_rdma-handshake/", role, "/", BackendName(backend), "/");
-  message.append(reinterpret_cast<const char*>(first.data()), first.size());
-  message.append(reinterpret_cast<const char*>(second.data()), second.size());
-  return HmacSha256(key, message);
+// The handshake's two tokens, after ISO/IEC 9798-4's three-pass mutual authentication with
+// HMAC-SHA-256 (ISO/IEC 9797-2 MAC algorithm 2) as the cryptographic check function: each covers
+// the direction it travels in, the protocol and backend, both task names (initiator's, then
+// responder's) and both nonces (initiator's, then responder's), each field length-prefixed so no
+// two transcripts encode alike. A token therefore proves the key to exactly one party, in one role,
+// in one exchange: it cannot be replayed (the receiver's own fresh nonce is in it), reflected (the
+// direction is in it) or relayed to another party (both names are in it).
+enum class Direction { kInitiatorToResponder, kResponderToInitiator };
+
+wire::Mac Token(const std::string& key, Direction direction, uint32_t protocol_version, Backend backend,
+                const std::string& initiator_name, const std::string& responder_name,
+                const wire::Nonce& initiator_nonce, const wire::Nonce& responder_nonce) {
+  std::string transcript;
+  AppendField(transcript, "tf_rdma handshake");
+  AppendField(transcript, direction == Direction::kInitiatorToResponder ? "initiator->responder"
+                                                                        : "responder->initiator");
+  AppendField(transcript, absl::StrCat(protocol_version));
+  AppendField(transcript, BackendName(backend));
+  AppendField(transcript, initiator_name);
+  AppendField(transcript, responder_name);
+  transcript.append(reinterpret_cast<const char*>(initiator_nonce.data()), initiator_nonce.size());
+  transcript.append(reinterpret_cast<const char*>(responder_nonce.data()), responder_nonce.size());
+  return HmacSha256(key, transcript);
 }
 
 uint32_t AnnouncedVersion(const TransportOptions& options) {
@@ -88,22 +145,36 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
   return frame;
 }
 
+// A peer that claims this process's own name, or sends back one of its nonces, is this process
+// talking to itself through a relay (or a task dialling its own address): never a peer.
+absl::Status Reflected(const std::string& what, const std::string& peer_address,
+                       const TransportOptions& options) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "refused a reflected handshake with ", peer_address, ": the peer ", what,
+      ", so it is relaying this process's (", options.local_name,
+      ") own handshake back to it. Something at that address is not the task it should be; "
+      "check who listens there."));
+}
+
 }  // namespace
 
 const char* BuildVersion() { return TF_RDMA_VERSION; }
 
-// The client proves first: a listener answers anyone who connects, so anything it sent that
-// depends on the key before the client proved it would let one unauthenticated exchange test
-// guesses of the secret offline. The listener's proof comes in its ACCEPT.
+// The initiator proves first: the responder answers anyone who connects, so a responder proof
+// before the initiator's would hand any outsider a token to test guesses of the secret on. The
+// initiator's token does go to whoever it dials, so whoever answers at an address it dials (a
+// squatter) can test guesses offline: secrets are therefore required to be strong enough that such
+// guessing is pointless (config.cc, TF_RDMA_SECRET).
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
-  absl::StatusOr<wire::Nonce> nonce = FreshNonce();
+  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
+  const uint32_t version = AnnouncedVersion(options);
   wire::Greeting hello;
-  hello.protocol_version = AnnouncedVersion(options);
+  hello.protocol_version = version;
   hello.backend = static_cast<uint8_t>(backend);
-  hello.nonce = *nonce;
+  hello.nonce = (*nonce)->value();
   hello.name = options.local_name;
   hello.build = BuildVersion();
   absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kHello, hello});
@@ -113,15 +184,25 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   if (!frame.ok()) return frame.status();
   // A copy: `frame` is reused for the next frame below.
   const wire::Greeting challenge = std::get<wire::Greeting>(frame->body);
-  if (challenge.protocol_version != AnnouncedVersion(options)) {
+  if (challenge.protocol_version != version) {
     return Refuse(channel, VersionMismatch(challenge, channel.PeerAddress(), options));
   }
-  wire::Proof proof{Prove(options.cluster_key, "client", challenge.nonce, hello.nonce, backend)};
+  if (challenge.nonce == hello.nonce ||
+      InFlightNonces::Get().IssuedBy(challenge.nonce, options.local_name)) {
+    return Refuse(channel, Reflected("sent back a nonce this process issued", channel.PeerAddress(), options));
+  }
+  const std::string own_name = wire::NameOnWire(options.local_name);
+  if (challenge.name_on_wire == own_name) {
+    return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
+  }
+  wire::Proof proof{Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
+                          own_name, challenge.name_on_wire, hello.nonce, challenge.nonce)};
   sent = channel.Send(wire::Frame{wire::FrameType::kProof, proof});
   if (!sent.ok()) return sent;
   frame = Expect(channel, wire::FrameType::kAccept, deadline);
   if (!frame.ok()) return frame.status();
-  const wire::Mac expected = Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend);
+  const wire::Mac expected = Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
+                                   own_name, challenge.name_on_wire, hello.nonce, challenge.nonce);
   if (!DigestsEqual(expected, std::get<wire::Accept>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(challenge.name, channel.PeerAddress()));
   }
@@ -134,7 +215,8 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
   absl::StatusOr<wire::Frame> frame = Expect(channel, wire::FrameType::kHello, deadline);
   if (!frame.ok()) return frame.status();
   const auto hello = std::get<wire::Greeting>(frame->body);
-  if (hello.protocol_version != AnnouncedVersion(options)) {
+  const uint32_t version = AnnouncedVersion(options);
+  if (hello.protocol_version != version) {
     return Refuse(channel, VersionMismatch(hello, channel.PeerAddress(), options));
   }
   if (hello.backend != static_cast<uint8_t>(backend)) {
@@ -142,12 +224,19 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
                                "backend mismatch: peer ", hello.name, " asked for backend #",
                                hello.backend, " on a ", BackendName(backend), " listener")));
   }
-  absl::StatusOr<wire::Nonce> nonce = FreshNonce();
+  if (InFlightNonces::Get().IssuedBy(hello.nonce, options.local_name)) {
+    return Refuse(channel, Reflected("sent a nonce this process issued", channel.PeerAddress(), options));
+  }
+  const std::string own_name = wire::NameOnWire(options.local_name);
+  if (hello.name_on_wire == own_name) {
+    return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
+  }
+  absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
   wire::Greeting challenge;
-  challenge.protocol_version = AnnouncedVersion(options);
+  challenge.protocol_version = version;
   challenge.backend = hello.backend;
-  challenge.nonce = *nonce;
+  challenge.nonce = (*nonce)->value();
   challenge.name = options.local_name;
   challenge.build = BuildVersion();
   absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kChallenge, challenge});
@@ -155,11 +244,13 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
 
   frame = Expect(channel, wire::FrameType::kProof, deadline);
   if (!frame.ok()) return frame.status();
-  const wire::Mac expected = Prove(options.cluster_key, "client", challenge.nonce, hello.nonce, backend);
+  const wire::Mac expected = Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
+                                   hello.name_on_wire, own_name, hello.nonce, challenge.nonce);
   if (!DigestsEqual(expected, std::get<wire::Proof>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(hello.name, channel.PeerAddress()));
   }
-  wire::Accept accept{Prove(options.cluster_key, "server", hello.nonce, challenge.nonce, backend)};
+  wire::Accept accept{Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
+                            hello.name_on_wire, own_name, hello.nonce, challenge.nonce)};
   sent = channel.Send(wire::Frame{wire::FrameType::kAccept, accept});
   if (!sent.ok()) return sent;
   return PeerIdentity{hello.name, hello.build};

@@ -1,5 +1,11 @@
-// Connection setup shared by every backend: both peers prove they hold the same cluster key
-// (HMAC over fresh nonces, the key itself never travels) and speak the same wire protocol.
+// Connection setup shared by every backend: both peers prove they hold the same cluster key and
+// speak the same wire protocol. ISO/IEC 9798-4 three-pass mutual authentication with HMAC-SHA-256:
+//   initiator -> HELLO     {version, backend, initiator nonce Ni, initiator name I}
+//   responder -> CHALLENGE {version, backend, responder nonce Nr, responder name R}
+//   initiator -> PROOF     HMAC(key, "initiator->responder", version, backend, I, R, Ni, Nr)
+//   responder -> ACCEPT    HMAC(key, "responder->initiator", version, backend, I, R, Ni, Nr)
+// The key never travels. Either side refuses a peer that uses its own name or one of the nonces
+// this process has in flight (a relay of its own handshake back to it).
 #ifndef TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 #define TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 
@@ -30,6 +36,7 @@ struct PeerIdentity {
 // The version string of this tf_rdma build, sent to peers so mismatches can name both sides.
 const char* BuildVersion();
 
+// CreateTransport has loaded libcrypto (LoadCrypto) before any of these runs.
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options);
 absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,

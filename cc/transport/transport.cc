@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/crypto.h"
 #include "cc/transport/shm/shm_transport.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #ifdef TF_RDMA_HAVE_VERBS
@@ -101,6 +102,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
   if (options.peer_timeout <= absl::ZeroDuration() || options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("peer_timeout and connect_timeout must be positive");
   }
+  absl::Status crypto = LoadCrypto();
+  if (!crypto.ok()) return crypto;
   absl::Status available = BackendAvailable(backend);
   if (!available.ok()) {
     return absl::Status(available.code(), absl::StrCat("the ", BackendName(backend),

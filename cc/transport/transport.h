@@ -153,6 +153,13 @@ struct TransportLimits {
   size_t max_grants_per_peer = 65536;
   // shm: bytes of a peer's shared regions this process maps (TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER).
   uint64_t shm_max_mapped_bytes_per_peer = uint64_t{64} << 30;
+  // shm: bytes of all peers' regions this process maps at once (TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL),
+  // so that connections each within their share cannot together take the address space.
+  uint64_t shm_max_mapped_bytes_total = uint64_t{1} << 40;
+  // Live connections of one backend with peers claiming the same task name
+  // (TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME). tf_rdma keeps one per pair of tasks, and for a
+  // moment two while one replaces the other; a key holder opening many is refused past this.
+  size_t max_connections_per_peer_name = 16;
 };
 
 struct TransportOptions {

@@ -61,17 +61,19 @@ class ByteReader {
     std::memcpy(out.data(), in_.data(), N);
     in_.remove_prefix(N);
   }
-  std::string String(size_t max_length) {
+  // Exactly the bytes sent; for anything shown to a person, String().
+  std::string RawString(size_t max_length) {
     const uint16_t length = U16();
     if (length > max_length) {
       error_ = absl::StrCat("string of ", length, " bytes exceeds the limit of ", max_length);
       return {};
     }
     if (!Have(length)) return {};
-    std::string s = EscapeUnprintable(in_.substr(0, length));
+    std::string s(in_.substr(0, length));
     in_.remove_prefix(length);
     return s;
   }
+  std::string String(size_t max_length) { return EscapeUnprintable(RawString(max_length)); }
   absl::Status Finish(FrameType type) const {
     if (error_.empty() && !in_.empty()) {
       return absl::DataLossError(absl::StrCat("malformed ", FrameTypeName(type), " frame: ",
@@ -107,7 +109,7 @@ void EncodeBody(const Greeting& g, ByteWriter& w) {
   w.U32(g.protocol_version);
   w.U8(g.backend);
   w.Bytes(g.nonce);
-  w.String(g.name.substr(0, kMaxNameLength));
+  w.String(NameOnWire(g.name));
   w.String(g.build.substr(0, kMaxNameLength));
 }
 
@@ -116,7 +118,8 @@ Greeting DecodeGreeting(ByteReader& r) {
   g.protocol_version = r.U32();
   g.backend = r.U8();
   r.Bytes(g.nonce);
-  g.name = r.String(kMaxNameLength);
+  g.name_on_wire = r.RawString(kMaxNameLength);
+  g.name = EscapeUnprintable(g.name_on_wire);
   g.build = r.String(kMaxNameLength);
   return g;
 }
@@ -130,6 +133,8 @@ Body DecodeMac(ByteReader& r) {
 }
 
 }  // namespace
+
+std::string NameOnWire(const std::string& name) { return name.substr(0, kMaxNameLength); }
 
 const char* FrameTypeName(FrameType type) {
   switch (type) {

@@ -19,7 +19,7 @@
 namespace tf_rdma::wire {
 
 // Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 4;
+constexpr uint32_t kProtocolVersion = 5;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;
@@ -55,7 +55,9 @@ struct Greeting {
   uint32_t protocol_version = kProtocolVersion;
   uint8_t backend = 0;
   Nonce nonce{};
-  std::string name;   // the sender's TransportOptions::local_name
+  std::string name;   // the sender's TransportOptions::local_name, unprintable bytes escaped
+  // The name's bytes as they travelled (decoding only): what the handshake's tokens cover.
+  std::string name_on_wire;
   std::string build;  // the sender's tf_rdma version, for error messages
 };
 struct Proof { Mac mac{}; };
@@ -102,6 +104,9 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body);
 std::string Encode(const Frame& frame);
 
 const char* FrameTypeName(FrameType type);
+
+// The bytes of `name` a Greeting carries (it is cut at kMaxNameLength).
+std::string NameOnWire(const std::string& name);
 
 }  // namespace tf_rdma::wire
 

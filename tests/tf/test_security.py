@@ -21,7 +21,7 @@ def test_a_key_holder_cannot_take_over_a_live_tasks_connection(tmp_path):
         cluster.start("ps", 0, "serve")
         cluster.start("worker", 0, "steps_for", program=PROGRAM, output=output, seconds=6)
         cluster.wait_for_output("worker", 0, "warm", timeout=120)
-        key = load_config().cluster_key("tf_rdma cluster key")  # what every task derives from TF_RDMA_SECRET
+        key = load_config().cluster_key()  # what every task derives from TF_RDMA_SECRET
         impostor = _transport.Transport("tcp", name="/job:ps/replica:0/task:0", cluster_key=key)
         host, port = cluster.spec["worker"][0].split(":")
         connection = impostor.connect(f"{host}:{int(port) + load_config().port_offset}")
@@ -65,3 +65,22 @@ def test_a_peer_can_write_only_into_memory_that_holds_its_own_tensors(tmp_path):
             time.sleep(0.2)
         assert not shared_memory_mapped_by(ps) & with_ps[0], "the dead worker's regions stayed in the ps"
         assert workers[1].poll() is None, cluster.log("worker", 1)[-3000:]  # its steps read back exact sums
+
+
+def test_bad_tensor_headers_from_a_key_holder_leave_no_receive_buffer_lent(tmp_path):
+    """Each step the hostile worker answers the ps's header grant with a malformed header: the
+    step fails naming the worker, and the data grant made for the tensor (planned 400 KB) is
+    taken back, its pool buffer with it, instead of staying lent until the connection closes."""
+    output = str(tmp_path / "outcome.json")
+    steps = 8
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env={"TF_RDMA_BACKEND": "tcp"}) as cluster:
+        cluster.start("worker", 0, "hostile_worker", program=PROGRAM)
+        cluster.wait_for_output("worker", 0, "serving", timeout=120)
+        cluster.start("ps", 0, "receive_bad_headers", program=PROGRAM, output=output, steps=steps)
+        assert cluster.wait("ps", 0, timeout=180) == 0, cluster.log("ps", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert all(error and "/job:worker/replica:0/task:0" in error for error in outcome["errors"]), outcome["errors"]
+    pool = outcome["stats"]["receive_pools"]["tcp"]
+    assert pool["region_bytes"] > 0, pool  # the grants were made
+    assert pool["buffers_in_use"] == 0 and pool["bytes_in_use"] == 0, pool

@@ -1,6 +1,7 @@
 """TF1 sessions across processes: tf_rdma gives bit-identical results to gRPC, carries the traffic,
 and turns a missing or dead peer into a clear error instead of a hang."""
 import json
+import secrets
 import signal
 import socket
 import threading
@@ -319,14 +320,18 @@ def cross_with_secrets(tmp_path, ps_secret, worker_secret):
         return json.load(f), ps_log
 
 
+# Secrets as `python -m tf_rdma secret` makes them: tf_rdma refuses weak ones.
+ALPHA, BETA = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+
+
 def test_tasks_sharing_a_secret_exchange_tensors(tmp_path):
-    outcome, _ = cross_with_secrets(tmp_path, "alpha", "alpha")
+    outcome, _ = cross_with_secrets(tmp_path, ALPHA, ALPHA)
     assert outcome["error"] is None and outcome["sum"] == 2 * sum(range(1000)), outcome
     assert outcome["stats"]["peers"]["/job:ps/replica:0/task:0"]["bytes_received"] >= 4000, outcome
 
 
 def test_a_task_with_another_secret_is_refused(tmp_path):
-    outcome, ps_log = cross_with_secrets(tmp_path, "alpha", "beta")
+    outcome, ps_log = cross_with_secrets(tmp_path, ALPHA, BETA)
     assert outcome["error"] is not None, outcome
     assert "cluster key mismatch" in outcome["message"] + ps_log, (outcome, ps_log[-3000:])
     assert outcome["stats"]["peers"].get("/job:ps/replica:0/task:0", {}).get("bytes_received", 0) == 0, outcome

@@ -530,3 +530,95 @@ def handshake_attack(backend, endpoint, key, fuzzer):
     finally:
         peer.close()
     return sent, reason
+
+
+def squat(backend):
+    """A listening socket where a tf_rdma listener could be, and its endpoint: a tcp port, or for
+    shm the abstract socket name that belongs to a port (any local process can bind one)."""
+    if backend == "shm":
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for port in random.sample(range(20000, 60000), 100):
+            try:
+                listening.bind(f"\0tf_rdma-shm-{port}")
+                break
+            except OSError:
+                continue
+        endpoint = f"127.0.0.1:{port}"
+    else:
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{listening.getsockname()[1]}"
+    listening.listen(8)
+    return listening, endpoint
+
+
+class Squatter:
+    """A listener that does not hold the key, at an address a victim dials (a squatted port; for
+    shm, the abstract socket name of a port, which any local process can bind). For each client it
+    dials `target` and relays handshake frames between the two, through `rewrite(kind, body)`
+    (returns the body to pass on), then bytes as they come, so that the victim may end up proving
+    the key to itself. `frames` records (direction, kind, body) of every frame it relayed."""
+
+    def __init__(self, backend, target, rewrite=lambda kind, body: body):
+        self.backend, self.target, self.rewrite = backend, target, rewrite
+        self.frames = []
+        self.listening, self.endpoint = squat(backend)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        try:
+            victim, _ = self.listening.accept()
+        except OSError:
+            return
+        target = w.RawPeer(self.backend, self.target).sock
+        relays = [threading.Thread(target=self.relay, args=(victim, target, "to listener"), daemon=True),
+                  threading.Thread(target=self.relay, args=(target, victim, "to dialler"), daemon=True)]
+        for relay in relays:
+            relay.start()
+        for relay in relays:
+            relay.join(30)
+        victim.close()
+        target.close()
+
+    def relay(self, source, sink, direction):
+        try:
+            while True:
+                header = b""
+                while len(header) < 8:
+                    chunk = source.recv(8 - len(header))
+                    if not chunk:
+                        return
+                    header += chunk
+                kind, _, length = struct.unpack("<B3sI", header)
+                body = b""
+                while len(body) < length:
+                    chunk = source.recv(length - len(body))
+                    if not chunk:
+                        return
+                    body += chunk
+                self.frames.append((direction, kind, body))
+                if kind in (w.HELLO, w.CHALLENGE, w.PROOF, w.ACCEPT):
+                    body = self.rewrite(kind, body)
+                sink.sendall(w.frame(kind, body))
+        except OSError:
+            return
+        finally:
+            try:
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listening.close()
+        self.thread.join(10)
+
+
+def renamed(name):
+    """A rewrite for Squatter: HELLO and CHALLENGE pass on claiming `name`, the rest as it is."""
+    def rewrite(kind, body):
+        if kind not in (w.HELLO, w.CHALLENGE):
+            return body
+        version, backend, nonce, _, build = w.parse_greeting(body)
+        return struct.pack("<IB", version, backend) + nonce + w.string(name) + w.string(build)
+    return rewrite

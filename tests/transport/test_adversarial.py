@@ -7,9 +7,14 @@ legitimate peer still moves data byte-exactly through the same listener.
 
 FUZZ_SEED and FUZZ_FRAMES choose the campaign; a failure names the seed and batch,
 and FUZZ_BATCH=N replays that batch alone."""
+import contextlib
+import gc
 import hashlib
 import os
 import re
+import secrets
+import struct
+import threading
 import time
 from collections import Counter
 
@@ -17,7 +22,9 @@ import pytest
 
 import hostile_peer
 import wire_client as w
-from helpers import KEY, transport
+from helpers import HOST, KEY, transport
+from tf_rdma import _transport, errors
+from tf_rdma.config import load_config
 from victim_process import GRANTS, WRITES, VictimProcess
 
 pytestmark = pytest.mark.stream_backends_only
@@ -156,3 +163,168 @@ def test_stalls_and_floods(backend, victim):
     assert verdict["error_class"] == "PeerUnavailableError" and "is unresponsive" in verdict["error"], verdict
     stalled.finish()
     check_leftovers(verdict, "after a stalled peer")
+
+
+# ---- Reflection (issue 22): a squatter without the key, at an address the victim dials ----
+
+@pytest.mark.parametrize("rewrite", ["as it is", "renamed"])
+def test_a_squatter_relaying_to_the_victims_own_listener_gets_no_connection(backend, victim, rewrite):
+    """The squatter relays the victim's handshake to the victim's own listener and the answers
+    back, as they are or claiming other names, so that the victim would prove the key to itself:
+    both ends refuse (a peer with the process's own name, or sending back its nonce), the victim's
+    listener accepts nobody, and the victim's dial fails naming the cause."""
+    squatter = hostile_peer.Squatter(
+        backend, victim.endpoint,
+        (lambda kind, body: body) if rewrite == "as it is" else hostile_peer.renamed("/job:ps/replica:0/task:0"))
+    answer = victim.ask(f"dial {squatter.endpoint}")
+    squatter.close()
+    assert "connected" not in answer, f"the victim connected to itself through the squatter: {answer}"
+    assert answer["failed"].startswith("HandshakeError") and "refused a reflected handshake" in answer["failed"], answer
+    verdict = victim.ask("nothing")
+    assert verdict["accepted"] is None, f"the victim's listener accepted the relayed handshake: {verdict}"
+    check_leftovers(verdict, f"after a relayed handshake ({rewrite})")
+    relayed = [(direction, kind) for direction, kind, _ in squatter.frames]
+    assert ("to listener", w.PROOF) not in relayed, relayed
+    ok, answer = victim.legit_peer_moves_data(victim.member, 11)
+    assert ok, answer
+
+
+def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim):
+    """The initiator's token reaches whoever it dials; one that answers with the initiator's own
+    nonce (to collect a token it could replay or reflect) is refused before any token is sent."""
+    listening, endpoint = hostile_peer.squat(backend)
+    received = []
+
+    def echo():
+        peer, _ = listening.accept()
+        with peer:
+            peer.settimeout(10)
+            header = peer.recv(8)
+            kind, _, length = struct.unpack("<B3sI", header)
+            hello = b""
+            while len(hello) < length:
+                hello += peer.recv(length - len(hello))
+            version, _, nonce, _, build = w.parse_greeting(hello)
+            peer.sendall(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
+            try:
+                while chunk := peer.recv(4096):
+                    received.append(chunk[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    answer = victim.ask(f"dial {endpoint}")
+    thread.join(15)
+    listening.close()
+    assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
+    assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
+    check_leftovers(victim.ask("nothing"), "after an echoed nonce")
+
+
+# ---- Offline guessing (issue 22): whoever a task dials sees its token ----
+
+GUESSES = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret"]
+
+
+def test_offline_guessing_from_a_dialling_victims_token_finds_nothing(backend):
+    """A squatter answering the victim's dial receives its PROOF, a function of public values and
+    the key, on which guesses of the secret can be tested offline. Secrets such guessing could
+    find are refused when a task loads them; a secret that loads resists the list."""
+    for guess in GUESSES:
+        with pytest.raises(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
+            load_config({"TF_RDMA_SECRET": guess})
+
+    secret = secrets.token_urlsafe(32)
+    victim = transport(backend, "victim", key=load_config({"TF_RDMA_SECRET": secret}).cluster_key(),
+                       connect_timeout=1)
+    listening, endpoint = hostile_peer.squat(backend)
+
+    def dial():
+        with contextlib.suppress(errors.TransportError):  # no ACCEPT comes
+            victim.connect(endpoint)
+    dial = threading.Thread(target=dial, daemon=True)
+    dial.start()
+    raw = w.RawPeer.accepted(backend, listening.accept()[0])
+    kind, hello = raw.receive()
+    _, _, victim_nonce, victim_name, _ = w.parse_greeting(hello)
+    our_nonce = os.urandom(32)
+    raw.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, our_nonce, "ps")))
+    kind, proof = raw.receive()
+    assert kind == w.PROOF
+    dial.join(10)
+    raw.close()
+    listening.close()
+
+    def guessed(candidate):
+        return proof == w.token(_transport.cluster_key(candidate.encode()), "initiator->responder", backend,
+                                victim_name, "ps", victim_nonce, our_nonce)
+    assert guessed(secret), "the squatter's offline check does not model the token"
+    assert not any(guessed(guess) for guess in GUESSES)
+
+
+# ---- What a key holder's many connections may take (issue 22) ----
+
+def test_connections_claiming_one_task_name_are_bounded(backend):
+    """A key holder opening connection after connection under one name is refused past
+    TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME, told why; other names, and the name once one of its
+    connections closed, are served."""
+    local = transport(backend, "victim", max_connections_per_peer_name=2)
+    listener = local.listen(f"{HOST}:0")
+    peers = [w.RawPeer(backend, listener.endpoint) for _ in range(3)]
+    for peer in peers:
+        peer.handshake(KEY, name="greedy")
+    accepted = [listener.accept(10), listener.accept(10)]
+    reason = peers[2].receive_until_closed()
+    assert reason and "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME" in reason and "greedy" in reason, reason
+    other = w.RawPeer(backend, listener.endpoint)
+    other.handshake(KEY, name="modest")
+    assert listener.accept(10).peer_name == "modest"
+    peers[0].close()
+    with pytest.raises(Exception):
+        while True:
+            accepted[0].check()
+            time.sleep(0.01)
+    again = w.RawPeer(backend, listener.endpoint)
+    again.handshake(KEY, name="greedy")
+    assert listener.accept(10).peer_name == "greedy"
+    for peer in (*peers[1:], other, again):
+        peer.close()
+
+
+def test_shm_bytes_mapped_for_all_peers_together_are_bounded():
+    """shm only: Peers each within TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER cannot together map more than
+    TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL: the region past it closes its connection naming the
+    variable, and the bytes of a connection that ended count no more."""
+    backend = "shm"
+    local = transport(backend, "victim", shm_max_mapped_bytes_total=3 << 20)
+    listener = local.listen(f"{HOST}:0")
+
+    def sharing(name, size):
+        peer = w.RawPeer(backend, listener.endpoint)
+        peer.handshake(KEY, name=name)
+        connection = listener.accept(10)
+        peer.share_region(1, size)
+        return peer, connection
+
+    first, first_connection = sharing("first", 2 << 20)
+    first.send(w.frame(w.PING))
+    time.sleep(0.2)
+    first_connection.check()  # within the total
+    second, second_connection = sharing("second", 2 << 20)
+    reason = second.receive_until_closed()
+    assert reason and "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL" in reason, reason
+    with pytest.raises(errors.TransportError, match="TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL"):
+        second_connection.check()
+    first.close()
+    with pytest.raises(errors.TransportError):
+        while True:
+            first_connection.check()
+            time.sleep(0.01)
+    del first_connection
+    gc.collect()
+    third, third_connection = sharing("third", 2 << 20)
+    third.send(w.frame(w.PING))
+    time.sleep(0.2)
+    third_connection.check()  # the first's bytes were given back
+    third.close()

@@ -1,5 +1,6 @@
 """TF_RDMA_* configuration: the limits on what peers can make a process spend (defaults, values),
 and every variable checked when tf_rdma is imported, with errors that name the variable."""
+import base64
 import os
 import subprocess
 import sys
@@ -94,3 +95,68 @@ def test_importing_tf_rdma_with_valid_variables_applies_them():
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0.1", "-7", "tcp"]
+
+
+# ---- The cluster secret ----
+
+def fresh_secret():
+    """What `python -m tf_rdma secret` prints (checked in test_python_m_tf_rdma_secret_...)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "secret"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_python_m_tf_rdma_secret_prints_a_fresh_256_bit_secret_that_tf_rdma_accepts():
+    first, second = fresh_secret(), fresh_secret()
+    assert first != second
+    assert len(base64.urlsafe_b64decode(first + "=")) == 32
+    assert load_config({"TF_RDMA_SECRET": first}).secret == first.encode()
+
+
+@pytest.mark.parametrize("weak", ["trustno1", "correct horse battery staple", "a" * 200,
+                                  "0123456789abcdef",  # 64 bits, however random
+                                  "Winter2024!Winter2024!"])
+def test_a_secret_too_weak_to_resist_offline_guessing_is_refused_with_how_to_make_one(weak):
+    with pytest.raises(errors.ConfigError, match=r"TF_RDMA_SECRET is too weak .* at least 128 needed.*"
+                                                 r"python -m tf_rdma secret"):
+        load_config({"TF_RDMA_SECRET": weak})
+
+
+def test_the_secret_can_come_from_a_file_as_a_kubernetes_secret_mounts_it(tmp_path):
+    secret = fresh_secret()
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")  # as `echo` and editors leave it
+    assert load_config({"TF_RDMA_SECRET_FILE": str(path)}).secret == secret.encode()
+    assert load_config({"TF_RDMA_SECRET_FILE": str(path)}).cluster_key() == \
+        load_config({"TF_RDMA_SECRET": secret}).cluster_key()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"TF_RDMA_SECRET_FILE='.*' cannot be read"),
+    ("\n", r"TF_RDMA_SECRET_FILE='.*' is empty"),
+    ("x" * 5000, r"TF_RDMA_SECRET_FILE='.*' holds more than 4096 bytes"),
+    ("trustno1\n", r"the secret in TF_RDMA_SECRET_FILE='.*' is too weak"),
+])
+def test_a_secret_file_that_is_missing_empty_huge_or_weak_is_an_error_naming_it(tmp_path, content, message):
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(errors.ConfigError, match=message):
+        load_config({"TF_RDMA_SECRET_FILE": str(path)})
+
+
+def test_setting_both_the_secret_and_its_file_is_an_error(tmp_path):
+    path = tmp_path / "secret"
+    secret = fresh_secret()
+    path.write_text(secret)
+    with pytest.raises(errors.ConfigError, match="both TF_RDMA_SECRET and TF_RDMA_SECRET_FILE are set"):
+        load_config({"TF_RDMA_SECRET": secret, "TF_RDMA_SECRET_FILE": str(path)})
+
+
+def test_the_cluster_key_depends_on_the_secret_alone():
+    secret = fresh_secret()
+    assert load_config({"TF_RDMA_SECRET": secret}).cluster_key() == load_config({"TF_RDMA_SECRET": secret}).cluster_key()
+    assert load_config({"TF_RDMA_SECRET": secret}).cluster_key() != load_config({}).cluster_key()
+    assert len(load_config({}).cluster_key()) == 32

@@ -12,6 +12,7 @@ Prints {"endpoint": ...}, then answers each command line on stdin with one JSON 
   legit SEED       accept one connection, grant LEGIT_CAPACITY bytes, report whether the bytes that
                    landed are pattern(LEGIT_CAPACITY, SEED) exactly
   baseline         record the descriptors and threads open now as the level to come back to
+  dial ENDPOINT    connect to ENDPOINT as a member would; report the peer's name, or the error
 """
 import gc
 import hashlib
@@ -70,6 +71,7 @@ class Victim:
         memoryview(self.bystander)[:] = bytes([CANARY]) * REGION_SIZE
         self.level = (open_descriptors(), threads())
         self.attacked = None
+        self.dialled = None
 
     def attack(self):
         connection = self.listener.accept(10)
@@ -138,6 +140,11 @@ class Victim:
         exact = bytes(memoryview(region)[LEGIT_OFFSET:LEGIT_OFFSET + landed]) == pattern(LEGIT_CAPACITY, int(seed))
         connection.close()
         return {"landed": landed, "exact": exact}
+
+    def dial(self, endpoint):
+        connection = self.transport.connect(endpoint)
+        self.dialled = connection  # kept open: what it connected to stays visible to the test
+        return {"connected": connection.peer_name}
 
     def baseline(self):
         gc.collect()

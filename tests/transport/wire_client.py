@@ -8,7 +8,7 @@ import struct
 
 HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD = range(1, 14)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
@@ -45,9 +45,30 @@ def reject(code, message):
     return frame(REJECT, struct.pack("<I", code) + string(message))
 
 
-def proof_mac(key, role, backend, first, second):
-    message = f"tf_rdma-handshake/{role}/{backend}/".encode() + first + second
-    return hmac.new(key, message, hashlib.sha256).digest()
+def field(data):
+    """A u32-length-prefixed field of the handshake's token transcript."""
+    data = data if isinstance(data, bytes) else data.encode()
+    return struct.pack("<I", len(data)) + data
+
+
+def token(key, direction, backend, initiator, responder, initiator_nonce, responder_nonce,
+          version=PROTOCOL_VERSION):
+    """The handshake's PROOF (direction "initiator->responder") or ACCEPT ("responder->initiator")
+    body: HMAC-SHA-256 over the direction, version, backend, both names and both nonces."""
+    transcript = (field("tf_rdma handshake") + field(direction) + field(str(version)) + field(backend)
+                  + field(initiator) + field(responder) + initiator_nonce + responder_nonce)
+    return hmac.new(key, transcript, hashlib.sha256).digest()
+
+
+def parse_greeting(body):
+    """(version, backend id, nonce, name, build) of a HELLO or CHALLENGE body."""
+    version, backend = struct.unpack("<IB", body[:5])
+    nonce = body[5:37]
+    name_length = struct.unpack("<H", body[37:39])[0]
+    name = body[39:39 + name_length]
+    build_length = struct.unpack("<H", body[39 + name_length:41 + name_length])[0]
+    build = body[41 + name_length:41 + name_length + build_length]
+    return version, backend, nonce, name, build
 
 
 class RawPeer:
@@ -63,17 +84,26 @@ class RawPeer:
         self.sock.settimeout(10)
         self.backend = backend
 
+    @classmethod
+    def accepted(cls, backend, sock):
+        """The peer on the far end of `sock`, a connection accepted where a listener would be."""
+        peer = cls.__new__(cls)
+        peer.sock, peer.backend = sock, backend
+        peer.sock.settimeout(10)
+        return peer
+
     def handshake(self, key, name="raw-peer", version=PROTOCOL_VERSION):
         nonce = os.urandom(32)
         self.send(frame(HELLO, greeting(version, self.backend, nonce, name)))
         kind, body = self.receive()
         assert kind == CHALLENGE, (kind, body)
-        server_nonce = body[5:37]
-        # The client proves first; the listener's proof comes with its ACCEPT.
-        self.send(frame(PROOF, proof_mac(key, "client", self.backend, server_nonce, nonce)))
+        _, _, server_nonce, server_name, _ = parse_greeting(body)
+        # The initiator proves first; the listener's token comes with its ACCEPT.
+        self.send(frame(PROOF, token(key, "initiator->responder", self.backend, name, server_name,
+                                     nonce, server_nonce)))
         kind, body = self.receive()
         assert kind == ACCEPT, (kind, body)
-        assert body == proof_mac(key, "server", self.backend, nonce, server_nonce)
+        assert body == token(key, "responder->initiator", self.backend, name, server_name, nonce, server_nonce)
 
     def send(self, data):
         self.sock.sendall(data)

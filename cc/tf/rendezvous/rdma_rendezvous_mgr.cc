@@ -71,17 +71,10 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     });
   }
 
-  // Gives the grants back and tells the sender not to send (the step ended without this tensor).
+  // The step ended without this tensor: FinishLocked gives the grants back and tells the sender
+  // not to send. A receive that finished already did both.
   void Abort(const absl::Status& status) {
     Locked lock(this);
-    if (finished_) return;
-    if (connection_) {
-      connection_->Revoke(header_grant_);
-      if (data_grant_ != 0) connection_->Revoke(data_grant_);
-      // Without this the sender would keep the tensor until the connection closes.
-      connection_->Discard(tags_.header);
-      connection_->Discard(tags_.data);
-    }
     FinishLocked(status);
   }
 
@@ -184,7 +177,6 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
       } else {
         OutputLocked(message + data_offset, nullptr);
       }
-      if (data_grant_ != 0) connection_->Revoke(data_grant_);
       return;
     }
     if (fused) {
@@ -279,6 +271,19 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
     if (finished_) return;
     finished_ = true;
     status_ = status;
+    // Whatever ended the receive (its tensor, a bad header, a failed regrant, the step's end),
+    // no grant may outlive it: each holds a pool buffer until the peer writes it or it is taken
+    // back (a data grant outstanding after the header came inline is simply not needed).
+    // Revoking a grant that completed already does nothing.
+    if (connection_) {
+      if (header_grant_ != 0) connection_->Revoke(header_grant_);
+      if (data_grant_ != 0) connection_->Revoke(data_grant_);
+      if (!status.ok()) {
+        // Without this the sender would keep the tensor until the connection closes.
+        connection_->Discard(tags_.header);
+        connection_->Discard(tags_.data);
+      }
+    }
     if (!status.ok() && !absl::IsCancelled(status)) {
       runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.errors++; });
       status_ = TaskFailure(absl::StrCat("receiving '", tensor_name_, "' from"), peer_task_, status);

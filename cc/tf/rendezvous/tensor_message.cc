@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cc/transport/hmac.h"
+#include "cc/transport/crypto.h"
 
 namespace tf_rdma {
 namespace {

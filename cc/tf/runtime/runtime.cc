@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/connect_retry.h"
-#include "cc/transport/hmac.h"
+#include "cc/transport/crypto.h"
 
 namespace tf_rdma {
 namespace {
@@ -86,11 +86,6 @@ absl::Status TaskFailure(const std::string& what, const std::string& task, const
   return absl::Status(cause.code(), message);
 }
 
-std::string ClusterKey(const Config& config) {
-  const Sha256Digest digest = Sha256(absl::StrCat("tf_rdma cluster key", std::string(1, '\0'), config.secret));
-  return std::string(digest.begin(), digest.end());
-}
-
 Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
   for (const TaskAddress& task : options_.tasks) {
     Peer& peer = peers_[task.task];
@@ -102,6 +97,9 @@ Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
 Runtime::~Runtime() = default;
 
 absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Start(const RuntimeOptions& options) {
+  // Tensor tags are SHA-256 digests (tensor_message.cc); the handshake needs libcrypto too.
+  absl::Status crypto = LoadCrypto();
+  if (!crypto.ok()) return crypto;
   std::shared_ptr<Runtime> runtime(new Runtime(options));
   auto self = runtime->peers_.find(options.local_task);
   if (self == runtime->peers_.end()) {
@@ -154,7 +152,9 @@ absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
   if (it != transports_.end()) return it->second.get();
   TransportOptions transport_options;
   transport_options.local_name = options_.local_task;
-  transport_options.cluster_key = ClusterKey(options_.config);
+  absl::StatusOr<std::string> cluster_key = ClusterKey(options_.config.secret);
+  if (!cluster_key.ok()) return cluster_key.status();
+  transport_options.cluster_key = *std::move(cluster_key);
   transport_options.limits = options_.config.limits;
   transport_options.peer_timeout = options_.config.peer_timeout;
   transport_options.io_threads = options_.config.io_threads;

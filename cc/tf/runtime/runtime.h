@@ -157,10 +157,6 @@ bool CrossesTasks(const std::string& from_device, const std::string& to_device);
 // (ClusterCoordinator tells a parameter server's failure from a worker's that way).
 absl::Status TaskFailure(const std::string& what, const std::string& task, const absl::Status& cause);
 
-// The key peers prove to each other in the handshake: derived from TF_RDMA_SECRET alone, since a
-// cluster's shape may change while it runs (clients join, jobs are renamed at connect time).
-std::string ClusterKey(const Config& config);
-
 }  // namespace tf_rdma
 
 #endif  // TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -22,6 +23,10 @@
 
 namespace tf_rdma {
 namespace {
+
+// Bytes of peers' regions every shm connection of this process maps together, against
+// TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL: reserved before a region is mapped, given back with it.
+std::atomic<uint64_t> process_mapped_bytes{0};
 
 // A peer maps our region: once the size is sealed, it can rely on every mapped page existing.
 constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
@@ -49,6 +54,7 @@ class ShmConnection : public StreamConnection {
   using StreamConnection::StreamConnection;
   ~ShmConnection() override {
     for (auto& [id, mapping] : mappings_) munmap(mapping.base, mapping.length);
+    process_mapped_bytes.fetch_sub(mapped_bytes_);
   }
 
  protected:
@@ -105,6 +111,7 @@ class ShmConnection : public StreamConnection {
     if (fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) != region.size ||
         seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
       close(fd);
+      process_mapped_bytes.fetch_sub(region.size);
       return absl::DataLossError(absl::StrCat("SHM_REGION ", region.region_id,
                                               ": descriptor is not a sealed region of ", region.size,
                                               " bytes"));
@@ -113,12 +120,14 @@ class ShmConnection : public StreamConnection {
     void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
+      process_mapped_bytes.fetch_sub(region.size);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot map the peer's region of ", region.size, " bytes: ", std::strerror(errno)));
     }
     std::lock_guard<std::mutex> lock(mappings_mu_);
     if (!mappings_.emplace(region.region_id, Mapping{static_cast<char*>(base), length, region.size}).second) {
       munmap(base, length);
+      process_mapped_bytes.fetch_sub(region.size);
       return absl::DataLossError(absl::StrCat("region ", region.region_id, " shared twice"));
     }
     mapped_bytes_ += region.size;
@@ -146,6 +155,18 @@ class ShmConnection : public StreamConnection {
           "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
           limit, " bytes of the peer's regions, the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets"));
     }
+    // Reserved now, before mapping, so concurrent connections cannot pass the total together;
+    // given back if the region is refused below, and when the connection goes.
+    const uint64_t total = options().limits.shm_max_mapped_bytes_total;
+    uint64_t mapped = process_mapped_bytes.load();
+    do {
+      if (region.size > total - std::min(total, mapped)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
+            total, " bytes of all its peers' regions together (", mapped,
+            " mapped now), the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL sets"));
+      }
+    } while (!process_mapped_bytes.compare_exchange_weak(mapped, mapped + region.size));
     return absl::OkStatus();
   }
 

@@ -227,7 +227,9 @@ bool StreamConnection::ReadAvailable() {
     bool progressed = false;
     const absl::Status status = ReadStep(&progressed);
     if (!status.ok()) {
-      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss);
+      // The peer learns why when the cause is ours to state: its protocol error, or our limit.
+      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss ||
+                                           status.code() == absl::StatusCode::kResourceExhausted);
       return false;
     }
     if (!progressed) return false;

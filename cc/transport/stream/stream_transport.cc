@@ -313,6 +313,15 @@ StreamTransport::~StreamTransport() {
 
 absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnection(
     int fd, const PeerIdentity& peer, const std::string& peer_address) {
+  absl::Status admitted = AdmitPeerName(peer.name);
+  if (!admitted.ok()) {
+    // Told to the peer, whose handshake succeeded: its connection ends with this reason.
+    const std::string reject = wire::Encode(wire::Frame{
+        wire::FrameType::kReject, wire::Reject{static_cast<uint32_t>(admitted.code()), std::string(admitted.message())}});
+    send(fd, reject.data(), reject.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
+    return admitted;
+  }
   std::shared_ptr<StreamConnection> connection = MakeConnection(fd, peer, peer_address);
   absl::StatusOr<std::shared_ptr<IoLoop>> loop = loops_.Next();
   if (!loop.ok()) {
@@ -327,6 +336,21 @@ absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnecti
                      connections_.end());
   connections_.push_back(connection);
   return connection;
+}
+
+// Checked before the connection starts; handshakes finishing at once may pass it together, so the
+// most a name can hold is the limit plus TF_RDMA_MAX_CONCURRENT_HANDSHAKES.
+absl::Status StreamTransport::AdmitPeerName(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t live = 0;
+  for (const auto& weak : connections_) {
+    std::shared_ptr<StreamConnection> connection = weak.lock();
+    if (connection && connection->peer_name() == name && connection->health().ok()) ++live;
+  }
+  if (live < options_.limits.max_connections_per_peer_name) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "refused another ", BackendName(backend()), " connection with peer ", name, ": ", live,
+      " live connections with peers of that name already, the limit TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME sets"));
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint& endpoint,

@@ -41,6 +41,8 @@ class StreamTransport : public Transport {
  private:
   absl::StatusOr<std::shared_ptr<StreamConnection>> StartConnection(int fd, const PeerIdentity& peer,
                                                                     const std::string& peer_address);
+  // OK unless `name` holds TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME live connections already.
+  absl::Status AdmitPeerName(const std::string& name);
 
   const Backend backend_;
   const TransportOptions options_;

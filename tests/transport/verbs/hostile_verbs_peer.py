@@ -147,9 +147,9 @@ class VerbsPeer:
             wire_client.PROTOCOL_VERSION, "verbs", nonce, name)))
         kind, body = self.receive_frame()
         assert kind == wire_client.CHALLENGE, (kind, body)
-        server_nonce = body[5:37]
-        self.send(wire_client.frame(wire_client.PROOF, wire_client.proof_mac(
-            key, "client", "verbs", server_nonce, nonce)))
+        _, _, server_nonce, server_name, _ = wire_client.parse_greeting(body)
+        self.send(wire_client.frame(wire_client.PROOF, wire_client.token(
+            key, "initiator->responder", "verbs", name, server_name, nonce, server_nonce)))
         kind, body = self.receive_frame()
         assert kind == wire_client.ACCEPT, (kind, body)
 
