@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent / "tf"))
 from cluster import Cluster, free_ports  # noqa: E402
 
 from tf_rdma import _transport  # noqa: E402
+from tf_rdma.config import load_config  # noqa: E402
 
 SECRET = "3f8a0c6e1d2b4f5a6c7e8d9f0a1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3"
 OTHER_SECRET = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a29180716f5e4d3c2b1a0f9e8d7c6b5"
@@ -77,12 +78,9 @@ def test_another_secret_is_proved_without_revealing_either(cluster):
 
 
 def test_another_wire_protocol_names_both_versions():
-    from tf_rdma import server
     port = free_ports(1)[0]
-    key = subprocess.run([sys.executable, "-c", "from tf_rdma import server; print(server.cluster_key().hex())"],
-                         env={**os.environ, "TF_RDMA_SECRET": SECRET}, capture_output=True, text=True,
-                         check=True).stdout.split()[-1]
-    old = _transport.Transport("tcp", name="/job:old/replica:0/task:0", cluster_key=bytes.fromhex(key),
+    key = load_config({"TF_RDMA_SECRET": SECRET}).cluster_key()
+    old = _transport.Transport("tcp", name="/job:old/replica:0/task:0", cluster_key=key,
                                protocol_version=_transport.PROTOCOL_VERSION - 1)
     listener = old.listen(f"127.0.0.1:{port + 1000}")
     tasks, report = doctor({"old": [f"127.0.0.1:{port}"]})
@@ -90,7 +88,7 @@ def test_another_wire_protocol_names_both_versions():
     assert f"it speaks wire protocol {_transport.PROTOCOL_VERSION} " in problem, problem
     assert f"(/job:old/replica:0/task:0) speaks {_transport.PROTOCOL_VERSION - 1} " in problem, problem
     assert "Install the same tf_rdma version in every task" in problem, problem
-    del listener, server
+    del listener
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,

@@ -147,9 +147,9 @@ def memlock_check(peers):
 
 def run(cluster, rdma_addresses=None):
     """{"tasks": [...], "memlock": {...}, "healthy": bool} for `cluster`."""
-    from tf_rdma import server  # TensorFlow: the task addresses and the cluster key, as servers derive them
+    from tf_rdma import server  # TensorFlow: the task addresses, as servers derive them
     tasks = server.cluster_tasks(cluster, rdma_addresses)
-    cluster_key = server.cluster_key()
+    cluster_key = load_config().cluster_key()  # as the servers derive it from the secret
     reports = [check_task(*task, cluster_key=cluster_key) for task in tasks]
     memlock = memlock_check(len(tasks))
     return {"tasks": [dataclasses.asdict(r) for r in reports], "memlock": memlock,

@@ -44,11 +44,6 @@ def protocol():
     return _extension().PROTOCOL
 
 
-def cluster_key():
-    """The key this process's servers prove to their peers (derived from the configured secret)."""
-    return _extension().cluster_key()
-
-
 def _checked_protocol(requested):
     ours = protocol()
     if requested not in (None, "grpc", ours):

@@ -69,9 +69,6 @@ PYBIND11_MODULE(_tensorflow, m) {
   m.attr("PROTOCOL") = kProtocol;
   AddBuildInfo(m);
   m.def("set_address_overrides", &SetAddressOverrides, py::arg("overrides"));
-  m.def("cluster_key",
-        [] { return py::bytes(ClusterKey(ValueOrThrow(LoadConfigFromEnvironment()))); },
-        "The key this process's servers prove in the handshake (from TF_RDMA_SECRET), for tf_rdma doctor.");
   m.def("tasks_of",
         [](const py::bytes& serialized_cluster_def, const AddressOverrides& overrides) {
           tensorflow::ClusterDef cluster;

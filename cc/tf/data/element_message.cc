@@ -4,7 +4,7 @@
 #include <typeinfo>
 
 #include "absl/strings/str_cat.h"
-#include "cc/transport/hmac.h"
+#include "cc/transport/crypto.h"
 #include "google/protobuf/descriptor.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 
