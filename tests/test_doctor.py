@@ -51,7 +51,8 @@ def test_a_healthy_cluster_passes(cluster):
     assert report["healthy"], report
     for task in tasks.values():
         assert task["same_secret"] and task["grpc_answers"] and task["tf_rdma_answers"], task
-        assert task["wire"].startswith(f"{_transport.PROTOCOL_VERSION} (tf_rdma {_transport.BUILD_VERSION}"), task
+        assert task["wire"] == str(_transport.PROTOCOL_VERSION), task
+        assert task["build"] == f"{_transport.BUILD_VERSION}, TensorFlow {_transport.BUILT_WITH_TENSORFLOW}", task
         assert task["backend"] == "shm", task  # the same host, as auto chooses
 
 

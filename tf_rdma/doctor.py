@@ -2,7 +2,7 @@
 of) a training step finding out. For every task of the cluster (TF_CONFIG's, or --cluster-spec):
 its gRPC and tf_rdma ports answer, it completes tf_rdma's handshake with this process (which proves
 that both hold the same secret without sending it: each side shows it can compute a MAC keyed by
-it), the wire protocol and tf_rdma build it runs, and the backend this host would use to reach it
+it), the wire protocol it speaks, its tf_rdma build and the TensorFlow that build was made for, and the backend this host would use to reach it
 and why; and on this host, the locked-memory limit against what verbs would register."""
 import dataclasses
 import json
@@ -29,6 +29,7 @@ class TaskReport:
     tf_rdma_answers: bool
     same_secret: Optional[bool] = None   # None: not known (no handshake got that far)
     wire: str = ""
+    build: str = ""
     backend: str = ""
     backend_reason: str = ""
     problems: list = dataclasses.field(default_factory=list)
@@ -82,7 +83,8 @@ def _handshake(report, host, rdma_port, cluster_key, timeout):
         report.problems.append(f"tf_rdma's handshake with it failed: {type(e).__name__}: {e}")
         return
     report.same_secret = True
-    report.wire = f"{_transport.PROTOCOL_VERSION} (tf_rdma {_transport.BUILD_VERSION})"
+    report.wire = str(_transport.PROTOCOL_VERSION)  # the handshake succeeds only on the same one
+    report.build = connection.peer_build  # its tf_rdma and the TensorFlow it was built against
     connection.close("tf_rdma doctor is done")
 
 
@@ -159,10 +161,11 @@ def run(cluster, rdma_addresses=None):
 def render(result):
     def mark(value):
         return {True: "yes", False: "NO", None: "?"}[value]
-    rows = [("task", "tf_rdma address", "gRPC", "tf_rdma", "same secret", "wire", "backend from here")]
+    rows = [("task", "tf_rdma address", "gRPC", "tf_rdma", "same secret", "wire", "tf_rdma build",
+             "backend from here")]
     for t in result["tasks"]:
         rows.append((t["task"], t["address"], mark(t["grpc_answers"]), mark(t["tf_rdma_answers"]),
-                     mark(t["same_secret"]), t["wire"] or "-",
+                     mark(t["same_secret"]), t["wire"] or "-", t["build"] or "-",
                      f"{t['backend']} ({t['backend_reason']})" if t["backend"] else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -262,6 +262,7 @@ PYBIND11_MODULE(_transport, m) {
 
   py::class_<PyConnection>(m, "Connection")
       .def_property_readonly("peer_name", [](PyConnection& c) { return ToPython(c.get().peer_name()); })
+      .def_property_readonly("peer_build", [](PyConnection& c) { return ToPython(c.get().peer_build()); })
       .def_property_readonly("backend", [](PyConnection& c) { return BackendName(c.get().backend()); })
       .def("check", [](PyConnection& c) { ThrowIfError(c.get().health()); },
            "Raises the error that ended the connection, if any.")

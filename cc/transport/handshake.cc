@@ -112,7 +112,7 @@ absl::Status VersionMismatch(const wire::Greeting& peer, const std::string& peer
       "tf_rdma version mismatch with peer ", peer.name, " at ", peer_address,
       ": it speaks wire protocol ", peer.protocol_version, " (tf_rdma ", peer.build,
       "), this process (", options.local_name, ") speaks ", AnnouncedVersion(options), " (tf_rdma ",
-      BuildVersion(), "). Install the same tf_rdma version in every task of the cluster."));
+      BuildDescription(), "). Install the same tf_rdma version in every task of the cluster."));
 }
 
 absl::Status KeyMismatch(const std::string& who, const std::string& peer_address) {
@@ -160,6 +160,14 @@ absl::Status Reflected(const std::string& what, const std::string& peer_address,
 
 const char* BuildVersion() { return TF_RDMA_VERSION; }
 
+std::string BuildDescription() {
+#ifdef TF_RDMA_BUILT_WITH_TENSORFLOW
+  return absl::StrCat(BuildVersion(), ", TensorFlow ", TF_RDMA_BUILT_WITH_TENSORFLOW);
+#else
+  return BuildVersion();
+#endif
+}
+
 // The initiator proves first: the responder answers anyone who connects, so a responder proof
 // before the initiator's would hand any outsider a token to test guesses of the secret on. The
 // initiator's token does go to whoever it dials, so whoever answers at an address it dials (a
@@ -176,7 +184,7 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   hello.backend = static_cast<uint8_t>(backend);
   hello.nonce = (*nonce)->value();
   hello.name = options.local_name;
-  hello.build = BuildVersion();
+  hello.build = BuildDescription();
   absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kHello, hello});
   if (!sent.ok()) return sent;
 
@@ -238,7 +246,7 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
   challenge.backend = hello.backend;
   challenge.nonce = (*nonce)->value();
   challenge.name = options.local_name;
-  challenge.build = BuildVersion();
+  challenge.build = BuildDescription();
   absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kChallenge, challenge});
   if (!sent.ok()) return sent;
 

@@ -33,8 +33,11 @@ struct PeerIdentity {
   std::string build;
 };
 
-// The version string of this tf_rdma build, sent to peers so mismatches can name both sides.
+// The version string of this tf_rdma build.
 const char* BuildVersion();
+// What peers are told of this build (so mismatches and `tf_rdma doctor` can name both sides): its
+// version and the TensorFlow it was built against, e.g. "0.1.0, TensorFlow 2.21.0".
+std::string BuildDescription();
 
 // CreateTransport has loaded libcrypto (LoadCrypto) before any of these runs.
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,

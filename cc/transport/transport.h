@@ -125,6 +125,9 @@ class Connection {
   // OK while the connection is usable, else the error that ended it.
   virtual absl::Status health() const = 0;
   virtual const std::string& peer_name() const = 0;
+  // The peer's tf_rdma build and the TensorFlow it was built against, as its handshake stated them
+  // (for diagnostics: python -m tf_rdma doctor).
+  virtual const std::string& peer_build() const = 0;
   virtual Backend backend() const = 0;
 };
 

@@ -256,7 +256,7 @@ class ShmTransport : public StreamTransport {
 
   std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
                                                    const std::string& peer_address) override {
-    return std::make_shared<ShmConnection>(fd, Backend::kShm, peer.name, peer_address, options());
+    return std::make_shared<ShmConnection>(fd, Backend::kShm, peer, peer_address, options());
   }
 
  private:

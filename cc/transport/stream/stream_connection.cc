@@ -26,11 +26,12 @@ constexpr int kSendsPerEvent = 16;
 
 }  // namespace
 
-StreamConnection::StreamConnection(int fd, Backend backend, std::string peer_name,
+StreamConnection::StreamConnection(int fd, Backend backend, const PeerIdentity& peer,
                                    std::string peer_address, const TransportOptions& options)
     : fd_(fd),
       backend_(backend),
-      peer_name_(std::move(peer_name)),
+      peer_name_(peer.name),
+      peer_build_(peer.build),
       peer_address_(std::move(peer_address)),
       options_(options) {}
 

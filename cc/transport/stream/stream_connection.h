@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cc/transport/grant_book.h"
+#include "cc/transport/handshake.h"
 #include "cc/transport/stream/io_loops.h"
 #include "cc/transport/stream/socket_io.h"
 #include "cc/transport/transport.h"
@@ -28,7 +29,7 @@ class StreamConnection : public Connection,
                          public std::enable_shared_from_this<StreamConnection> {
  public:
   // Takes ownership of `fd`, a connected socket whose handshake is done.
-  StreamConnection(int fd, Backend backend, std::string peer_name, std::string peer_address,
+  StreamConnection(int fd, Backend backend, const PeerIdentity& peer, std::string peer_address,
                    const TransportOptions& options);
   ~StreamConnection() override;
   // Hands the socket to `loop`, which keeps the connection alive until it is closed. When it
@@ -44,6 +45,7 @@ class StreamConnection : public Connection,
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
+  const std::string& peer_build() const override { return peer_build_; }
   Backend backend() const override { return backend_; }
 
   // IoHandler, on the loop's thread.
@@ -151,6 +153,7 @@ class StreamConnection : public Connection,
   const int fd_;
   const Backend backend_;
   const std::string peer_name_;
+  const std::string peer_build_;
   const std::string peer_address_;
   const TransportOptions options_;
 

@@ -113,7 +113,7 @@ class TcpTransport : public StreamTransport {
   std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
                                                    const std::string& peer_address) override {
     Tune(fd);
-    return std::make_shared<TcpConnection>(fd, Backend::kTcp, peer.name, peer_address, options());
+    return std::make_shared<TcpConnection>(fd, Backend::kTcp, peer, peer_address, options());
   }
 
  private:

@@ -306,6 +306,7 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     peer_name_ = peer.name;
+    peer_build_ = peer.build;
     established_ = true;
     last_receive_ = last_send_ = absl::Now();
     EnqueueControlLocked(

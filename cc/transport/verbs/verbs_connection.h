@@ -142,6 +142,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
+  const std::string& peer_build() const override { return peer_build_; }
   Backend backend() const override { return Backend::kVerbs; }
 
  private:
@@ -259,6 +260,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   const VerbsSettings settings_;
   const std::string peer_address_;
   std::string peer_name_;
+  std::string peer_build_;  // set with peer_name_, before the connection is handed out
   Channel channel_{this};
 
   ibv_comp_channel* completion_channel_ = nullptr;
