@@ -350,11 +350,6 @@ def test_a_peer_back_is_used_again_over_a_new_connection(schedules, phase):
     assert not schedules["rdma"][phase]["old_connection_held_after_recovery"], schedules["rdma"][phase]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cc/tf/runtime/runtime.cc keeps a peer's closed connection (Peer::connection, a shared_ptr) "
-    "until a new connection replaces it, and StreamConnection closes its descriptor only in its "
-    "destructor: a peer that never comes back holds one socket (and the connection's buffers) "
-    "for the life of the process"))
 @pytest.mark.parametrize("phase", ["long_partition", "frozen", "restarted", "vanished"])
 def test_a_dead_connection_releases_its_descriptor_within_the_peer_timeout(schedules, phase):
     run = schedules["rdma"][phase]

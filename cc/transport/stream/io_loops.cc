@@ -48,13 +48,17 @@ void IoLoop::WatchWritable(int fd, IoHandler* handler, bool writable) {
 }
 
 void IoLoop::Remove(IoHandler* handler) {
-  std::shared_ptr<IoHandler> last;  // let go of outside the lock: the destructor closes the socket
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = handlers_.find(handler);
-  if (it == handlers_.end()) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.first, nullptr);
-  last = std::move(it->second.second);
-  handlers_.erase(it);
+  std::shared_ptr<IoHandler> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handlers_.find(handler);
+    if (it == handlers_.end()) return;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.first, nullptr);
+    removed = std::move(it->second.second);
+    handlers_.erase(it);
+  }
+  // Outside the lock: the handler takes its own locks, and its destructor may run here.
+  removed->OnRemoved();
 }
 
 void IoLoop::Run() {
@@ -136,6 +140,7 @@ void IoLoop::Run() {
   for (auto& [key, entry] : left) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, entry.first, nullptr);
     entry.second->OnLoopStopped();
+    entry.second->OnRemoved();
   }
 }
 

@@ -32,8 +32,11 @@ class IoHandler {
   virtual Progress OnEvents(uint32_t events) = 0;
   // Called every tick (IoLoops' `tick`): heartbeats and silence checks. False as for OnEvents.
   virtual bool OnTick(absl::Time now) = 0;
-  // The loop stops (the transport goes away): last call.
+  // The loop stops (the transport goes away): last call but OnRemoved.
   virtual void OnLoopStopped() = 0;
+  // The loop let go of the handler (it finished, or the loop stopped) and no longer watches its
+  // socket: the very last call, after which the handler may release the socket.
+  virtual void OnRemoved() = 0;
 };
 
 class IoLoop {

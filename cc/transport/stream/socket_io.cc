@@ -218,6 +218,13 @@ void StreamReader::ReleaseIfDrained() {
   buffer_.reset();
 }
 
+void StreamReader::Release() {
+  begin_ = end_ = 0;
+  buffer_.reset();
+  for (const auto& [position, fd] : descriptors_) close(fd);
+  descriptors_.clear();
+}
+
 absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in_place) {
   passed_.clear();
   absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed_, /*nonblocking=*/true);

@@ -70,6 +70,8 @@ class StreamReader {
   std::vector<int> TakeDescriptors();
   // Gives the buffer back if it holds no unread byte.
   void ReleaseIfDrained();
+  // The stream is over: gives the buffer back and closes the descriptors not taken.
+  void Release();
 
  private:
   static constexpr size_t kBufferBytes = 64 << 10;

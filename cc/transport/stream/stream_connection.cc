@@ -37,7 +37,7 @@ StreamConnection::StreamConnection(int fd, Backend backend, const PeerIdentity& 
 
 StreamConnection::~StreamConnection() {
   for (int fd : received_fds_) close(fd);
-  close(fd_);
+  if (fd_ >= 0) close(fd_);
 }
 
 absl::Status StreamConnection::Start(std::shared_ptr<IoLoop> loop) {
@@ -146,16 +146,19 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
     outgoing_.clear();
     WatchWritableLocked(false);
   }
-  // The peer learns why, once the frame being sent (if any) is out; a sender stuck on a peer that
-  // reads nothing is not waited for long.
-  if (tell_peer && send_mu_.try_lock_for(std::chrono::milliseconds(200))) {
-    std::string bytes = wire::Encode(
-        {wire::FrameType::kReject,
-         wire::Reject{static_cast<uint32_t>(reason.code()), std::string(reason.message())}});
-    send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    send_mu_.unlock();
+  {
+    // The peer learns why, once the frame being sent (if any) is out.
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    if (fd_ >= 0) {
+      if (tell_peer) {
+        std::string bytes = wire::Encode(
+            {wire::FrameType::kReject,
+             wire::Reject{static_cast<uint32_t>(reason.code()), std::string(reason.message())}});
+        send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      shutdown(fd_, SHUT_RDWR);
+    }
   }
-  shutdown(fd_, SHUT_RDWR);
   if (!reason.ok() && reason.code() != absl::StatusCode::kCancelled) {
     LOG(WARNING) << "tf_rdma: " << BackendName(backend_) << " connection to " << peer_name_
                  << " at " << peer_address_ << " closed: " << reason;
@@ -213,6 +216,22 @@ bool StreamConnection::OnTick(absl::Time now) {
 void StreamConnection::OnLoopStopped() {
   CloseInternal(absl::CancelledError("the local tf_rdma transport shut down"), true);
   Finish();
+}
+
+void StreamConnection::OnRemoved() {
+  // Closed, not made to point elsewhere (dup2 of a placeholder): that would keep one descriptor
+  // per dead connection for as long as users hold it. Closing is safe because every other use of
+  // fd_ holds send_mu_ (sends, shutdowns) or mu_ (the loop's writability watch) and skips it once
+  // it is -1; the reader and the frame at hand's descriptors belong to the loop's thread, which
+  // is done with the connection. Callers then get the connection's error, which was set before
+  // the loop let go of it.
+  reader_.Release();
+  for (int fd : received_fds_) close(fd);
+  received_fds_.clear();
+  std::lock_guard<std::mutex> send_lock(send_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  close(fd_);
+  fd_ = -1;
 }
 
 void StreamConnection::Finish() {
@@ -459,7 +478,7 @@ void StreamConnection::SendQueued() {
 }
 
 void StreamConnection::WatchWritableLocked(bool writable) {
-  if (writable == writable_watched_ || !loop_) return;
+  if (writable == writable_watched_ || !loop_ || fd_ < 0) return;
   writable_watched_ = writable;
   loop_->WatchWritable(fd_, this, writable);
 }
@@ -494,8 +513,10 @@ bool StreamConnection::Transmit(Outgoing item) {
     const int pass_fd = item.sent == 0 && item.control ? item.control->pass_fd : -1;
     absl::StatusOr<size_t> sent;
     {
-      std::lock_guard<std::timed_mutex> send_lock(send_mu_);
-      sent = SendWithoutBlocking(fd_, iov, pass_fd);
+      std::lock_guard<std::mutex> send_lock(send_mu_);
+      // Closed: the connection failed already, and its error is what the write gets below.
+      sent = fd_ >= 0 ? SendWithoutBlocking(fd_, iov, pass_fd)
+                      : absl::StatusOr<size_t>(absl::UnavailableError("the socket is closed"));
     }
     failure = sent.status();
     if (sent.ok()) {
@@ -528,7 +549,7 @@ bool StreamConnection::Transmit(Outgoing item) {
     std::lock_guard<std::mutex> lock(mu_);
     send_broken_ = true;
     WatchWritableLocked(false);
-    shutdown(fd_, SHUT_WR);
+    if (fd_ >= 0) shutdown(fd_, SHUT_WR);
   }
   return true;
 }

@@ -52,6 +52,9 @@ class StreamConnection : public Connection,
   Progress OnEvents(uint32_t events) override;
   bool OnTick(absl::Time now) override;
   void OnLoopStopped() override;
+  // The connection failed and its loop let go of it: the socket is released now, not when the
+  // last user lets go of the connection (a peer that never comes back would keep it for good).
+  void OnRemoved() override;
 
  protected:
   // A frame to send, with the descriptor that rides along (shm regions) and what must outlive it.
@@ -150,7 +153,10 @@ class StreamConnection : public Connection,
   // Turns a failure on the stream into the error users see, naming the peer and the likely fix.
   absl::Status PeerError(const absl::Status& cause) const;
 
-  const int fd_;
+  // The socket; -1 once OnRemoved closed it. Written with both send_mu_ and mu_ held, so either
+  // lock suffices to read it: no path touches the number after it was closed, when the kernel may
+  // already have handed it to another socket.
+  int fd_;
   const Backend backend_;
   const std::string peer_name_;
   const std::string peer_build_;
@@ -167,8 +173,9 @@ class StreamConnection : public Connection,
   std::shared_ptr<IoLoop> loop_;  // set by Start
   bool writable_watched_ = false;  // guarded by mu_
 
-  // Held around send syscalls, so Close's last word never splits a frame.
-  std::timed_mutex send_mu_;
+  // Held around send and shutdown syscalls, so Close's last word never splits a frame and no
+  // syscall meets a closed fd_. Sends never block, so it is held for one syscall at a time.
+  std::mutex send_mu_;
   // Set by every send that put bytes on the wire; the tick takes it (heartbeats).
   std::atomic<bool> sent_since_tick_{false};
 
