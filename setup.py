@@ -38,7 +38,13 @@ TRANSPORT_MODULE = TRANSPORT_CORE + _sources("cc/bench/*.cc") + ["cc/python/tran
 # The TensorFlow side: the server protocol, its rendezvous and collective transports, the runtime,
 # with its own copy of the transport objects. It subclasses TensorFlow's distributed runtime, which
 # lives in libtensorflow_cc and whose headers include gRPC's and protobuf's.
-TENSORFLOW_MODULE = TRANSPORT_CORE + _sources("cc/tf/*/*.cc") + ["cc/python/tensorflow_module.cc"]
+TENSORFLOW_MODULE = TRANSPORT_CORE + [s for s in _sources("cc/tf/*/*.cc") if not s.startswith("cc/tf/data/")] + [
+    "cc/python/tensorflow_module.cc"]
+# The tf.data service protocol (cc/tf/data/) declares TensorFlow internals whose headers the wheel
+# does not ship (data_transfer_api.h), as the releases listed here build them; it is compiled only
+# against those, and elsewhere tf_rdma.DATA_TRANSFER_PROTOCOL says which releases have it.
+DATA_SERVICE_TENSORFLOW = {(2, 21)}
+DATA_SERVICE_SOURCES = _sources("cc/tf/data/*.cc")
 TENSORFLOW_INCLUDES = ["com_github_grpc_grpc/include", "com_google_protobuf/src", "farmhash_archive/src"]
 
 
@@ -86,12 +92,16 @@ def installed_tensorflow():
             f"{sys.executable} cannot import tensorflow:\n{result.stderr.strip().splitlines()[-1:]}\n"
             "Install TensorFlow first (e.g. `pip install tensorflow-cpu`), then install tf_rdma.")
     info = json.loads(result.stdout.strip().splitlines()[-1])
-    version = tuple(int(x) for x in info["version"].split(".")[:2])
-    if version < MIN_TENSORFLOW:
+    if tensorflow_release(info["version"]) < MIN_TENSORFLOW:
         raise BuildError(
             f"tf_rdma needs TensorFlow >= {'.'.join(map(str, MIN_TENSORFLOW))}, found "
             f"{info['version']}. Upgrade TensorFlow, then install tf_rdma.")
     return info
+
+
+def tensorflow_release(version):
+    """(major, minor) of a TensorFlow version string."""
+    return tuple(int(x) for x in version.split(".")[:2])
 
 
 def pybind11_include():
@@ -115,6 +125,12 @@ class IncrementalBuildExt(build_ext):
         # BoringSSL symbols cannot stand in for OpenSSL's). -ldl for glibc older than 2.34, where
         # dlopen is not in libc itself.
         sources, libraries = list(ext.sources), ["-ldl"]
+        if ext.name.endswith("_tensorflow"):
+            releases = ", ".join(".".join(map(str, r)) for r in sorted(DATA_SERVICE_TENSORFLOW))
+            cflags.append(f"-DTF_RDMA_DATA_SERVICE_TENSORFLOW=\"{releases}\"")
+            if tensorflow_release(tf["version"]) in DATA_SERVICE_TENSORFLOW:
+                sources += DATA_SERVICE_SOURCES
+                cflags.append("-DTF_RDMA_HAVE_DATA_SERVICE")
         if verbs_headers_present(compiler):
             sources += VERBS_SOURCES
             cflags.append("-DTF_RDMA_HAVE_VERBS")

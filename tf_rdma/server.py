@@ -154,7 +154,15 @@ def connect_to_cluster(cluster_spec_or_resolver, job_name="localhost", task_inde
 def data_transfer_protocol():
     """The tf.data service data transfer protocol name, registered with TensorFlow once this returns:
     give it as `data_transfer_protocol=` to WorkerConfig and to distribute()/from_dataset_id()."""
-    return _extension().DATA_TRANSFER_PROTOCOL
+    extension = _extension()
+    name = extension.DATA_TRANSFER_PROTOCOL
+    if name is None:
+        raise ConfigError(
+            f"tf_rdma's tf.data service protocol is built for TensorFlow {extension.DATA_SERVICE_TENSORFLOW} "
+            f"only (it declares TensorFlow internals the wheel ships no headers for), and this tf_rdma was "
+            f"built against TensorFlow {tf.__version__}: leave data_transfer_protocol unset (gRPC), or use "
+            f"TensorFlow {extension.DATA_SERVICE_TENSORFLOW}")
+    return name
 
 
 def stats():

@@ -2,12 +2,17 @@
 // server protocol ("grpc+tf_rdma", cc/tf/server/) and tf.data service data transfer protocol
 // ("tf_rdma", cc/tf/data/) with the TensorFlow in the process; its functions
 // configure the servers created next and read every server's stats.
+#include <map>
+#include <string>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
+#ifdef TF_RDMA_HAVE_DATA_SERVICE
 #include "cc/tf/data/rdma_data_transfer.h"
+#endif
 #include "cc/tf/runtime/runtime.h"
 #include "cc/tf/server/rdma_server.h"
 
@@ -83,13 +88,22 @@ PYBIND11_MODULE(_tensorflow, m) {
           return out;
         },
         py::arg("serialized_cluster_def"), py::arg("overrides"));
+#ifndef TF_RDMA_DATA_SERVICE_TENSORFLOW
+#define TF_RDMA_DATA_SERVICE_TENSORFLOW "(the TensorFlow source tree it was built in)"
+#endif
+  m.attr("DATA_SERVICE_TENSORFLOW") = TF_RDMA_DATA_SERVICE_TENSORFLOW;
+#ifdef TF_RDMA_HAVE_DATA_SERVICE
   m.attr("DATA_TRANSFER_PROTOCOL") = kDataTransferProtocol;
+  m.def("data_transfer_fallbacks", &DataTransferFallbacks);
+#else
+  m.attr("DATA_TRANSFER_PROTOCOL") = py::none();  // setup.py builds it for some releases only
+  m.def("data_transfer_fallbacks", [] { return std::map<std::string, uint64_t>(); });
+#endif
   m.def("server_stats", [] {
     py::list out;
     for (const auto& runtime : Runtime::Running()) out.append(ServerStats(*runtime));
     return out;
   });
-  m.def("data_transfer_fallbacks", &DataTransferFallbacks);
   m.def("reset_stats", [] {
     for (const auto& runtime : Runtime::Running()) runtime->stats().Reset();
   });
