@@ -131,10 +131,12 @@ class IncrementalBuildExt(build_ext):
             if tensorflow_release(tf["version"]) in DATA_SERVICE_TENSORFLOW:
                 sources += DATA_SERVICE_SOURCES
                 cflags.append("-DTF_RDMA_HAVE_DATA_SERVICE")
-        if verbs_headers_present(compiler):
+        # verbs is a backend of the transport core: built into the extensions that carry the core.
+        carries_transport = set(TRANSPORT_CORE) <= set(sources)
+        if carries_transport and verbs_headers_present(compiler):
             sources += VERBS_SOURCES
             cflags.append("-DTF_RDMA_HAVE_VERBS")
-        else:
+        elif carries_transport:
             print(NO_VERBS_WARNING, file=sys.stderr, flush=True)
         key = sha256(json.dumps([" ".join(compiler), cflags]).encode()).hexdigest()[:12]
         obj_dir = ROOT / "build" / "obj" / key
