@@ -69,6 +69,9 @@ class DataService:
             process.wait()
 
 
+# Strong enough to load (TF_RDMA_SECRET is checked), and not the one the workers hold.
+OTHER_SECRET = "a-strong-secret-the-workers-do-not-hold-8fK2qLw9ZxT4"
+
 def data_peers(stats):
     records = stats.get("servers", [stats])
     return {name: peer for record in records for name, peer in record.get("peers", {}).items()}
@@ -133,7 +136,7 @@ def test_trainer_falls_back_to_grpc_visibly_when_tf_rdma_cannot_reach_the_worker
     with DataService(tmp_path, {}) as service:
         service.cluster("tf_rdma", "tf_rdma")
         # A trainer whose secret differs fails tf_rdma's handshake with the workers.
-        result = service.run("trainer", "read_with_protocol", timeout=120, env={"TF_RDMA_SECRET": "other"})
+        result = service.run("trainer", "read_with_protocol", timeout=120, env={"TF_RDMA_SECRET": OTHER_SECRET})
     assert "error" not in result, result["error"]
     assert result["elements"] == sorted(result["expected"] * 2)
     fallback = result["stats"]["fallback"]

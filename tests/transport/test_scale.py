@@ -88,9 +88,12 @@ def test_hundreds_of_peers_connect_at_once(backend):
                                 stdout=subprocess.PIPE, text=True)
     try:
         start = json.loads(receiver.stdout.readline())
-        sender = transport(backend, "sender", connect_timeout=60)
+        # Peers of distinct names, each within TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME (16) connections.
+        per_name = 16
+        senders = [transport(backend, f"sender-{i}", connect_timeout=60, io_threads=1)
+                   for i in range(PEERS // per_name)]
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            connections = list(pool.map(lambda _: sender.connect(start["endpoint"]), range(PEERS)))
+            connections = list(pool.map(lambda i: senders[i // per_name].connect(start["endpoint"]), range(PEERS)))
         receiver.stdin.write(f"accept {PEERS}\n")
         receiver.stdin.flush()
         idle = json.loads(receiver.stdout.readline())
