@@ -67,10 +67,14 @@ def run_exhaustion(backend, limit_setup, connections, connect_timeout=2):
     child = listener_in_child(backend, limit_setup, connect_timeout)
     try:
         child.endpoint = next_line(child)
-        silent = [w.RawPeer(backend, child.endpoint) for _ in range(connections)]
+        # Clients that send one byte and stall: a client gets a handshake thread once it sent its
+        # first byte (a silent one only waits, holding a descriptor), so these exhaust the threads.
+        stalled = [w.RawPeer(backend, child.endpoint) for _ in range(connections)]
+        for peer in stalled:
+            peer.sock.sendall(b"\x01")
         time.sleep(1.0)  # the child runs into its limit accepting them
         assert child.poll() is None, f"the listener's process died: {child.stderr.read()}"
-        for peer in silent:
+        for peer in stalled:
             peer.close()
         time.sleep(0.5)  # their handshakes end
         assert member_connects(backend, child), "the listener stopped serving"
