@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import network
+from helpers import socket_inodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
 from cluster import Cluster  # noqa: E402
@@ -125,15 +126,8 @@ def rdma_sockets_to(pid, address, ports):
     """The TCP sockets process `pid` holds a descriptor of between it and `address` on one of
     `ports` (either end), tf_rdma's connections to that host: [(inode, local port, remote port,
     state)]. A socket that reached CLOSE leaves /proc/net/tcp: follow a connection by its inode
-    in /proc/PID/fd (held_sockets) once it was seen here."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    in /proc/PID/fd (socket_inodes) once it was seen here."""
+    inodes = socket_inodes(pid)
     peer = socket.inet_aton(address)[::-1].hex().upper()  # /proc/net/tcp: little-endian hex
     found = []
     with open(f"/proc/{pid}/net/tcp") as f:
@@ -147,19 +141,6 @@ def rdma_sockets_to(pid, address, ports):
     return found
 
 
-def held_sockets(pid, inodes):
-    """Which of the socket `inodes` process `pid` still holds a descriptor of."""
-    held = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("socket:[") and target[8:-1] in inodes:
-            held.add(target[8:-1])
-    return held
-
-
 class ConnectionsToPs:
     """The worker's tf_rdma connections to the ps's host (tcp; shm's Unix sockets are not listed)."""
 
@@ -170,7 +151,7 @@ class ConnectionsToPs:
         return rdma_sockets_to(self.pid, self.address, self.ports)
 
     def held(self, inodes):
-        return held_sockets(self.pid, inodes)
+        return socket_inodes(self.pid) & set(inodes)
 
 
 def play(tmp_path, transport, backend="tcp"):

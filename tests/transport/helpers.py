@@ -19,6 +19,19 @@ PEER_SCRIPT = Path(__file__).with_name("peer_process.py")
 PEER_AGENT = os.environ.get("TRANSPORT_TEST_PEER_AGENT", "")
 
 
+def socket_inodes(pid="self"):
+    """The inodes of the sockets process `pid` holds a descriptor of (what a closed connection gives back)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed since the listing (the listing's own descriptor, say)
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
 def transport(backend, name="local", key=KEY, **kwargs):
     return _transport.Transport(backend, name=name, cluster_key=key, **kwargs)
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from helpers import HOST, KEY, connected_pair, free_port, pattern, start_peer, transport, wait_for_line
+from helpers import (HOST, KEY, connected_pair, free_port, pattern, socket_inodes, start_peer, transport,
+                     wait_for_line)
 from tf_rdma import errors
 
 
@@ -267,19 +268,6 @@ def test_killed_peer_fails_pending_grants_promptly(backend):
         connection.check()
 
 
-def open_sockets():
-    """The socket inodes this process holds descriptors of."""
-    sockets = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except FileNotFoundError:  # the descriptor listing the directory, closed meanwhile
-            continue
-        if target.startswith("socket:"):
-            sockets.add(target)
-    return sockets
-
-
 @pytest.mark.peer_process
 def test_a_dead_connection_releases_its_socket_while_still_referenced(backend):
     """A peer that never comes back must not keep a socket (and its kernel buffers) for as long
@@ -287,20 +275,20 @@ def test_a_dead_connection_releases_its_socket_while_still_referenced(backend):
     peer_timeout = 2.0
     receiver = transport(backend, "receiver", peer_timeout=peer_timeout)
     listener = receiver.listen(f"{HOST}:0")
-    before = open_sockets()
+    before = socket_inodes()
     peer = start_peer(backend, listener.endpoint, "sleep:60", peer_timeout=peer_timeout)
     wait_for_line(peer, "connected")
     connection = listener.accept(10)
-    ours = open_sockets() - before
+    ours = socket_inodes() - before
     assert ours, "the accepted connection holds no socket of its own"
     peer.kill()
     peer.wait()
     with pytest.raises(errors.PeerUnavailableError):
         connection.grant(1, receiver.allocate_region(10), 0, 10).wait(peer_timeout + 4)
     deadline = time.monotonic() + peer_timeout
-    while ours & open_sockets() and time.monotonic() < deadline:
+    while ours & socket_inodes() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not ours & open_sockets(), "the dead connection still holds its socket"
+    assert not ours & socket_inodes(), "the dead connection still holds its socket"
     # Still usable as an object: it reports its failure, touching no descriptor.
     with pytest.raises(errors.PeerUnavailableError):
         connection.check()
