@@ -4,6 +4,7 @@ its gRPC and tf_rdma ports answer, it completes tf_rdma's handshake with this pr
 that both hold the same secret without sending it: each side shows it can compute a MAC keyed by
 it), the wire protocol it speaks, its tf_rdma build and the TensorFlow that build was made for, and the backend this host would use to reach it
 and why; and on this host, the locked-memory limit against what verbs would register."""
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -17,8 +18,9 @@ from tf_rdma.transport import available_backends
 
 # The name this process gives itself in the handshake: no task of any cluster has it.
 DOCTOR_TASK = "/job:tf_rdma_doctor/replica:0/task:0"
-# Bounds of a peer's receive pool slabs, which verbs registers (cc/tf/runtime/runtime.h).
-MIN_SLAB_BYTES, MAX_SLAB_BYTES = 1 << 20, 64 << 20
+# Tasks checked at once: an unreachable one costs a few seconds of timeouts.
+PARALLEL_CHECKS = 32
+HANDSHAKE_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass
@@ -62,11 +64,9 @@ def _answers(host, port, timeout=2.0):
         return False
 
 
-def _handshake(report, host, rdma_port, cluster_key, timeout):
+def _handshake(report, transport, host, rdma_port):
     """Completes tf_rdma's handshake with the task over tcp (every task listens there, whatever
     its backend), filling what it proves into `report`."""
-    transport = _transport.Transport("tcp", name=DOCTOR_TASK, cluster_key=cluster_key,
-                                     connect_timeout=timeout, peer_timeout=timeout)
     try:
         connection = transport.connect(f"{host}:{rdma_port}")
     except errors.HandshakeError as e:
@@ -88,7 +88,8 @@ def _handshake(report, host, rdma_port, cluster_key, timeout):
     connection.close("tf_rdma doctor is done")
 
 
-def check_task(task, host, grpc_port, rdma_port, cluster_key, timeout=5.0):
+def check_task(transport, task, host, grpc_port, rdma_port):
+    """What `transport` (tcp, named DOCTOR_TASK, holding this process's cluster key) learns of one task."""
     report = TaskReport(task=task, address=f"{host}:{rdma_port}", grpc_answers=_answers(host, grpc_port),
                         tf_rdma_answers=_answers(host, rdma_port))
     if not report.tf_rdma_answers:
@@ -102,7 +103,7 @@ def check_task(task, host, grpc_port, rdma_port, cluster_key, timeout=5.0):
                 f"nothing answers at {host}:{grpc_port} (TensorFlow) nor at {host}:{rdma_port} (tf_rdma): "
                 "the task is not running, or a firewall or network policy drops both ports")
         return report
-    _handshake(report, host, rdma_port, cluster_key, timeout)
+    _handshake(report, transport, host, rdma_port)
     try:
         report.backend, report.backend_reason = _transport.choose_backend(load_config().backend, host)
     except errors.TransportError as e:
@@ -121,7 +122,7 @@ def _has_cap_ipc_lock():
     return False
 
 
-def memlock_check(peers):
+def memlock_check(peers, slab_bytes):
     """Whether `ulimit -l` lets verbs register the receive pools of `peers` peers, if verbs is used."""
     config = load_config()
     verbs_usable = available_backends()["verbs"] is None
@@ -131,7 +132,7 @@ def memlock_check(peers):
     soft, _ = _transport.memlock_limit()
     if _has_cap_ipc_lock():
         soft = -1  # the limit does not apply to this process
-    least, most = peers * MIN_SLAB_BYTES, peers * MAX_SLAB_BYTES
+    least, most = peers * slab_bytes[0], peers * slab_bytes[1]
     result = {"applies": True, "limit": "unlimited" if soft < 0 else soft, "least": least, "most": most}
     fix = ("raise it: `ulimit -l unlimited`, LimitMEMLOCK=infinity for systemd, `--ulimit memlock=-1` for "
            "docker, or the IPC_LOCK capability in Kubernetes (deploy/)")
@@ -151,9 +152,11 @@ def run(cluster, rdma_addresses=None):
     """{"tasks": [...], "memlock": {...}, "healthy": bool} for `cluster`."""
     from tf_rdma import server  # TensorFlow: the task addresses, as servers derive them
     tasks = server.cluster_tasks(cluster, rdma_addresses)
-    cluster_key = load_config().cluster_key()  # as the servers derive it from the secret
-    reports = [check_task(*task, cluster_key=cluster_key) for task in tasks]
-    memlock = memlock_check(len(tasks))
+    transport = _transport.Transport("tcp", name=DOCTOR_TASK, cluster_key=load_config().cluster_key(),
+                                     connect_timeout=HANDSHAKE_TIMEOUT_S, peer_timeout=HANDSHAKE_TIMEOUT_S)
+    with concurrent.futures.ThreadPoolExecutor(min(PARALLEL_CHECKS, max(len(tasks), 1))) as pool:
+        reports = list(pool.map(lambda task: check_task(transport, *task), tasks))
+    memlock = memlock_check(len(tasks), server.receive_pool_slab_bytes())
     return {"tasks": [dataclasses.asdict(r) for r in reports], "memlock": memlock,
             "healthy": all(not r.problems for r in reports) and "problem" not in memlock}
 

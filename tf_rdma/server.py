@@ -44,6 +44,11 @@ def protocol():
     return _extension().PROTOCOL
 
 
+def receive_pool_slab_bytes():
+    """(least, most) bytes a receive pool grows by per peer (RuntimeOptions), what verbs registers."""
+    return _extension().RECEIVE_POOL_SLAB_BYTES
+
+
 def _checked_protocol(requested):
     ours = protocol()
     if requested not in (None, "grpc", ours):

@@ -74,6 +74,8 @@ PYBIND11_MODULE(_tensorflow, m) {
   m.attr("PROTOCOL") = kProtocol;
   AddBuildInfo(m);
   m.def("set_address_overrides", &SetAddressOverrides, py::arg("overrides"));
+  m.attr("RECEIVE_POOL_SLAB_BYTES") =
+      py::make_tuple(RuntimeOptions{}.min_slab_bytes, RuntimeOptions{}.max_slab_bytes);
   m.def("tasks_of",
         [](const py::bytes& serialized_cluster_def, const AddressOverrides& overrides) {
           tensorflow::ClusterDef cluster;
