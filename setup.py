@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -199,7 +200,9 @@ def undefined_symbols_nothing_exports(extension):
 
 
 def missing_symbols_message(extension, tensorflow_version, missing):
-    demangled = subprocess.run(["c++filt"], input="\n".join(missing), capture_output=True, text=True).stdout.split("\n")
+    # c++filt comes with binutils, as nm does; without it the names stay mangled.
+    demangled = (subprocess.run(["c++filt"], input="\n".join(missing), capture_output=True, text=True).stdout
+                 .split("\n") if shutil.which("c++filt") else missing)
     names = "\n".join(f"  {mangled}\n    = {readable}" for mangled, readable in zip(missing, demangled))
     return (f"tf_rdma's {extension} needs {len(missing)} symbol(s) that TensorFlow {tensorflow_version}'s libraries "
             f"do not export (it would fail to import with 'undefined symbol'):\n{names}\n"
@@ -216,7 +219,11 @@ def load_failure(extension):
              "spec.loader.exec_module(module)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    try:
+        result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                timeout=600)
+    except subprocess.TimeoutExpired:
+        return "importing it did not finish within 10 minutes"
     return None if result.returncode == 0 else result.stderr.strip()[-2000:]
 
 
