@@ -71,6 +71,7 @@ def test_info_loads_the_tensorflow_side_and_says_what_it_was_built_with():
         in text, text
     side = json.loads(info("--json"))["tensorflow"]
     assert side["works"] and side["built_with"] == side["installed"] == tf.__version__, side
+    assert side["data_transfer_protocol"] == "tf_rdma" and "  tf.data service protocol: tf_rdma\n" in text, side
 
 
 def test_info_says_the_tensorflow_side_is_broken_and_why_and_exits_1(tmp_path):

@@ -42,6 +42,11 @@ report = {"installed": tf.__version__}
 try:
     from tf_rdma import server
     report["protocol"] = server.protocol()
+    try:
+        report["data_transfer_protocol"] = server.data_transfer_protocol()
+    except server.ConfigError as e:  # built for other TensorFlow releases only: says which
+        report["data_transfer_protocol"] = None
+        report["data_transfer_protocol_why_not"] = str(e)
 except Exception as e:
     report["error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(report))
@@ -88,6 +93,9 @@ def render(info):
     lines.append(f"TensorFlow side: {'works' if tf_side['works'] else 'BROKEN: ' + tf_side['error']}")
     lines.append(f"  built against TensorFlow {tf_side['built_with']} with {tf_side['compiler']}; "
                  f"installed: {tf_side['installed'] or 'none'}")
+    if tf_side["works"]:
+        lines.append(f"  tf.data service protocol: {tf_side['data_transfer_protocol'] or 'unavailable: '}"
+                     f"{tf_side.get('data_transfer_protocol_why_not', '')}")
     lines += ["", "backends:"]
     for name, reason in info["backends"].items():
         lines.append(f"  {name:6} {'available' if reason is None else 'unavailable: ' + reason}")

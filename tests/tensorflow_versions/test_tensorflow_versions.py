@@ -67,13 +67,12 @@ def test_tf_rdma_installs_and_carries_tensors_on(wheel, tmp_path):
     assert info.returncode == 0, info.stdout + info.stderr
     side = json.loads(info.stdout)["tensorflow"]
     assert side["works"] and side["installed"] == side["built_with"] == version, side
-    data_protocol = subprocess.run([python, "-c", "import tf_rdma; print(tf_rdma.DATA_TRANSFER_PROTOCOL)"],
-                                   cwd=tmp_path, env=clean_environment(), capture_output=True, text=True, timeout=300)
     if version.startswith("2.21."):
-        assert data_protocol.returncode == 0 and data_protocol.stdout.split()[-1] == "tf_rdma", data_protocol.stderr
+        assert side["data_transfer_protocol"] == "tf_rdma", side
     else:
-        assert "tf_rdma's tf.data service protocol is built for TensorFlow 2.21 only" in data_protocol.stderr, \
-            data_protocol.stderr
+        assert side["data_transfer_protocol"] is None, side
+        assert "tf_rdma's tf.data service protocol is built for TensorFlow 2.21 only" in \
+            side["data_transfer_protocol_why_not"], side
 
     reference, _ = session_digest(tmp_path, python, "grpc")
     for backend in BACKENDS:
