@@ -32,7 +32,9 @@ constexpr uint64_t kResponseHeaderGrant = 64 << 10;
 
 // Every request of a connection shares one tag: the worker's grants pair with writes in order.
 Tag RequestTag();
-// slot 0: the header message; slot i + 1: component i's bytes.
+// slot 0: the header message; slot i + 1: component i's bytes. No digest per call: it runs for
+// every message of every element.
+constexpr int kResponseSlotBits = 13;
 Tag ResponseTag(uint64_t client_id, uint64_t sequence, uint32_t slot);
 
 struct ElementRequest {
