@@ -88,7 +88,7 @@ std::string EncodeRequest(const ElementRequest& request) {
   Put(out, request.client_id, 8);
   Put(out, request.sequence, 8);
   Put(out, request.serialized_request.size(), 4);
-  out += request.serialized_request;
+  out.append(request.serialized_request);
   return out;
 }
 
@@ -102,7 +102,7 @@ absl::StatusOr<ElementRequest> DecodeRequest(const char* bytes, uint64_t length)
       in.left() != 0) {
     return Malformed("request", absl::StrCat(length, " bytes that are not a request"));
   }
-  request.serialized_request = std::string(proto);
+  request.serialized_request = proto;
   return request;
 }
 

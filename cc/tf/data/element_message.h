@@ -40,7 +40,8 @@ Tag ResponseTag(uint64_t client_id, uint64_t sequence, uint32_t slot);
 struct ElementRequest {
   uint64_t client_id = 0;
   uint64_t sequence = 0;
-  std::string serialized_request;  // a tensorflow.data.GetElementRequest
+  std::string_view serialized_request;  // a tensorflow.data.GetElementRequest; DecodeRequest's
+                                        // points into the bytes it decoded
 };
 std::string EncodeRequest(const ElementRequest& request);
 absl::StatusOr<ElementRequest> DecodeRequest(const char* bytes, uint64_t length);
