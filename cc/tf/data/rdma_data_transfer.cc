@@ -20,7 +20,6 @@
 #include "cc/tf/data/element_message.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
 #include "cc/tf/runtime/runtime.h"
-#include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "xla/tsl/lib/monitoring/collection_registry.h"
@@ -447,16 +446,7 @@ class RdmaDataTransferClient : public DataTransferClient {
 
   absl::StatusOr<tensorflow::Tensor> FromBytes(const TensorHeader& header, std::string_view bytes,
                                                std::shared_ptr<PoolBuffer> landed) {
-    if (!TravelsAsBytes(header.dtype)) {
-      tensorflow::TensorProto proto;
-      tensorflow::Tensor tensor;
-      if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
-          !tensor.FromProto(tensorflow::cpu_allocator(), proto) || tensor.dtype() != header.dtype ||
-          tensor.shape() != header.shape) {
-        return absl::DataLossError("tf_rdma: a tf.data component's TensorProto does not match its header");
-      }
-      return tensor;
-    }
+    if (!TravelsAsBytes(header.dtype)) return TensorFromProtoBytes(header, bytes);
     if (landed) {
       // The tensor aliases the bytes where they landed.
       auto* storage = new PoolTensorBuffer(std::move(landed), bytes.size());
