@@ -254,9 +254,12 @@ class RdmaDataTransferClient : public DataTransferClient {
       : runtime_(std::move(runtime)), address_(std::move(address)), client_id_(RandomId()),
         prefetch_(runtime_->config().data_prefetch_elements) {}
 
+  // TensorFlow makes a client per worker for each iteration and drops it when the iteration ends:
+  // its connection ends with it, else a trainer would hold one more per worker every epoch.
   ~RdmaDataTransferClient() override {
     std::lock_guard<std::mutex> lock(mu_);
     RevokeAllLocked();
+    if (connection_) connection_->Close(absl::CancelledError("tf_rdma: the trainer's tf.data iteration ended"));
   }
 
   absl::Status Connect() {
