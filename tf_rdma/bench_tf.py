@@ -238,11 +238,11 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
     return measured
 
 
-def limits(sizes):
+def limits(sizes, bytes_per_size=1 << 30):
     """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
     measured between two processes by `bench transport`'s baselines."""
     from tf_rdma import bench
-    report = bench.run_backend("tcp", sizes, [], 1 << 30, 1)
+    report = bench.run_backend("tcp", sizes, [], bytes_per_size, 1)
     return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
             for row in report["throughput"]}
 

@@ -95,6 +95,9 @@ def test_trainer_gets_exactly_the_grpc_elements_over_tf_rdma(tmp_path, backend):
     peers = data_peers(result["stats"])
     assert len(peers) == 2 and all(p["backend"] == backend for p in peers.values()), peers
     assert all(p["errors"] == 0 for p in peers.values()), peers
+    # Each iteration connects to each worker and ends those connections: none pile up per epoch
+    # (a leak would hold 2 more for each of the ITERATIONS_FOR_LEAKS - 1 extra iterations).
+    assert result["descriptors_gained/tf_rdma"] <= result["descriptors_gained/grpc"] + 1, result
 
 
 def test_worker_killed_mid_epoch_the_other_workers_elements_keep_coming(tmp_path, backend):
