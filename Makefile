@@ -43,7 +43,7 @@ TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_messag
 	cc/tf/rendezvous/tensor_message.cc cc/transport/crypto.cc
 build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/rendezvous/*.h) | env
 	mkdir -p build
-	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
+	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
 		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 -ldl
 
 cc-tests: build/transport_unit_tests build/tf_unit_tests
