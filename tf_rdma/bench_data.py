@@ -22,11 +22,10 @@ import time
 
 from tf_rdma.bench import _size
 from tf_rdma.bench_collective import ratios
-from tf_rdma.bench_tf import limits, start_task
+from tf_rdma.bench_tf import RESULT_PREFIX, limits, start_task, task_result
 from tf_rdma.ports import free_ports
 from tf_rdma.transport import available_backends
 
-RESULT_PREFIX = "@@result "
 SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
 FULL = {"bytes_per_size": 2 << 30, "min_elements": 64, "max_elements": 4000, "warmup": 8,
         "limit_bytes_per_size": 1 << 30}
@@ -150,13 +149,7 @@ def read_over(transport, dispatcher_port, plan, params, timeout=900):
         if process.poll() is None:
             process.kill()
         process.wait()
-    lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"bench data over {transport}: the trainer failed ({process.returncode}):\n{err[-3000:]}")
-    result = json.loads(lines[0][len(RESULT_PREFIX):])
-    if result.get("fallback"):
-        raise RuntimeError(f"bench data over {transport}: elements stayed on gRPC: {result['fallback']}")
-    return result["rows"]
+    return task_result(process, out, err, f"bench data over {transport}: the trainer")["rows"]
 
 
 def combine(measured, carried, workers, plan, machine):
