@@ -29,8 +29,8 @@ from tf_rdma.transport import available_backends
 SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
 FULL = {"bytes_per_size": 2 << 30, "min_elements": 64, "max_elements": 4000, "warmup": 8,
         "limit_bytes_per_size": 1 << 30}
-QUICK = {"bytes_per_size": 48 << 20, "min_elements": 6, "max_elements": 200, "warmup": 2,
-         "limit_bytes_per_size": 64 << 20}
+QUICK = {"bytes_per_size": 32 << 20, "min_elements": 6, "max_elements": 100, "warmup": 2,
+         "limit_bytes_per_size": 16 << 20}
 
 
 def elements_per_worker(size, params):

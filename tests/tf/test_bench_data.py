@@ -1,4 +1,4 @@
-"""`python -m tf_rdma bench data`: a quick real run (gRPC, tcp and shm in one run) whose elements all
+"""`python -m tf_rdma bench data`: a quick real run (gRPC and shm in one run) whose elements all
 arrive, and the arithmetic, table and plot on canned figures."""
 import json
 import subprocess
@@ -10,27 +10,25 @@ from tf_rdma import bench_data
 
 
 @pytest.mark.timeout(240)
-def test_a_quick_run_reads_every_element_over_grpc_and_each_backend(tmp_path):
+def test_a_quick_run_reads_every_element_over_grpc_and_tf_rdma(tmp_path):
     plot = tmp_path / "bench.png"
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "data", "--quick", "--backend", "tcp,shm",
+    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "data", "--quick", "--backend", "shm",
                              "--workers", "1", "--json", "--plot", str(plot)],
                             capture_output=True, text=True, timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
-    assert report["backends"] == ["tcp", "shm"] and report["unavailable"] == {} and report["workers"] == 1
+    assert report["backends"] == ["shm"] and report["unavailable"] == {} and report["workers"] == 1
     assert [row["size"] for row in report["rows"]] == list(bench_data.SIZES)
     for row in report["rows"]:
         per_worker = bench_data.elements_per_worker(row["size"], bench_data.QUICK)
         assert row["elements"] == per_worker
-        for transport in ("grpc", "tcp", "shm"):
+        for transport in ("grpc", "shm"):
             # Exactly the elements the worker made, byte for byte in size, the first byte-exact.
             assert row[f"{transport}_arrived"] == {"elements": per_worker, "bytes": per_worker * row["size"],
                                                    "first_exact": True}, (transport, row)
             assert row[f"{transport}_elements_per_second"] > 0 and row[f"{transport}_cpu_us_per_element"] > 0
-        for backend in ("tcp", "shm"):
-            assert row[f"{backend}_tf_rdma_bytes_share"] >= 0.99, (backend, row)
-            assert row[f"vs_grpc_{backend}"] == pytest.approx(
-                row[f"{backend}_elements_per_second"] / row["grpc_elements_per_second"])
+        assert row["shm_tf_rdma_bytes_share"] >= 0.99, row
+        assert row["vs_grpc_shm"] == pytest.approx(row["shm_elements_per_second"] / row["grpc_elements_per_second"])
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert "over grpc" in result.stderr and "over shm" in result.stderr  # the progress lines
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
