@@ -36,8 +36,19 @@ build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h) | en
 	mkdir -p build
 	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS)
 
-cc-tests: build/transport_unit_tests
+# The tf.data element messages (cc/tf/data/, built for the TensorFlow releases setup.py names in
+# DATA_SERVICE_TENSORFLOW) decoded from a hostile peer, against the TensorFlow in .venv.
+TF_INCLUDE = $(shell .venv/bin/python -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
+TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_message.cc \
+	cc/tf/rendezvous/tensor_message.cc cc/transport/crypto.cc
+build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/rendezvous/*.h) | env
+	mkdir -p build
+	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
+		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 -ldl
+
+cc-tests: build/transport_unit_tests build/tf_unit_tests
 	build/transport_unit_tests --gtest_brief=1
+	build/tf_unit_tests --gtest_brief=1
 
 # WRITE_WITH_IMM (completion events / CQ polling) vs WRITE + polled trailing flag: latency and
 # throughput per message size (tools/bench/write_notify.cc). Runs natively when this host has an

@@ -207,6 +207,18 @@ def start_task(module, spec, stderr=subprocess.PIPE, env=None):
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
+def task_result(process, out, err, who):
+    """What a finished bench task printed on its result line. Raises naming `who` if it failed, or
+    if anything it moved stayed on gRPC (its "fallback")."""
+    lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"{who} failed ({process.returncode}):\n{err[-3000:]}")
+    result = json.loads(lines[0][len(RESULT_PREFIX):])
+    if result.get("fallback"):
+        raise RuntimeError(f"{who}: transfers stayed on gRPC: {result['fallback']}")
+    return result
+
+
 def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
     """{workload: [rows of each worker that ran it]} measured on one fresh cluster: a ps and two
     workers (the second only trains). `nothing_crosses`: ps-train's workers run their ops on the ps."""
@@ -227,22 +239,17 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
             p.wait()
     measured = {}
     for p, (out, err) in zip(processes, outputs):
-        lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
-        if p.returncode != 0 or not lines:
-            raise RuntimeError(f"bench tf over {transport}: a worker failed ({p.returncode}):\n{err[-3000:]}")
-        result = json.loads(lines[0][len(RESULT_PREFIX):])
-        if result.get("fallback"):
-            raise RuntimeError(f"bench tf over {transport}: transfers stayed on gRPC: {result['fallback']}")
+        result = task_result(p, out, err, f"bench tf over {transport}: a worker")
         for workload, rows in result["workloads"].items():
             measured.setdefault(workload, []).append(rows)
     return measured
 
 
-def limits(sizes):
+def limits(sizes, bytes_per_size=1 << 30):
     """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
     measured between two processes by `bench transport`'s baselines."""
     from tf_rdma import bench
-    report = bench.run_backend("tcp", sizes, [], 1 << 30, 1)
+    report = bench.run_backend("tcp", sizes, [], bytes_per_size, 1)
     return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
             for row in report["throughput"]}
 

@@ -1,31 +1,15 @@
-"""tf.data service processes for tests/tf/test_data_service.py and `python -m tf_rdma bench data`:
-`python data_service_programs.py FUNCTION JSON_ARGS`."""
+"""tf.data service trainers for tests/tf/test_data_service.py (the dispatcher and workers are
+`python -m tf_rdma bench data`'s): `python data_service_programs.py FUNCTION JSON_ARGS`."""
 import hashlib
 import json
 import os
 import sys
 import time
 
+from tf_rdma.bench_data import data_bytes_received, dispatcher, worker  # noqa: F401 (run by name)
 
-def dispatcher(port, worker_timeout_ms=3000):
-    import tensorflow as tf
-    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(
-        port=port, worker_timeout_ms=worker_timeout_ms))
-    print("serving", flush=True)
-    server.join()
-
-
-def worker(dispatcher_port, protocol):
-    """A worker serving `protocol` ("tf_rdma", or "grpc": TensorFlow alone, tf_rdma not imported)."""
-    import tensorflow as tf
-    options = {}
-    if protocol == "tf_rdma":
-        import tf_rdma
-        options["data_transfer_protocol"] = tf_rdma.DATA_TRANSFER_PROTOCOL
-    server = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
-        dispatcher_address=f"localhost:{dispatcher_port}", heartbeat_interval_ms=500, **options))
-    print("serving", flush=True)
-    server.join()
+# Iterations a trainer runs to show that each one's connections end with it.
+ITERATIONS_FOR_LEAKS = 4
 
 
 def elements(count, floats):
@@ -56,31 +40,40 @@ def _fingerprint(element):
     return int(element["label"][0]), h.hexdigest(), sum(value.nbytes for value in values.values())
 
 
-def _data_bytes_received(stats):
-    records = stats.get("servers", [stats]) if stats else []
-    return sum(peer["bytes_received_by_kind"].get("data", 0)
-               for record in records for peer in record.get("peers", {}).values())
-
-
 def read(dispatcher_port, output, count=40, floats=65536):
     """Reads the dataset over gRPC and over tf_rdma in each processing mode; writes what it got."""
     import tensorflow as tf
     import tf_rdma
     results = {}
-    for mode, compression in (("parallel_epochs", None), ("distributed_epoch", "AUTO")):
+    for mode, compression in (("parallel_epochs", None), ("distributed_epoch", None), ("distributed_epoch", "AUTO")):
         for protocol in ("grpc", tf_rdma.DATA_TRANSFER_PROTOCOL):
-            before = _data_bytes_received(tf_rdma.stats())
+            before = data_bytes_received(tf_rdma.stats())
             got = [_fingerprint(e) for e in _distributed(elements(count, floats), dispatcher_port, mode,
                                                            protocol, compression)]
-            results[f"{mode}/{protocol}"] = {
+            results[f"{mode}/{compression or 'none'}/{protocol}"] = {
                 "elements": sorted([index, digest] for index, digest, _ in got),
                 "element_bytes": sum(nbytes for _, _, nbytes in got),
-                "tf_rdma_bytes": _data_bytes_received(tf_rdma.stats()) - before,
+                "tf_rdma_bytes": data_bytes_received(tf_rdma.stats()) - before,
             }
+    # TensorFlow makes a client per worker for each iteration: its tf_rdma connection must end with
+    # the iteration. Descriptors a trainer holds after more iterations, over each protocol (gRPC's
+    # own may vary a little).
+    for protocol in ("grpc", tf_rdma.DATA_TRANSFER_PROTOCOL):
+        before = _descriptors_after(elements(4, 16), dispatcher_port, protocol, 1)
+        after = _descriptors_after(elements(4, 16), dispatcher_port, protocol, ITERATIONS_FOR_LEAKS)
+        results[f"descriptors_gained/{protocol}"] = after - before
     results["stats"] = tf_rdma.stats()
     with open(output, "w") as f:
         json.dump(results, f)
     print("done", flush=True)
+
+
+def _descriptors_after(dataset, dispatcher_port, protocol, iterations):
+    for _ in range(iterations):
+        for _ in _distributed(dataset, dispatcher_port, "parallel_epochs", protocol, None):
+            pass
+    time.sleep(0.5)  # connections end on their I/O threads
+    return len(os.listdir("/proc/self/fd"))
 
 
 def read_until_killed(dispatcher_port, output, kill_file, protocol="tf_rdma", count=400, floats=65536):

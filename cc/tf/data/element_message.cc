@@ -60,16 +60,25 @@ absl::Status Malformed(const std::string& what, const std::string& why) {
   return absl::DataLossError(absl::StrCat("malformed tf.data ", what, " from the peer: ", why));
 }
 
-}  // namespace
-
-Tag RequestTag() {
-  const Sha256Digest digest = Sha256("tf.data request");
+Tag TagOf(const std::string& name) {
+  const Sha256Digest digest = Sha256(name);
   return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
 }
 
+}  // namespace
+
+// Digests once per process: every element's messages take their tags from these by arithmetic.
+Tag RequestTag() {
+  static const Tag tag = TagOf("tf.data request");
+  return tag;
+}
+
 Tag ResponseTag(uint64_t client_id, uint64_t sequence, uint32_t slot) {
-  const Sha256Digest digest = Sha256(absl::StrCat("tf.data element;", client_id, ";", sequence, ";", slot));
-  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+  // Unique per (client, sequence, slot) for a client's first 2^51 elements; the request tag is
+  // a digest, which these meet only by a 2^-64 chance.
+  static_assert(kMaxComponents < (1u << kResponseSlotBits), "a slot must fit its bits");
+  static const Tag base = TagOf("tf.data element");
+  return Tag{base.hi ^ client_id, base.lo ^ ((sequence << kResponseSlotBits) | slot)};
 }
 
 std::string EncodeRequest(const ElementRequest& request) {
@@ -79,7 +88,7 @@ std::string EncodeRequest(const ElementRequest& request) {
   Put(out, request.client_id, 8);
   Put(out, request.sequence, 8);
   Put(out, request.serialized_request.size(), 4);
-  out += request.serialized_request;
+  out.append(request.serialized_request);
   return out;
 }
 
@@ -93,7 +102,7 @@ absl::StatusOr<ElementRequest> DecodeRequest(const char* bytes, uint64_t length)
       in.left() != 0) {
     return Malformed("request", absl::StrCat(length, " bytes that are not a request"));
   }
-  request.serialized_request = std::string(proto);
+  request.serialized_request = proto;
   return request;
 }
 
@@ -102,12 +111,17 @@ const google::protobuf::Message& AsMessage(const tensorflow::data::GetElementReq
 }
 
 absl::StatusOr<std::unique_ptr<google::protobuf::Message>> NewGetElementRequest() {
-  const google::protobuf::Descriptor* descriptor =
-      google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName("tensorflow.data.GetElementRequest");
-  const google::protobuf::Message* prototype =
-      descriptor == nullptr ? nullptr : google::protobuf::MessageFactory::generated_factory()->GetPrototype(descriptor);
-  // The generated class itself, so that TensorFlow may use the object as one.
-  if (prototype == nullptr || std::string(typeid(*prototype).name()) != "N10tensorflow4data17GetElementRequestE") {
+  // Looked up once: every request a worker answers makes one.
+  static const google::protobuf::Message* const prototype = [] {
+    const google::protobuf::Descriptor* descriptor =
+        google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName("tensorflow.data.GetElementRequest");
+    const google::protobuf::Message* found =
+        descriptor == nullptr ? nullptr : google::protobuf::MessageFactory::generated_factory()->GetPrototype(descriptor);
+    // The generated class itself, so that TensorFlow may use the object as one.
+    return found != nullptr && std::string(typeid(*found).name()) == "N10tensorflow4data17GetElementRequestE" ? found
+                                                                                                            : nullptr;
+  }();
+  if (prototype == nullptr) {
     return absl::FailedPreconditionError(
         "this TensorFlow has no generated tensorflow.data.GetElementRequest; tf_rdma's tf.data "
         "protocol was built for TensorFlow 2.21's data service");

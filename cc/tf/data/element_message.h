@@ -32,13 +32,16 @@ constexpr uint64_t kResponseHeaderGrant = 64 << 10;
 
 // Every request of a connection shares one tag: the worker's grants pair with writes in order.
 Tag RequestTag();
-// slot 0: the header message; slot i + 1: component i's bytes.
+// slot 0: the header message; slot i + 1: component i's bytes. No digest per call: it runs for
+// every message of every element.
+constexpr int kResponseSlotBits = 13;
 Tag ResponseTag(uint64_t client_id, uint64_t sequence, uint32_t slot);
 
 struct ElementRequest {
   uint64_t client_id = 0;
   uint64_t sequence = 0;
-  std::string serialized_request;  // a tensorflow.data.GetElementRequest
+  std::string_view serialized_request;  // a tensorflow.data.GetElementRequest; DecodeRequest's
+                                        // points into the bytes it decoded
 };
 std::string EncodeRequest(const ElementRequest& request);
 absl::StatusOr<ElementRequest> DecodeRequest(const char* bytes, uint64_t length);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -19,7 +20,6 @@
 #include "cc/tf/data/element_message.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
 #include "cc/tf/runtime/runtime.h"
-#include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "xla/tsl/lib/monitoring/collection_registry.h"
@@ -109,30 +109,33 @@ class RdmaDataTransferServer : public DataTransferServer,
       return;
     }
     auto peer = std::make_shared<Peer>(Peer{std::move(connection), *pool});
-    for (int i = 0; i < kRequestGrantsPerConnection; ++i) GrantRequest(peer);
+    for (int i = 0; i < kRequestGrantsPerConnection; ++i) {
+      absl::StatusOr<std::unique_ptr<PoolBuffer>> slot = peer->pool->Allocate(kMaxRequestBytes);
+      if (!slot.ok()) {
+        peer->connection->Close(slot.status());
+        return;
+      }
+      GrantRequest(peer, std::move(*slot));
+    }
   }
 
-  void GrantRequest(const std::shared_ptr<Peer>& peer) {
-    absl::StatusOr<std::unique_ptr<PoolBuffer>> buffer = peer->pool->Allocate(kMaxRequestBytes);
-    if (!buffer.ok()) {
-      peer->connection->Close(buffer.status());
-      return;
-    }
-    std::shared_ptr<PoolBuffer> landing = std::move(*buffer);
+  // Grants `slot` for the peer's next request. A slot is granted again only once its answer was
+  // written: the request is read from the slot while it is answered, and the peer has at most
+  // kRequestGrantsPerConnection requests (and their elements) in the worker at once.
+  void GrantRequest(const std::shared_ptr<Peer>& peer, std::shared_ptr<PoolBuffer> slot) {
     std::weak_ptr<RdmaDataTransferServer> weak = weak_from_this();
-    peer->connection->Grant(RequestTag(), landing->region(), landing->offset(), kMaxRequestBytes,
-                            [weak, peer, landing](const GrantResult& landed) {
+    peer->connection->Grant(RequestTag(), slot->region(), slot->offset(), kMaxRequestBytes,
+                            [weak, peer, slot](const GrantResult& landed) {
                               auto self = weak.lock();
                               if (!self) return;
                               if (landed.status.ok()) {
-                                absl::StatusOr<ElementRequest> request = DecodeRequest(landing->data(), landed.length);
-                                self->GrantRequest(peer);
+                                absl::StatusOr<ElementRequest> request = DecodeRequest(slot->data(), landed.length);
                                 if (!request.ok()) {
                                   peer->connection->Close(request.status());
                                   return;
                                 }
-                                self->threads_->Schedule([self, peer, request = std::move(*request)] {
-                                  self->Answer(*peer, request);
+                                self->threads_->Schedule([self, peer, slot, request = *request] {
+                                  self->Answer(peer, slot, request);
                                 });
                               } else if (absl::IsResourceExhausted(landed.status)) {
                                 peer->connection->Close(absl::InvalidArgumentError(absl::StrCat(
@@ -142,41 +145,66 @@ class RdmaDataTransferServer : public DataTransferServer,
                             });
   }
 
-  void Answer(const Peer& peer, const ElementRequest& request) {
+  // `request` points into `slot`, which goes back to the peer once the answer was written.
+  void Answer(const std::shared_ptr<Peer>& peer, std::shared_ptr<PoolBuffer> slot, const ElementRequest& request) {
     auto result = std::make_shared<GetElementResult>();
     absl::Status status;
     absl::StatusOr<std::unique_ptr<google::protobuf::Message>> message = NewGetElementRequest();
     if (!message.ok()) {
       status = message.status();
-    } else if (!(*message)->ParseFromString(request.serialized_request)) {
+    } else if (!(*message)->ParseFromArray(request.serialized_request.data(),
+                                           static_cast<int>(request.serialized_request.size()))) {
       status = absl::InvalidArgumentError("the trainer's GetElementRequest does not parse");
     } else {
       status = get_element_(AsGetElementRequest(**message), result.get());
     }
     auto response = std::make_shared<EncodedResponse>(EncodeResponse(status, *result));
-    const std::string trainer = peer.connection->peer_name();
     if (!status.ok() || result->end_of_sequence || result->skip) result->components.clear();
-    uint64_t bytes = response->header_message.size();
+    // Writes under different tags may complete in any order (each waits for its own grant): the
+    // last to complete counts the element and gives the slot back.
+    auto answer = std::make_shared<Answered>();
+    answer->writes_left = static_cast<int>(response->separate.size()) + 1;
+    answer->bytes = response->header_message.size();
+    for (const auto& part : response->separate) answer->bytes += part.length;
+    std::weak_ptr<RdmaDataTransferServer> weak = weak_from_this();
+    // The tensors' own memory is written; `result` and `response` keep it alive until then.
+    auto written = [weak, peer, slot, result, response, answer](const absl::Status& status) {
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(answer->mu);
+        if (answer->failure.ok()) answer->failure = status;
+      }
+      if (answer->writes_left.fetch_sub(1) != 1) return;
+      auto self = weak.lock();
+      if (!self) return;
+      self->runtime_->stats().Peer(peer->connection->peer_name(), [&](PeerStats& s) {
+        if (answer->failure.ok()) {
+          s.tensors_sent += result->components.size();
+          s.bytes_sent += answer->bytes;
+          s.bytes_sent_by_kind[kKindData] += answer->bytes;
+        } else if (absl::IsCancelled(answer->failure)) {
+          s.sends_discarded++;  // the trainer's read was cancelled: it discarded the element
+        } else {
+          s.errors++;
+        }
+      });
+      // On a connection that ended, the grant completes at once with its error and nothing follows.
+      self->GrantRequest(peer, slot);
+    };
     for (const auto& part : response->separate) {
-      bytes += part.length;
-      // The tensor's own memory is written; `result` keeps it alive until the write is done.
-      peer.connection->Write(ResponseTag(request.client_id, request.sequence, part.component + 1), part.data,
-                             part.length, [result, response](const absl::Status&) {});
+      peer->connection->Write(ResponseTag(request.client_id, request.sequence, part.component + 1), part.data,
+                              part.length, written);
     }
-    peer.connection->Write(ResponseTag(request.client_id, request.sequence, 0), response->header_message.data(),
-                           response->header_message.size(),
-                           [result, response, runtime = runtime_, trainer, bytes](const absl::Status& written) {
-                             runtime->stats().Peer(trainer, [&](PeerStats& s) {
-                               if (!written.ok()) {
-                                 s.errors++;
-                                 return;
-                               }
-                               s.tensors_sent += result->components.size();
-                               s.bytes_sent += bytes;
-                               s.bytes_sent_by_kind[kKindData] += bytes;
-                             });
-                           });
+    peer->connection->Write(ResponseTag(request.client_id, request.sequence, 0), response->header_message.data(),
+                            response->header_message.size(), written);
   }
+
+  // The writes of one answer, as they complete.
+  struct Answered {
+    std::atomic<int> writes_left{0};
+    uint64_t bytes = 0;
+    std::mutex mu;
+    absl::Status failure;  // the first write's that failed
+  };
 
   const GetElementT get_element_;
   std::shared_ptr<Runtime> runtime_;
@@ -226,9 +254,12 @@ class RdmaDataTransferClient : public DataTransferClient {
       : runtime_(std::move(runtime)), address_(std::move(address)), client_id_(RandomId()),
         prefetch_(runtime_->config().data_prefetch_elements) {}
 
+  // TensorFlow makes a client per worker for each iteration and drops it when the iteration ends:
+  // its connection ends with it, else a trainer would hold one more per worker every epoch.
   ~RdmaDataTransferClient() override {
     std::lock_guard<std::mutex> lock(mu_);
     RevokeAllLocked();
+    if (connection_) connection_->Close(absl::CancelledError("tf_rdma: the trainer's tf.data iteration ended"));
   }
 
   absl::Status Connect() {
@@ -257,8 +288,8 @@ class RdmaDataTransferClient : public DataTransferClient {
     ElementGrants grants = std::move(granted_[sequence]);
     granted_.erase(sequence);
 
-    auto request = std::make_shared<std::string>(
-        EncodeRequest(ElementRequest{client_id_, sequence, AsMessage(req).SerializeAsString()}));
+    const std::string serialized_request = AsMessage(req).SerializeAsString();
+    auto request = std::make_shared<std::string>(EncodeRequest(ElementRequest{client_id_, sequence, serialized_request}));
     if (request->size() > kMaxRequestBytes) {
       return absl::InvalidArgumentError(absl::StrCat("a tf.data request of ", request->size(),
                                                      " bytes, past the ", kMaxRequestBytes, " tf_rdma carries"));
@@ -418,16 +449,7 @@ class RdmaDataTransferClient : public DataTransferClient {
 
   absl::StatusOr<tensorflow::Tensor> FromBytes(const TensorHeader& header, std::string_view bytes,
                                                std::shared_ptr<PoolBuffer> landed) {
-    if (!TravelsAsBytes(header.dtype)) {
-      tensorflow::TensorProto proto;
-      tensorflow::Tensor tensor;
-      if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
-          !tensor.FromProto(tensorflow::cpu_allocator(), proto) || tensor.dtype() != header.dtype ||
-          tensor.shape() != header.shape) {
-        return absl::DataLossError("tf_rdma: a tf.data component's TensorProto does not match its header");
-      }
-      return tensor;
-    }
+    if (!TravelsAsBytes(header.dtype)) return TensorFromProtoBytes(header, bytes);
     if (landed) {
       // The tensor aliases the bytes where they landed.
       auto* storage = new PoolTensorBuffer(std::move(landed), bytes.size());

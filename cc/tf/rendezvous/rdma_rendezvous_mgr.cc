@@ -249,14 +249,9 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
       tensor_ = Tensor(header_->dtype, header_->shape);
       if (length != 0) std::memcpy(const_cast<char*>(tensor_.tensor_data().data()), bytes, length);
     } else {
-      tensorflow::TensorProto proto;
-      if (length > static_cast<uint64_t>(INT_MAX) ||
-          !proto.ParseFromArray(bytes, static_cast<int>(length)) ||
-          !tensor_.FromProto(tensorflow::cpu_allocator(), proto) || tensor_.dtype() != header_->dtype ||
-          tensor_.shape() != header_->shape) {
-        return FinishLocked(absl::DataLossError(absl::StrCat(
-            "the peer's ", tensorflow::DataTypeString(header_->dtype), " tensor does not parse as announced")));
-      }
+      absl::StatusOr<Tensor> parsed = TensorFromProtoBytes(*header_, std::string_view(bytes, length));
+      if (!parsed.ok()) return FinishLocked(parsed.status());
+      tensor_ = *std::move(parsed);
     }
     const char* kind = KindOf(tensor_name_);
     runtime_->stats().Peer(peer_task_, [length, kind](PeerStats& s) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/transport/crypto.h"
+#include "tensorflow/core/framework/tensor.pb.h"
 
 namespace tf_rdma {
 namespace {
@@ -94,10 +95,15 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
     if (!added.ok()) return malformed(std::string(added.message()));
   }
   // A TensorProto: its parser checks it, and cannot take more than INT_MAX bytes, so a peer's
-  // header asking for more must not size a grant.
+  // header asking for more must not size a grant. Each of its strings or variants takes at least a
+  // byte, so a small message cannot make us allocate a large tensor.
   if (!TravelsAsBytes(header.dtype)) {
     if (header.data_bytes > static_cast<uint64_t>(INT_MAX)) {
       return malformed(absl::StrCat(header.data_bytes, " bytes of TensorProto"));
+    }
+    if (static_cast<uint64_t>(header.shape.num_elements()) > header.data_bytes) {
+      return malformed(absl::StrCat(header.shape.num_elements(), " ", tensorflow::DataTypeString(header.dtype),
+                                    " elements in ", header.data_bytes, " bytes"));
     }
     return header;
   }
@@ -109,6 +115,29 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
                                   header.data_bytes, " bytes"));
   }
   return header;
+}
+
+absl::StatusOr<tensorflow::Tensor> TensorFromProtoBytes(const TensorHeader& header, std::string_view bytes) {
+  auto malformed = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("the peer's ", tensorflow::DataTypeString(header.dtype),
+                                            " tensor does not parse as its header announced: ", why));
+  };
+  tensorflow::TensorProto proto;
+  if (bytes.size() != header.data_bytes || bytes.size() > static_cast<uint64_t>(INT_MAX) ||
+      !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return malformed(absl::StrCat(bytes.size(), " bytes that are not a TensorProto of ", header.data_bytes));
+  }
+  // Tensor::FromProto allocates the proto's shape before it reads a value: it must be the header's,
+  // which DecodeHeader bounded by the message's bytes.
+  tensorflow::TensorShape shape;
+  if (proto.dtype() != header.dtype || !tensorflow::TensorShape::BuildTensorShape(proto.tensor_shape(), &shape).ok() ||
+      shape != header.shape) {
+    return malformed(absl::StrCat("a TensorProto of ", tensorflow::DataTypeString(proto.dtype()), " ",
+                                  proto.tensor_shape().ShortDebugString(), " for ", header.shape.DebugString()));
+  }
+  tensorflow::Tensor tensor;
+  if (!tensor.FromProto(tensorflow::cpu_allocator(), proto)) return malformed("its values do not match its shape");
+  return tensor;
 }
 
 constexpr uint64_t kSlotLengthBytes = 8;

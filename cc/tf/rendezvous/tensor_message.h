@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "cc/transport/transport.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
 
@@ -57,6 +58,9 @@ std::string EncodeHeader(const TensorHeader& header, uint64_t room = 0);
 // Checks everything: the bytes come from another process. A message of an inline tensor holds the
 // header and then the tensor's `data_bytes`, which start at `*data_offset`.
 absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, uint64_t* data_offset);
+// A string or variant tensor from the TensorProto a peer sent for `header` (DecodeHeader's). The
+// proto's dtype and shape must be the header's before TensorFlow allocates anything for them.
+absl::StatusOr<tensorflow::Tensor> TensorFromProtoBytes(const TensorHeader& header, std::string_view bytes);
 
 // A fused message holds each member's header message (header and inline bytes, as above) in the
 // slot planned for it: the message's length, then the message. Length 0 says the member travels on

@@ -24,6 +24,8 @@ auto* registry = new std::vector<std::shared_ptr<Runtime>>();
 constexpr size_t kMaxLearnedTransfers = 1 << 16;
 constexpr size_t kMaxPeers = 1 << 14;
 
+constexpr char kChosenByPeer[] = "chosen by the peer, which connects";
+
 // One connection attempt lasts this long before the runtime checks why the peer is not there.
 constexpr absl::Duration kAttempt = absl::Seconds(4);
 
@@ -229,14 +231,18 @@ absl::Status Runtime::Listen() {
   return absl::OkStatus();
 }
 
+void Runtime::RecordConnection(const std::string& peer, Backend backend, const std::string& reason) {
+  stats_.Peer(peer, [&](PeerStats& s) {
+    s.backend = BackendName(backend);
+    s.backend_reason = reason;
+    s.connects++;
+  });
+}
+
 void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   const std::string peer = connection->peer_name();
   if (options_.serve_any_peer) {
-    stats_.Peer(peer, [&](PeerStats& s) {
-      s.backend = BackendName(connection->backend());
-      s.backend_reason = "chosen by the peer, which connects";
-      s.connects++;
-    });
+    RecordConnection(peer, connection->backend(), kChosenByPeer);
     options_.serve_any_peer(std::move(connection));
     return;
   }
@@ -266,11 +272,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
   state.connection = std::move(connection);
   state.was_connected = true;
-  stats_.Peer(peer, [&](PeerStats& s) {
-    s.backend = BackendName(state.connection->backend());
-    s.backend_reason = "chosen by the peer, which connects";
-    s.connects++;
-  });
+  RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
 }
 
@@ -368,11 +370,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::ConnectTo(const TaskAddress
     if (connection.ok()) {
       LOG(INFO) << absl::StrCat("tf_rdma: ", BackendName(choice.backend), " to task ", peer.task, " at ",
                                 peer.host, ":", peer.rdma_port, " (", choice.reason, ")");
-      stats_.Peer(peer.task, [&](PeerStats& s) {
-        s.backend = BackendName(choice.backend);
-        s.backend_reason = choice.reason;
-        s.connects++;
-      });
+      RecordConnection(peer.task, choice.backend, choice.reason);
       return connection;
     }
     if (connection.status().code() != absl::StatusCode::kUnavailable) return connection.status();
@@ -399,11 +397,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::Dial(const Endpoint& addres
   }
   LOG(INFO) << "tf_rdma: " << BackendName(choice.backend) << " to " << (*connection)->peer_name() << " at "
             << address.ToString() << " (" << choice.reason << ")";
-  stats_.Peer((*connection)->peer_name(), [&](PeerStats& s) {
-    s.backend = BackendName(choice.backend);
-    s.backend_reason = choice.reason;
-    s.connects++;
-  });
+  RecordConnection((*connection)->peer_name(), choice.backend, choice.reason);
   return connection;
 }
 

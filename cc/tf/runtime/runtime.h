@@ -113,6 +113,9 @@ class Runtime {
   absl::Status Listen();
   absl::StatusOr<Transport*> TransportFor(Backend backend);
   void OnAccepted(std::shared_ptr<Connection> connection);
+  // The one place a connection is counted in stats (accepted, connected to a task, or dialled for
+  // tf.data), with the backend it runs on and why.
+  void RecordConnection(const std::string& peer, Backend backend, const std::string& reason);
   void Establish(const std::string& peer_task);
   absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(const TaskAddress& peer);
   absl::StatusOr<std::shared_ptr<Connection>> AwaitFrom(const std::string& peer_task);
