@@ -1,5 +1,5 @@
 """Faults on the wire, tf_rdma (tcp backend) beside stock gRPC under the same faults: a TF1 ps and
-worker, each in its own network namespace (network.py), the worker driven step by step
+worker, each in its own network namespace (tf_rdma/netns.py), the worker driven step by step
 (wire_programs.driven_worker) while the test partitions their link, loses packets on it, freezes
 the ps, and makes the ps's host vanish (no FIN) and come back on the same address.
 
@@ -8,7 +8,7 @@ One cluster per transport plays the whole schedule (TensorFlow's start-up domina
 schedule's phases run in order on live connections, so each phase also starts from the aftermath
 of the one before, as in a real cluster.
 
-No netem on this kernel (network.py): loss and partitions only, no delay."""
+No netem on this kernel (tf_rdma/netns.py): loss and partitions only, no delay."""
 import json
 import os
 import signal
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import network
+from tf_rdma import netns
 from helpers import socket_inodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
@@ -46,8 +46,8 @@ STEPS = 400
 RECOVERY_S = {"long_partition": LONG_FAULT_S + 2, "frozen": 1.0, "restarted": 30.0}
 LOSS_PERCENT = 1
 
-pytestmark = pytest.mark.skipif(network.unavailable_reason() is not None,
-                                reason=network.unavailable_reason() or "")
+NEEDS = netns.unavailable_reason("each task runs in its own network namespace, faults are nftables rules")
+pytestmark = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
 
 
 class NamespacedCluster(Cluster):
@@ -162,7 +162,7 @@ def play(tmp_path, transport, backend="tcp"):
     wire = backend == "tcp"
     record = {}
     (tmp_path / f"{transport}-{backend}").mkdir()
-    with network.Network() as net, \
+    with netns.Network() as net, \
             NamespacedCluster(tmp_path / f"{transport}-{backend}", net, {"ps": 1, "worker": 1}, env,
                               one_host=None if wire else "host") as cluster:
         cluster.start("ps", 0, "serve", program=PROGRAM, transport=transport)
