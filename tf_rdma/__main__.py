@@ -21,12 +21,14 @@ def main(argv=None):
     doctor.add_argument("--json", action="store_true")
     commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf", "soak"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "soak", "chaos"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
                             "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
                             "soak: a training loop for --minutes with cancelled steps and a restarted "
-                            "peer, checking that memory, descriptors, threads and pools stay flat")
+                            "peer, checking that memory, descriptors, threads and pools stay flat; "
+                            "chaos: ParameterServerStrategy training while a seeded schedule kills, "
+                            "freezes and cuts off tasks in network namespaces (root), against gRPC")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=parse_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
@@ -47,7 +49,9 @@ def main(argv=None):
     bench.add_argument("--quick", action="store_true", help="tf: smaller sizes and budgets (under a minute)")
     bench.add_argument("--plot", metavar="FILE.png", help="tf: plot the figures (needs matplotlib)")
     bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
-                                                                  "(default 5; the first third is warm-up)")
+                                                                  "(default 5; the first third is warm-up); "
+                                                                  "chaos: how long the faults last")
+    bench.add_argument("--seed", type=int, default=1, help="chaos: the fault schedule's seed")
     bench.add_argument("--busy-cores", action="store_true",
                        help="transport: keep every core awake during the run with idle-priority "
                             "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
@@ -107,6 +111,22 @@ def main(argv=None):
                 return 1
             print(json.dumps(report, indent=2) if args.json else bench_soak.render(report))
             if not report["flat"]:
+                return 1
+        elif args.what == "chaos":
+            from tf_rdma import bench_chaos
+            backend = "tcp" if args.backend == "all" else args.backend
+            if backend != "tcp":
+                parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
+                             "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
+            try:
+                report = bench_chaos.run(
+                    backend, args.minutes, args.seed,
+                    progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+            except bench_chaos.ChaosError as e:
+                print(f"tf_rdma: {e}", file=sys.stderr)
+                return 1
+            print(json.dumps(report, indent=2) if args.json else bench_chaos.render(report))
+            if not report["ok"]:
                 return 1
         elif args.what == "collective":
             from tf_rdma import bench_collective

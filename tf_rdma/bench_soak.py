@@ -235,7 +235,7 @@ def transfers(worker_stats, ps_stats):
     return tensors, nbytes
 
 
-def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE):
+def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processes=PROCESSES):
     """{process: {quantity: {"baseline", "end", "growth", "bound", "flat"}}} over the samples after
     warm-up: baseline is the lowest of the first `settle` of them, end the lowest of the last."""
     after = samples[warmup_samples:]
@@ -243,7 +243,7 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE):
         raise SoakError(f"{len(after)} samples after warm-up; flatness needs at least {2 * settle}: "
                         "run longer (--minutes)")
     verdict = {}
-    for process in PROCESSES:
+    for process in processes:
         verdict[process] = {}
         for quantity, bound in bounds.items():
             values = [s[process][quantity] for s in after]
