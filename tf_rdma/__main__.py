@@ -9,6 +9,22 @@ import sys
 from tf_rdma.bench import parse_size, parse_sizes
 
 
+def _progress(text):
+    print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True)
+
+
+def _judged_bench(run, failure, render, verdict, as_json):
+    """Runs a bench that judges what it saw: prints its report, exits 1 if `report[verdict]` is
+    false or the bench could not run (`failure`)."""
+    try:
+        report = run(_progress)
+    except failure as e:
+        print(f"tf_rdma: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if as_json else render(report))
+    return 0 if report[verdict] else 1
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tf_rdma")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -94,7 +110,7 @@ def main(argv=None):
                 parser.error("--plot needs matplotlib: pip install matplotlib")
             results = bench_tf.run(
                 backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+                progress=_progress)
             print(json.dumps(results, indent=2) if args.json else bench_tf.render(results))
             if args.plot:
                 bench_tf.plot(results, args.plot)
@@ -102,32 +118,17 @@ def main(argv=None):
             from tf_rdma import bench_soak
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            try:
-                report = bench_soak.run(
-                    backends, args.minutes,
-                    progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
-            except bench_soak.SoakError as e:
-                print(f"tf_rdma: {e}", file=sys.stderr)
-                return 1
-            print(json.dumps(report, indent=2) if args.json else bench_soak.render(report))
-            if not report["flat"]:
-                return 1
+            return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
+                                 bench_soak.SoakError, bench_soak.render, "flat", args.json)
         elif args.what == "chaos":
             from tf_rdma import bench_chaos
             backend = "tcp" if args.backend == "all" else args.backend
             if backend != "tcp":
                 parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
                              "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
-            try:
-                report = bench_chaos.run(
-                    backend, args.minutes, args.seed,
-                    progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
-            except bench_chaos.ChaosError as e:
-                print(f"tf_rdma: {e}", file=sys.stderr)
-                return 1
-            print(json.dumps(report, indent=2) if args.json else bench_chaos.render(report))
-            if not report["ok"]:
-                return 1
+            return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
+                                                                  progress=progress),
+                                 bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
         elif args.what == "collective":
             from tf_rdma import bench_collective
             from tf_rdma.transport import BACKENDS
@@ -135,7 +136,7 @@ def main(argv=None):
             results = bench_collective.run(
                 backends, args.sizes or bench_collective.DEFAULT_SIZES,
                 args.workers or bench_collective.DEFAULT_WORKERS,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+                progress=_progress)
             print(json.dumps(results, indent=2) if args.json else bench_collective.render(results))
         else:
             from tf_rdma import bench as bench_module

@@ -32,10 +32,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from tf_rdma.bench_soak import SETTLE, judge, process_sample
+from tf_rdma.bench_soak import SETTLE, TASK_ENVIRONMENT, _Task, judge, process_sample
 
 log = logging.getLogger("tf_rdma")
 
@@ -163,29 +162,10 @@ def schedule(seed, seconds, peer_timeout_s):
 
 # ---- the driver ----
 
-class _Task:
-    """One task's process in its namespace; its stdout lines on a queue, its stderr in a file."""
-
-    def __init__(self, net, name, spec, log_dir, env):
-        from tf_rdma.bench_tf import start_task
-        self.name = name
-        self.stderr = open(f"{log_dir}/{name}.log", "a")
-        self.process = start_task(MODULE, spec, stderr=self.stderr, env=env,
-                                  prefix=("ip", "netns", "exec", net.namespace(name)))
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait()
-        self.stderr.close()
+def _task(net, name, spec, log_dir, env):
+    """One task's process in its namespace, its stderr appended to LOG_DIR/NAME.log."""
+    return _Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)),
+                 stderr=open(f"{log_dir}/{name}.log", "a"))
 
 
 class _Faults:
@@ -231,7 +211,7 @@ def _errors_seen(chief_log):
 def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s, log_dir, progress=None):
     """One run over `transport` ("grpc" or a tf_rdma backend): its rates, errors, hang, flatness."""
     from tf_rdma import netns
-    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000))}
+    env = {**TASK_ENVIRONMENT, "TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000))}
     names = ["chief", "ps0", "ps1"] + [f"worker{i}" for i in range(WORKERS)]
     with netns.Network() as net:
         for name in names:
@@ -242,7 +222,7 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
 
         def start(name):
             job, index = name.rstrip("0123456789"), int(name[-1]) if name != "chief" else 0
-            return _Task(net, name, {"cluster": cluster, "job": job, "index": index, "transport": transport,
+            return _task(net, name, {"cluster": cluster, "job": job, "index": index, "transport": transport,
                                      "seconds": unfaulted_seconds + seconds}, log_dir, env)
 
         tasks = {name: start(name) for name in names if name != "chief"}

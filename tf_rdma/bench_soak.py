@@ -258,11 +258,12 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processe
 
 class _Task:
     """A task's process, its stdout lines on a queue (read by a thread so a pipe never fills), its
-    stderr in a file for the error message when it fails."""
+    stderr in a file for the error message when it fails (`stderr`, or a temporary one). `module`
+    and `prefix`: bench_tf.start_task's."""
 
-    def __init__(self, spec):
-        self.stderr = tempfile.TemporaryFile("w+")
-        self.process = start_task(MODULE, spec, stderr=self.stderr, env=TASK_ENVIRONMENT)
+    def __init__(self, spec, module=MODULE, env=TASK_ENVIRONMENT, prefix=(), stderr=None):
+        self.stderr = stderr or tempfile.TemporaryFile("w+")
+        self.process = start_task(module, spec, stderr=self.stderr, env=env, prefix=prefix)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -288,6 +289,7 @@ class _Task:
 
     def stop(self):
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL only once resumed
             self.process.kill()
         self.process.wait()
         self.stderr.close()
