@@ -153,6 +153,10 @@ def schedule(seed, seconds, peer_timeout_s):
               ("loss", None, 0.1 * seconds)]
     rng.shuffle(faults)
     slot = 0.75 * seconds / len(faults)
+    longest = max(duration for _, _, duration in faults)
+    if longest > slot:
+        raise ChaosError(f"{seconds:.0f} s of faults leave {slot:.1f} s per fault, less than the longest "
+                         f"({longest:.1f} s, from the peer timeout): run longer (--minutes)")
     events = []
     for i, (fault, target, duration) in enumerate(faults):
         at = i * slot + rng.uniform(0, max(0.0, slot - duration))
