@@ -62,7 +62,7 @@ class ChaosError(RuntimeError):
 
 # ---- the tasks, each in its own process and namespace ----
 
-def _model(tf, seed=5, examples=1024, features=32, hidden=256):
+def _model(seed=5, examples=1024, features=32, hidden=256):
     """Data and the regression to fit: y = tanh(x A) b, fixed by `seed`."""
     import numpy as np
     rng = np.random.default_rng(seed)
@@ -86,7 +86,7 @@ def _coordinate(spec):
         import tf_rdma
         strategy = tf_rdma.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    x, y, first, second = _model(tf)
+    x, y, first, second = _model()
     batch = 64
     with strategy.scope():  # round robin over the ps: first and iterations on ps 0, second on ps 1
         w1 = tf.Variable(first)
