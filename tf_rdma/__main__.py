@@ -9,6 +9,22 @@ import sys
 from tf_rdma.bench import parse_size, parse_sizes
 
 
+def _progress(text):
+    print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True)
+
+
+def _judged_bench(run, failure, render, verdict, as_json):
+    """Runs a bench that judges what it saw: prints its report, exits 1 if `report[verdict]` is
+    false or the bench could not run (`failure`)."""
+    try:
+        report = run(_progress)
+    except failure as e:
+        print(f"tf_rdma: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if as_json else render(report))
+    return 0 if report[verdict] else 1
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tf_rdma")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -21,14 +37,16 @@ def main(argv=None):
     doctor.add_argument("--json", action="store_true")
     commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak", "chaos"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
                             "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
                             "data: tf.data service elements (4 KiB to 32 MiB) from workers to a trainer "
                             "against gRPC; "
                             "soak: a training loop for --minutes with cancelled steps and a restarted "
-                            "peer, checking that memory, descriptors, threads and pools stay flat")
+                            "peer, checking that memory, descriptors, threads and pools stay flat; "
+                            "chaos: ParameterServerStrategy training while a seeded schedule kills, "
+                            "freezes and cuts off tasks in network namespaces (root), against gRPC")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=parse_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
@@ -49,7 +67,9 @@ def main(argv=None):
     bench.add_argument("--quick", action="store_true", help="tf, data: smaller sizes and budgets (under a minute)")
     bench.add_argument("--plot", metavar="FILE.png", help="tf, data: plot the figures (needs matplotlib)")
     bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
-                                                                  "(default 5; the first third is warm-up)")
+                                                                  "(default 5; the first third is warm-up); "
+                                                                  "chaos: how long the faults last")
+    bench.add_argument("--seed", type=int, default=1, help="chaos: the fault schedule's seed")
     bench.add_argument("--busy-cores", action="store_true",
                        help="transport: keep every core awake during the run with idle-priority "
                             "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
@@ -92,7 +112,7 @@ def main(argv=None):
                 parser.error("--plot needs matplotlib: pip install matplotlib")
             results = bench_tf.run(
                 backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+                progress=_progress)
             print(json.dumps(results, indent=2) if args.json else bench_tf.render(results))
             if args.plot:
                 bench_tf.plot(results, args.plot)
@@ -115,16 +135,17 @@ def main(argv=None):
             from tf_rdma import bench_soak
             from tf_rdma.transport import BACKENDS
             backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            try:
-                report = bench_soak.run(
-                    backends, args.minutes,
-                    progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
-            except bench_soak.SoakError as e:
-                print(f"tf_rdma: {e}", file=sys.stderr)
-                return 1
-            print(json.dumps(report, indent=2) if args.json else bench_soak.render(report))
-            if not report["flat"]:
-                return 1
+            return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
+                                 bench_soak.SoakError, bench_soak.render, "flat", args.json)
+        elif args.what == "chaos":
+            from tf_rdma import bench_chaos
+            backend = "tcp" if args.backend == "all" else args.backend
+            if backend != "tcp":
+                parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
+                             "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
+            return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
+                                                                  progress=progress),
+                                 bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
         elif args.what == "collective":
             from tf_rdma import bench_collective
             from tf_rdma.transport import BACKENDS
@@ -132,7 +153,7 @@ def main(argv=None):
             results = bench_collective.run(
                 backends, args.sizes or bench_collective.DEFAULT_SIZES,
                 args.workers or bench_collective.DEFAULT_WORKERS,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+                progress=_progress)
             print(json.dumps(results, indent=2) if args.json else bench_collective.render(results))
         else:
             from tf_rdma import bench as bench_module

@@ -235,7 +235,7 @@ def transfers(worker_stats, ps_stats):
     return tensors, nbytes
 
 
-def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE):
+def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processes=PROCESSES):
     """{process: {quantity: {"baseline", "end", "growth", "bound", "flat"}}} over the samples after
     warm-up: baseline is the lowest of the first `settle` of them, end the lowest of the last."""
     after = samples[warmup_samples:]
@@ -243,7 +243,7 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE):
         raise SoakError(f"{len(after)} samples after warm-up; flatness needs at least {2 * settle}: "
                         "run longer (--minutes)")
     verdict = {}
-    for process in PROCESSES:
+    for process in processes:
         verdict[process] = {}
         for quantity, bound in bounds.items():
             values = [s[process][quantity] for s in after]
@@ -258,11 +258,12 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE):
 
 class _Task:
     """A task's process, its stdout lines on a queue (read by a thread so a pipe never fills), its
-    stderr in a file for the error message when it fails."""
+    stderr in a file for the error message when it fails (`stderr`, or a temporary one). `module`
+    and `prefix`: bench_tf.start_task's."""
 
-    def __init__(self, spec):
-        self.stderr = tempfile.TemporaryFile("w+")
-        self.process = start_task(MODULE, spec, stderr=self.stderr, env=TASK_ENVIRONMENT)
+    def __init__(self, spec, module=MODULE, env=TASK_ENVIRONMENT, prefix=(), stderr=None):
+        self.stderr = stderr or tempfile.TemporaryFile("w+")
+        self.process = start_task(module, spec, stderr=self.stderr, env=env, prefix=prefix)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -288,6 +289,7 @@ class _Task:
 
     def stop(self):
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL only once resumed
             self.process.kill()
         self.process.wait()
         self.stderr.close()

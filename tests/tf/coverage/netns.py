@@ -11,11 +11,12 @@ all of it, tensors included.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tf_rdma import netns as namespaces
 
 HERE = Path(__file__).resolve().parent
 
@@ -30,18 +31,13 @@ HEADER_BYTES_PER_PACKET = 52
 
 
 def unavailable_reason():
-    """Why this machine cannot measure, or None. Only not being root is a reason to skip; a root
-    machine that cannot (no unshare or ip) is broken, and the caller must fail, not skip."""
-    if os.geteuid() != 0:
-        return "needs root: each run gets its own network namespace (unshare -n)"
-    return None
+    """Why this machine cannot measure, or None (only not being root; see tf_rdma.netns)."""
+    return namespaces.unavailable_reason("each run gets its own network namespace (unshare -n)")
 
 
 def check_tools():
-    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
-    if missing:
-        raise RuntimeError(f"{' and '.join(missing)} not found: install util-linux and iproute2 "
-                           "(the coverage tests run every cluster in its own network namespace)")
+    namespaces.check_tools(("unshare", "ip"), "the coverage tests, which run every cluster in its own "
+                                              "network namespace,")
 
 
 def loopback_counters():

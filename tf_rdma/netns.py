@@ -1,14 +1,17 @@
-"""A private network of namespaces for fault tests: one namespace per host, each joined by a veth
-pair to a bridge in a switch namespace of its own. Faults are nftables rules on that bridge (the
-link, not the hosts: neither end sees a refused packet, an ICMP error or an RST), so a partition
-is silence both ways, as a cut cable or a dead switch port.
+"""A private network of namespaces for fault tests and `bench chaos`: one namespace per host, each
+joined by a veth pair to a bridge in a switch namespace of its own. Faults are nftables rules on
+that bridge (the link, not the hosts: neither end sees a refused packet, an ICMP error or an RST),
+so a partition is silence both ways, as a cut cable or a dead switch port.
 
 This kernel has no sch_netem (`tc qdisc ... netem` answers "Specified qdisc kind is unknown"), so
 delay, jitter and reordering cannot be made here; loss and partitions are nftables drops.
 
-Every name carries this process's id and a counter, so concurrent tests never share one; the
+Every name carries this process's id and a counter, so concurrent runs never share one; the
 addresses (10.213.0.0/24) exist only inside these namespaces, which have no route anywhere else.
 `close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's.
+
+Also the checks every user of namespaces makes (tests/tf/coverage/netns.py's too): root, and the
+tools it runs.
 """
 import itertools
 import os
@@ -19,19 +22,19 @@ SUBNET = "10.213.0"
 _networks = itertools.count()
 
 
-def unavailable_reason():
-    """Why this machine cannot run the fault tests, or None. Only not being root is a reason to
-    skip; a root machine without ip or nft is broken (tools/install_test_prereqs.sh installs them)."""
+def unavailable_reason(purpose):
+    """Why this machine cannot make namespaces for `purpose`, or None. Only not being root is a
+    reason to skip; a root machine without the tools is broken (check_tools says how to fix it)."""
     if os.geteuid() != 0:
-        return "needs root: each task runs in its own network namespace, faults are nftables rules"
+        return f"needs root: {purpose}"
     return None
 
 
-def check_tools():
-    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
+def check_tools(tools=("ip", "nft"), purpose="the fault tests"):
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         raise RuntimeError(f"{' and '.join(missing)} not found: run tools/install_test_prereqs.sh "
-                           "(iproute2 and nftables; the fault tests need them)")
+                           f"(it installs util-linux, iproute2 and nftables; {purpose} need them)")
 
 
 def _run(*command, input=None):

@@ -1,0 +1,435 @@
+"""`python -m tf_rdma bench chaos`: ParameterServerStrategy training while a seeded schedule breaks
+the cluster, over stock gRPC and over tf_rdma, one after the other under the same schedule.
+
+The cluster: a coordinator (chief), 2 ps and 3 workers, each task in a network namespace of its
+own (tf_rdma/netns.py: veth pairs on a bridge, faults as nftables drops; needs root). The
+coordinator schedules training steps (a small regression model, its variables spread over both
+ps) in rounds, joins each round and reports it. The run has two phases on the same cluster:
+- unfaulted, for `unfaulted_seconds`: the step rate without faults (and the warm-up after which
+  the processes' resources are the baseline);
+- chaos, for `--minutes`: the schedule (seeded, so gRPC and tf_rdma get the same one) kills a
+  worker (SIGKILL) and starts it again on the same address, freezes a worker (SIGSTOP) for longer
+  than the peer timeout, partitions a worker from a ps for less and, another time, for more than
+  the peer timeout, and loses 1% of every packet for a while. Faults happen in the first three
+  quarters; the last quarter is quiet, so the run ends on a cluster that recovered.
+
+The report: steps done under chaos against the unfaulted rate, every error the coordinator saw
+(TensorFlow's fault tolerance logs each worker failure it recovers from) with its class, whether
+anything hung (a watchdog: the coordinator must finish a round within the longest fault plus
+WATCHDOG_SLACK_S), the coordinator's and the ps' RSS, descriptors and threads from the end of the
+unfaulted phase to the end of the run (bench_soak's judgement), and the model's final loss against
+gRPC's under the same schedule.
+
+No delay or jitter: this host's kernel has no sch_netem (tf_rdma/netns.py).
+"""
+import json
+import logging
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from tf_rdma.bench_soak import SETTLE, TASK_ENVIRONMENT, _Task, judge, process_sample
+
+log = logging.getLogger("tf_rdma")
+
+MODULE = "tf_rdma.bench_chaos"
+PROGRESS_PREFIX = "@@round "
+DONE_PREFIX = "@@done "
+PORT = 2222  # every task has a namespace, hence every port, of its own
+WORKERS = 3
+STEPS_PER_ROUND = 30
+LOSS_PERCENT = 1
+# From a fault's end to the coordinator's next round, at most: TCP's backed-off retransmission
+# after a long partition, a restarted worker's TensorFlow start-up on a busy machine.
+WATCHDOG_SLACK_S = 90.0
+SAMPLE_EVERY_S = 2.0
+# Flat, from the unfaulted phase's end to the run's end (each the lowest of bench_soak.SETTLE
+# samples): RSS within the allocator's noise plus what TensorFlow's fault handling keeps (new
+# channels and closures); descriptors and threads back where they were.
+GROWTH_BOUNDS = {"rss_bytes": 16 << 20, "fds": 0, "threads": 0}
+LONG_LIVED = ("chief", "ps0", "ps1")  # never killed nor frozen by the schedule
+
+
+class ChaosError(RuntimeError):
+    """The chaos run could not run (a task would not start, the network could not be made)."""
+
+
+# ---- the tasks, each in its own process and namespace ----
+
+def _model(seed=5, examples=1024, features=32, hidden=256):
+    """Data and the regression to fit: y = tanh(x A) b, fixed by `seed`."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((examples, features)).astype(np.float32)
+    y = np.tanh(x @ rng.standard_normal((features, 8)).astype(np.float32)) @ rng.standard_normal((8, 1)).astype(np.float32)
+    first = (rng.standard_normal((features, hidden)) * 0.1).astype(np.float32)
+    second = (rng.standard_normal((hidden, 1)) * 0.1).astype(np.float32)
+    return x, y, first, second
+
+
+def _coordinate(spec):
+    """The chief: rounds of STEPS_PER_ROUND steps, each joined and reported, until spec["seconds"]
+    after its first round; then the final loss over all the data."""
+    import numpy as np
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc")
+    if spec["transport"] == "grpc":
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    else:
+        import tf_rdma
+        strategy = tf_rdma.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    x, y, first, second = _model()
+    batch = 64
+    with strategy.scope():  # round robin over the ps: first and iterations on ps 0, second on ps 1
+        w1 = tf.Variable(first)
+        w2 = tf.Variable(second)
+        iterations = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step(start):
+        def replica():
+            inputs = tf.slice(tf.constant(x), [start, 0], [batch, x.shape[1]])
+            targets = tf.slice(tf.constant(y), [start, 0], [batch, 1])
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.matmul(tf.tanh(tf.matmul(inputs, w1)), w2) - targets))
+            for variable, gradient in zip((w1, w2), tape.gradient(loss, (w1, w2))):
+                variable.assign_sub(0.05 * gradient)
+            iterations.assign_add(1)
+            return loss
+        return strategy.run(replica)
+
+    def full_loss():
+        return float(np.mean(np.square(np.tanh(x @ w1.numpy()) @ w2.numpy() - y)))
+
+    initial_loss = full_loss()
+    completed = 0
+    started = None
+    error = None
+    while started is None or time.time() < started + spec["seconds"]:
+        try:
+            for i in range(STEPS_PER_ROUND):
+                start = (completed + i) * batch % (len(x) - batch + 1)
+                coordinator.schedule(step, args=(tf.constant(start),))  # a tensor: one trace for all
+            coordinator.join()
+        except Exception as e:  # what TensorFlow raised to the user, whatever its class: reported
+            error = {"class": type(e).__name__, "message": str(e)[:1000]}
+            break
+        completed += STEPS_PER_ROUND
+        started = started or time.time()
+        print(PROGRESS_PREFIX + json.dumps({"time": time.time(), "completed": completed}), flush=True)
+    done = {"completed": completed, "error": error, "initial_loss": initial_loss}
+    if error is None:
+        done.update(iterations=int(iterations.numpy()), final_loss=full_loss())
+    print(DONE_PREFIX + json.dumps(done), flush=True)
+    os._exit(0)  # the coordinator's threads would keep polling the cluster
+
+
+def task(spec):
+    if spec["job"] == "chief":
+        _coordinate(spec)
+    from tf_rdma.bench_tf import _server
+    _server(spec).join()
+
+
+# ---- the schedule ----
+
+def schedule(seed, seconds, peer_timeout_s):
+    """[{"at", "fault", "target", "seconds"}] in the first three quarters of `seconds`, one fault
+    of each kind in a slot of its own, in an order and at times drawn from `seed`."""
+    rng = random.Random(seed)
+    workers = [f"worker{i}" for i in range(WORKERS)]
+    faults = [("kill", rng.choice(workers), 2.0),
+              ("freeze", rng.choice(workers), 2.0 * peer_timeout_s),
+              ("short_partition", [rng.choice(workers), "ps0"], 0.4 * peer_timeout_s),
+              ("long_partition", [rng.choice(workers), "ps1"], 2.5 * peer_timeout_s),
+              ("loss", None, 0.1 * seconds)]
+    rng.shuffle(faults)
+    slot = 0.75 * seconds / len(faults)
+    longest = max(duration for _, _, duration in faults)
+    if longest > slot:
+        raise ChaosError(f"{seconds:.0f} s of faults leave {slot:.1f} s per fault, less than the longest "
+                         f"({longest:.1f} s, from the peer timeout): run longer (--minutes)")
+    events = []
+    for i, (fault, target, duration) in enumerate(faults):
+        at = i * slot + rng.uniform(0, max(0.0, slot - duration))
+        events.append({"at": round(at, 2), "fault": fault, "target": target, "seconds": round(duration, 2)})
+    return events
+
+
+# ---- the driver ----
+
+def _task(net, name, spec, log_dir, env):
+    """One task's process in its namespace, its stderr appended to LOG_DIR/NAME.log."""
+    return _Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)),
+                 stderr=open(f"{log_dir}/{name}.log", "a"))
+
+
+class _Faults:
+    """Applies and lifts the schedule's faults; restarts killed workers."""
+
+    def __init__(self, net, tasks, start):
+        self.net, self.tasks, self.start = net, tasks, start
+
+    def apply(self, event):
+        fault, target = event["fault"], event["target"]
+        if fault == "kill":
+            self.tasks[target].stop()
+        elif fault == "freeze":
+            self.tasks[target].process.send_signal(signal.SIGSTOP)
+        elif fault.endswith("partition"):
+            self.net.partition(*target)
+        elif fault == "loss":
+            self.net.lose(LOSS_PERCENT)
+
+    def lift(self, event):
+        fault, target = event["fault"], event["target"]
+        if fault == "kill":
+            self.tasks[target] = self.start(target)
+        elif fault == "freeze":
+            self.tasks[target].process.send_signal(signal.SIGCONT)
+        elif fault.endswith("partition"):
+            self.net.heal(*target)
+        elif fault == "loss":
+            self.net.keep_all()
+
+
+# How TensorFlow's cluster_coordinator handled a failure, from the words of its log line.
+HANDLING = (("treated as a transient connectivity failure", "transient, step retried"),
+            ("derived error is ignored", "ignored, step retried"),
+            ("Worker ", "worker failure, steps retried once it is back"))
+LOG_LINE = re.compile(r"\n(?:ERROR|WARNING|INFO|DEBUG) ")
+
+
+def _errors_seen(chief_log):
+    """{"CLASS (handling)": {"count", "example"}}: the failures the coordinator logged and
+    recovered from ("Worker ... failed with UnavailableError():...", "Remote function on worker
+    ... failed with ..."). The example is the message's line naming the cause (tf_rdma's, if any)."""
+    seen = {}
+    for match in re.finditer(r"(?:^|\n)ERROR (.*?)failed with (\w+)\(\)?:?", chief_log):
+        rest = chief_log[match.end():match.end() + 4000]
+        end = LOG_LINE.search(rest)
+        message = rest[:end.start() if end else len(rest)]
+        handling = next(h for words, h in HANDLING if words in match.group(1) + message)
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        cause = next((line for line in lines if line.startswith("tf_rdma:")), " ".join(lines[:3]))
+        entry = seen.setdefault(f"{match.group(2)} ({handling})", {"count": 0, "example": cause[:400]})
+        entry["count"] += 1
+    return seen
+
+
+def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s, log_dir, progress=None):
+    """One run over `transport` ("grpc" or a tf_rdma backend): its rates, errors, hang, flatness."""
+    from tf_rdma import netns
+    env = {**TASK_ENVIRONMENT, "TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000))}
+    names = ["chief", "ps0", "ps1"] + [f"worker{i}" for i in range(WORKERS)]
+    with netns.Network() as net:
+        for name in names:
+            net.add_host(name)
+        cluster = {"chief": [f"{net.address('chief')}:{PORT}"],
+                   "ps": [f"{net.address(f'ps{i}')}:{PORT}" for i in range(2)],
+                   "worker": [f"{net.address(f'worker{i}')}:{PORT}" for i in range(WORKERS)]}
+
+        def start(name):
+            job, index = name.rstrip("0123456789"), int(name[-1]) if name != "chief" else 0
+            return _task(net, name, {"cluster": cluster, "job": job, "index": index, "transport": transport,
+                                     "seconds": unfaulted_seconds + seconds}, log_dir, env)
+
+        tasks = {name: start(name) for name in names if name != "chief"}
+        tasks["chief"] = start("chief")
+        faults = _Faults(net, tasks, start)
+        pending = sorted(events, key=lambda e: e["at"])
+        active = []  # (lift time, event)
+        rounds, samples, done, hang = [], [], None, None
+        chaos_start = last_lift = None
+        longest = max([e["seconds"] for e in events], default=0.0)
+        last_round = time.monotonic()
+        next_sample = 0.0
+        try:
+            while done is None:
+                now = time.monotonic()
+                if chaos_start is not None:
+                    while pending and now >= chaos_start + pending[0]["at"]:
+                        event = pending.pop(0)
+                        faults.apply(event)
+                        active.append((now + event["seconds"], event))
+                        if progress:
+                            progress(f"chaos over {transport}: {event['fault']} {_target(event)} "
+                                     f"for {event['seconds']} s")
+                    for lift_at, event in [a for a in active if now >= a[0]]:
+                        faults.lift(event)
+                        active.remove((lift_at, event))
+                        last_lift = now
+                if rounds and now >= next_sample:
+                    for name in LONG_LIVED:
+                        if tasks[name].process.poll() is not None:
+                            raise ChaosError(f"chaos over {transport}: {name} exited "
+                                             f"({tasks[name].process.returncode}); see {log_dir}/{name}.log")
+                    samples.append({"seconds": now - rounds[0]["monotonic"],
+                                    **{name: process_sample(tasks[name].process.pid) for name in LONG_LIVED}})
+                    next_sample = now + SAMPLE_EVERY_S
+                # Before the first round TensorFlow starts up on every task: not a hang.
+                limit = (longest + WATCHDOG_SLACK_S) if rounds else WATCHDOG_SLACK_S * 3
+                if now - last_round > limit:
+                    hang = {"after_round": len(rounds), "waited_s": now - last_round,
+                            "active_faults": [e for _, e in active]}
+                    break
+                try:
+                    line = tasks["chief"].lines.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    raise ChaosError(f"chaos over {transport}: the coordinator exited "
+                                     f"({tasks['chief'].process.wait()}); see {log_dir}/chief.log")
+                if line.startswith(PROGRESS_PREFIX):
+                    report = json.loads(line[len(PROGRESS_PREFIX):])
+                    report["monotonic"] = last_round = time.monotonic()
+                    rounds.append(report)
+                    if chaos_start is None and last_round - rounds[0]["monotonic"] >= unfaulted_seconds:
+                        chaos_start = last_round
+                        warmup_samples = len(samples)
+                        if progress:
+                            progress(f"chaos over {transport}: unfaulted phase done, "
+                                     f"{report['completed']} steps; faults start")
+                elif line.startswith(DONE_PREFIX):
+                    done = json.loads(line[len(DONE_PREFIX):])
+        finally:
+            for _, event in active:
+                faults.lift(event)
+            for t in tasks.values():
+                t.stop()
+    with open(f"{log_dir}/chief.log") as f:
+        errors = _errors_seen(f.read())
+    result = {"transport": transport, "hang": hang, "errors": errors, "rounds": rounds, "samples": samples}
+    if hang:
+        return result
+    at_chaos = next(r for r in rounds if r["monotonic"] >= chaos_start)
+    unfaulted_rate = ((at_chaos["completed"] - rounds[0]["completed"]) / (at_chaos["time"] - rounds[0]["time"])
+                      if at_chaos is not rounds[0] else None)
+    chaos_steps = rounds[-1]["completed"] - at_chaos["completed"]
+    chaos_rate = chaos_steps / (rounds[-1]["time"] - at_chaos["time"])
+    # The baseline: the unfaulted phase's last samples.
+    verdict = judge(samples, max(0, warmup_samples - SETTLE), GROWTH_BOUNDS, processes=LONG_LIVED)
+    result.update(done, unfaulted_steps_per_second=unfaulted_rate, chaos_steps=chaos_steps,
+                  chaos_steps_per_second=chaos_rate,
+                  # The cluster recovered from every fault: steps done once all were lifted.
+                  steps_after_last_fault=rounds[-1]["completed"] - max(
+                      [r["completed"] for r in rounds if last_lift is not None and r["monotonic"] <= last_lift],
+                      default=rounds[-1]["completed"]),
+                  steps_vs_unfaulted=chaos_rate / unfaulted_rate if unfaulted_rate else None,
+                  lost_steps=max(0, done["completed"] - done.get("iterations", done["completed"])),
+                  # TensorFlow runs a step again when its worker failed before reporting it.
+                  steps_run_twice=max(0, done.get("iterations", done["completed"]) - done["completed"]),
+                  flatness=verdict,
+                  flat=all(q["flat"] for p in verdict.values() for q in p.values()))
+    return result
+
+
+def run(backend="tcp", minutes=3.0, seed=1, peer_timeout_ms=2000, unfaulted_seconds=None, log_dir=None,
+        progress=None):
+    """{"schedule": [...], "runs": [gRPC's, tf_rdma's], ...} under the same seeded schedule."""
+    from tf_rdma import netns
+    reason = netns.unavailable_reason("each task of the chaos run gets a network namespace of its own")
+    if reason:
+        raise ChaosError(reason)
+    netns.check_tools(purpose="the chaos run")
+    seconds = minutes * 60
+    unfaulted_seconds = unfaulted_seconds or max(15.0, seconds / 4)
+    peer_timeout_s = peer_timeout_ms / 1000
+    events = schedule(seed, seconds, peer_timeout_s)
+    log_dir = log_dir or tempfile.mkdtemp(prefix="tf_rdma_chaos_")
+    report = {"backend": backend, "seed": seed, "minutes": minutes, "unfaulted_seconds": unfaulted_seconds,
+              "peer_timeout_ms": peer_timeout_ms, "schedule": events, "log_dir": log_dir, "runs": []}
+    for transport in ("grpc", backend):
+        directory = f"{log_dir}/{transport}"
+        os.makedirs(directory, exist_ok=True)
+        if progress:
+            progress(f"chaos over {transport}: {unfaulted_seconds:.0f} s unfaulted, then {seconds:.0f} s "
+                     f"of faults (logs in {directory})")
+        report["runs"].append(run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
+                                            directory, progress))
+    grpc, ours = report["runs"]
+    if "flatness" in grpc and "flatness" in ours:
+        _judge_against(ours, grpc)
+    report["final_loss_vs_grpc"] = (ours["final_loss"] / grpc["final_loss"]
+                                    if "final_loss" in ours and grpc.get("final_loss") else None)
+    report["ok"] = all(not r["hang"] and r.get("error") is None and r.get("flat") and r.get("lost_steps") == 0
+                       and r.get("steps_after_last_fault", 0) > 0 for r in report["runs"][1:])
+    return report
+
+
+def _target(event):
+    target = event["target"]
+    return " <-> ".join(target) if isinstance(target, list) else (target or "every link")
+
+
+def _judge_against(ours, grpc):
+    """tf_rdma's growth may exceed the bound by what TensorFlow itself grew over gRPC under the same
+    schedule (its coordinator keeps threads for a recovered worker, whatever carries the tensors)."""
+    for process, quantities in ours["flatness"].items():
+        for quantity, q in quantities.items():
+            q["grpc_growth"] = grpc["flatness"][process][quantity]["growth"]
+            q["flat"] = q["growth"] <= q["bound"] + max(0, q["grpc_growth"])
+    ours["flat"] = all(q["flat"] for p in ours["flatness"].values() for q in p.values())
+
+
+def render(report):
+    grpc, ours = report["runs"]
+    name = {"grpc": "gRPC", report["backend"]: f"tf_rdma {report['backend']}"}
+    lines = [f"chaos run, seed {report['seed']}: {report['unfaulted_seconds']:.0f} s unfaulted, then "
+             f"{report['minutes'] * 60:.0f} s of faults; TF_RDMA_PEER_TIMEOUT_MS={report['peer_timeout_ms']}; "
+             f"1 coordinator, 2 ps, {WORKERS} workers, each in a network namespace",
+             "schedule (seconds into the faulted phase):"]
+    for e in report["schedule"]:
+        lines.append(f"  {e['at']:6.1f}  {e['fault']:<15} {_target(e):<18} {e['seconds']:.1f} s")
+
+    def row(label, value):
+        lines.append(f"  {label:<34}" + "".join(f" {value(r):>22}" for r in report["runs"]))
+
+    lines.append(f"  {'':<34}" + "".join(f" {name[r['transport']]:>22}" for r in report["runs"]))
+
+    def figure(key, fmt):
+        return lambda r: "-" if r.get(key) is None else format(r[key], fmt)
+    row("hang (watchdog)", lambda r: "HANG" if r["hang"] else "no")
+    row("steps/s unfaulted", figure("unfaulted_steps_per_second", ".1f"))
+    row("steps/s under faults", figure("chaos_steps_per_second", ".1f"))
+    row("steps under faults vs unfaulted", figure("steps_vs_unfaulted", ".2f"))
+    row("steps after the last fault", figure("steps_after_last_fault", "d"))
+    row("steps lost (completed - ran)", figure("lost_steps", "d"))
+    row("steps run again (retried)", figure("steps_run_twice", "d"))
+    row("error raised to the coordinator", lambda r: r["error"]["class"] if r.get("error") else "none")
+    row("final loss (initial)", lambda r: (f"{r['final_loss']:.4f} ({r['initial_loss']:.3f})"
+                                           if "final_loss" in r else "-"))
+    for process in LONG_LIVED:
+        row(f"{process} growth: RSS, fds, threads", lambda r: "-" if "flatness" not in r else ", ".join(
+            [f"{r['flatness'][process]['rss_bytes']['growth'] / (1 << 20):+.1f} MiB"]
+            + [f"{r['flatness'][process][q]['growth']:+d}" for q in ("fds", "threads")]))
+    row("flat (*)", lambda r: "-" if r["transport"] == "grpc" or "flat" not in r else
+        ("yes" if r["flat"] else "GREW"))
+    lines.append(f"  (*) chief and ps, from the unfaulted phase's end to the run's end, each the lowest of "
+                 f"{SETTLE} samples: RSS within {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB, not one descriptor or "
+                 "thread more than gRPC's run grew under the same schedule")
+    if report["final_loss_vs_grpc"] is not None:
+        lines.append(f"  final loss, tf_rdma / gRPC: {report['final_loss_vs_grpc']:.2f}")
+    lines.append("failures TensorFlow's coordinator logged and recovered from:")
+    for error in sorted({c for r in report["runs"] for c in r["errors"]}):
+        lines.append(f"  {error}: " + ", ".join(f"{name[r['transport']]} {r['errors'].get(error, {}).get('count', 0)}"
+                                                for r in report["runs"]))
+        for r in report["runs"]:
+            if error in r["errors"]:
+                lines.append(f"    {name[r['transport']]}, e.g.: {r['errors'][error]['example'][:240]}")
+    lines.append("ok" if report["ok"] else "NOT OK (tf_rdma): a hang, an error, a lost step, no step after the "
+                 "last fault, or growth (see above)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    task(json.loads(sys.argv[1]))
