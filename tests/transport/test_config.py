@@ -147,6 +147,32 @@ def test_a_secret_file_that_is_missing_empty_huge_or_weak_is_an_error_naming_it(
         load_config({"TF_RDMA_SECRET_FILE": str(path)})
 
 
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "character device"])
+def test_a_secret_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
+    """A FIFO without a writer must not hang the import (the load runs in a child that would time
+    out), and a directory or a device must not pass for a secret file (/dev/zero would read as
+    4 KiB of zeros)."""
+    if kind == "FIFO":
+        path = tmp_path / "secret"
+        os.mkfifo(path)
+    else:
+        path = tmp_path if kind == "directory" else "/dev/zero"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    result = subprocess.run([sys.executable, "-c", "import tf_rdma"], env={**env, "TF_RDMA_SECRET_FILE": str(path)},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert f"TF_RDMA_SECRET_FILE='{path}' is a {kind}, not a regular file. Point it at the regular file " \
+        "holding the cluster's secret" in result.stderr, result.stderr
+
+
+def test_a_secret_file_may_be_a_symbolic_link_as_kubernetes_mounts_them(tmp_path):
+    secret = fresh_secret()
+    (tmp_path / "..data").mkdir()
+    (tmp_path / "..data" / "secret").write_text(secret)
+    (tmp_path / "secret").symlink_to(tmp_path / "..data" / "secret")
+    assert load_config({"TF_RDMA_SECRET_FILE": str(tmp_path / "secret")}).secret == secret.encode()
+
+
 def test_setting_both_the_secret_and_its_file_is_an_error(tmp_path):
     path = tmp_path / "secret"
     secret = fresh_secret()
