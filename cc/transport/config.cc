@@ -62,9 +62,11 @@ absl::Status ParseLimit(const std::string& name, const std::string& value, uint6
 // A secret longer than this is not a secret someone typed or mounted by mistake: refused.
 constexpr size_t kMaxSecretLength = 4096;
 
+// The command runs as printed in the environment that got the error: tf_rdma's import refuses
+// that environment's secret, so the command drops both variables that could carry it.
 constexpr char kMakeASecret[] =
-    "Make one with `TF_RDMA_SECRET= python -m tf_rdma secret` (256 random bits; or `openssl rand "
-    "-base64 32`) and give every task the same";
+    "Make one with `env -u TF_RDMA_SECRET -u TF_RDMA_SECRET_FILE python -m tf_rdma secret` (256 "
+    "random bits; or `openssl rand -base64 32`) and give every task the same";
 
 absl::Status SecretFileError(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(

@@ -2,6 +2,8 @@
 and every variable checked when tf_rdma is imported, with errors that name the variable."""
 import base64
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -122,6 +124,32 @@ def test_a_secret_too_weak_to_resist_offline_guessing_is_refused_with_how_to_mak
     with pytest.raises(errors.ConfigError, match=r"TF_RDMA_SECRET is too weak .* at least 128 needed.*"
                                                  r"python -m tf_rdma secret"):
         load_config({"TF_RDMA_SECRET": weak})
+
+
+@pytest.mark.parametrize("variable", ["TF_RDMA_SECRET", "TF_RDMA_SECRET_FILE"])
+def test_the_commands_a_weak_secret_error_prints_make_a_strong_secret_as_printed(tmp_path, variable):
+    """Each command in backquotes, run by a shell in the very environment that got the error (with
+    the Python that has tf_rdma first on PATH, as in an activated virtualenv), prints a secret that
+    tf_rdma accepts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    if variable == "TF_RDMA_SECRET":
+        env[variable] = "trustno1"
+    else:
+        (tmp_path / "secret").write_text("trustno1\n")
+        env[variable] = str(tmp_path / "secret")
+    refused = subprocess.run([sys.executable, "-c", "import tf_rdma"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert "is too weak" in refused.stderr, refused.stderr
+    commands = re.findall(r"`([^`]+)`", refused.stderr.strip().splitlines()[-1])
+    assert any("python -m tf_rdma secret" in command for command in commands), refused.stderr
+    for command in commands:
+        if command.startswith("openssl") and shutil.which("openssl") is None:
+            continue  # the alternative for hosts that have OpenSSL's command line tool
+        made = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, f"`{command}` failed: {made.stderr}"
+        secret = made.stdout.strip()
+        assert load_config({"TF_RDMA_SECRET": secret}).secret == secret.encode(), command
 
 
 def test_the_secret_can_come_from_a_file_as_a_kubernetes_secret_mounts_it(tmp_path):
