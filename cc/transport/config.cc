@@ -163,8 +163,7 @@ absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
   // join, jobs are renamed at connect time). The secret is length-prefixed, so that HKDF's input
   // keying material is never empty (OpenSSL refuses an empty one) and no secret encodes as another.
   std::string keying_material;
-  for (int i = 0; i < 4; ++i) keying_material.push_back(static_cast<char>((secret.size() >> (8 * i)) & 0xff));
-  keying_material.append(secret);
+  AppendLengthPrefixed(keying_material, secret);
   std::string key(32, '\0');
   absl::Status derived = HkdfSha256(keying_material, "tf_rdma cluster key", "tf_rdma handshake",
                                     reinterpret_cast<uint8_t*>(key.data()), key.size());

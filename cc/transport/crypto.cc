@@ -101,6 +101,12 @@ absl::Status LoadCrypto() {
   return *loaded;
 }
 
+void AppendLengthPrefixed(std::string& out, std::string_view field) {
+  const uint32_t length = static_cast<uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  out.append(field);
+}
+
 Sha256Digest Sha256(std::string_view data) {
   Sha256Digest digest{};
   unsigned int length = 0;

@@ -29,6 +29,10 @@ using Sha256Digest = std::array<uint8_t, 32>;
 // first answer). Otherwise FailedPrecondition naming the library and the package that installs it.
 absl::Status LoadCrypto();
 
+// Appends `field` after its length (u32, little endian), so that fields so framed never encode two
+// sequences alike: the inputs of the handshake's tokens and of the cluster key are built so.
+void AppendLengthPrefixed(std::string& out, std::string_view field);
+
 Sha256Digest Sha256(std::string_view data);
 Sha256Digest HmacSha256(std::string_view key, std::string_view message);
 // HKDF-SHA-256 (RFC 5869), extract and expand, to `length` bytes (at most 8160).
