@@ -5,7 +5,8 @@
 // libcrypto.so.3 is loaded at run time (dlopen), not linked, for two reasons: TensorFlow's
 // libtensorflow_framework.so.2, which the TensorFlow extension links, exports BoringSSL's functions
 // under the same names (HMAC, EVP_sha256, RAND_bytes, ...), so a linked OpenSSL call could bind to
-// BoringSSL's symbol depending on load order, whereas dlsym on libcrypto's own handle cannot; and
+// BoringSSL's symbol depending on load order, whereas dlsym on libcrypto's own handle cannot (and
+// libcrypto's calls to itself are kept from them too: crypto.cc, RTLD_DEEPBIND); and
 // building needs no OpenSSL headers (pip install from source works without libssl-dev). Running
 // needs libcrypto.so.3, which every distribution whose Python has hashlib/ssl installs.
 //
