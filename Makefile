@@ -31,10 +31,11 @@ check: test-prereqs env cc-tests
 # C++ unit tests (GoogleTest, Debian's libgtest-dev) of the transport's pure code, against the
 # absl of the TensorFlow in .venv, as the extensions are built.
 TF_FLAGS = $(shell .venv/bin/python -c 'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null)
-CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_book.cc cc/transport/wire.cc
+CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_book.cc cc/transport/wire.cc \
+	cc/transport/handshake.cc cc/transport/crypto.cc cc/transport/backend_names.cc
 build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h) | env
 	mkdir -p build
-	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS)
+	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread -ldl $(TF_FLAGS)
 
 # The tf.data element messages (cc/tf/data/, built for the TensorFlow releases setup.py names in
 # DATA_SERVICE_TENSORFLOW) decoded from a hostile peer, against the TensorFlow in .venv.

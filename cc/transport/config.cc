@@ -1,10 +1,11 @@
 #include "cc/transport/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <cerrno>
 #include <cstring>
@@ -61,20 +62,61 @@ absl::Status ParseLimit(const std::string& name, const std::string& value, uint6
 // A secret longer than this is not a secret someone typed or mounted by mistake: refused.
 constexpr size_t kMaxSecretLength = 4096;
 
+// The command runs as printed in the environment that got the error: tf_rdma's import refuses
+// that environment's secret, so the command drops both variables that could carry it.
 constexpr char kMakeASecret[] =
-    "Make one with `TF_RDMA_SECRET= python -m tf_rdma secret` (256 random bits; or `openssl rand "
-    "-base64 32`) and give every task the same";
+    "Make one with `env -u TF_RDMA_SECRET -u TF_RDMA_SECRET_FILE python -m tf_rdma secret` (256 "
+    "random bits; or `openssl rand -base64 32`) and give every task the same";
 
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_RDMA_SECRET_FILE='", path, "' cannot be read: ", std::strerror(errno),
-        ". Point it at the file holding the cluster's secret (e.g. a mounted Kubernetes Secret) or unset it."));
+absl::Status SecretFileError(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "TF_RDMA_SECRET_FILE='", path, "' ", what,
+      ". Point it at the regular file holding the cluster's secret (e.g. a mounted Kubernetes "
+      "Secret) or unset it."));
+}
+
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "of an unknown kind";
+}
+
+// Up to kMaxSecretLength + 1 bytes of the regular file open as `fd`.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int fd) {
+  struct stat status {};
+  if (fstat(fd, &status) != 0) {
+    return SecretFileError(path, absl::StrCat("cannot be examined: ", std::strerror(errno)));
   }
-  std::string secret(kMaxSecretLength + 1, '\0');
-  file.read(secret.data(), static_cast<std::streamsize>(secret.size()));
-  secret.resize(static_cast<size_t>(file.gcount()));
+  if (!S_ISREG(status.st_mode)) {
+    return SecretFileError(path, absl::StrCat("is ", FileKind(status.st_mode), ", not a regular file"));
+  }
+  std::string content(kMaxSecretLength + 1, '\0');
+  size_t filled = 0;
+  while (filled < content.size()) {
+    const ssize_t n = read(fd, content.data() + filled, content.size() - filled);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return SecretFileError(path, absl::StrCat("cannot be read: ", std::strerror(errno)));
+    if (n == 0) break;
+    filled += static_cast<size_t>(n);
+  }
+  content.resize(filled);
+  return content;
+}
+
+// Only a regular file: a FIFO would block the import of tf_rdma until something writes to it, and
+// a device (/dev/zero, /dev/urandom) would pass for a secret that no other task shares. O_NONBLOCK
+// makes opening a FIFO without a writer return at once, so that it is refused; a regular file's
+// reads ignore the flag.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return SecretFileError(path, absl::StrCat("cannot be read: ", std::strerror(errno)));
+  absl::StatusOr<std::string> read = ReadRegularFile(path, fd);
+  close(fd);
+  if (!read.ok()) return read.status();
+  std::string secret = *std::move(read);
   if (secret.size() > kMaxSecretLength) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TF_RDMA_SECRET_FILE='", path, "' holds more than ", kMaxSecretLength,
@@ -121,8 +163,7 @@ absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
   // join, jobs are renamed at connect time). The secret is length-prefixed, so that HKDF's input
   // keying material is never empty (OpenSSL refuses an empty one) and no secret encodes as another.
   std::string keying_material;
-  for (int i = 0; i < 4; ++i) keying_material.push_back(static_cast<char>((secret.size() >> (8 * i)) & 0xff));
-  keying_material.append(secret);
+  AppendLengthPrefixed(keying_material, secret);
   std::string key(32, '\0');
   absl::Status derived = HkdfSha256(keying_material, "tf_rdma cluster key", "tf_rdma handshake",
                                     reinterpret_cast<uint8_t*>(key.data()), key.size());
@@ -148,8 +189,8 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "At least 128 bits estimated (make one with `python -m tf_rdma secret`); empty: no secret, "
        "anyone who reaches a tf_rdma port can join."},
       {"TF_RDMA_SECRET_FILE", "(unset)",
-       "A file holding TF_RDMA_SECRET (e.g. a mounted Kubernetes Secret; trailing line breaks "
-       "are ignored). Setting both is an error."},
+       "A regular file holding TF_RDMA_SECRET (e.g. a mounted Kubernetes Secret; trailing line "
+       "breaks are ignored; a FIFO or device is refused). Setting both is an error."},
       {"TF_RDMA_VERBS_DEVICE", "(auto)",
        "verbs: the RDMA device to use (a name from `ibv_devices`, e.g. mlx5_0). Default: the device "
        "whose port carries the peer's IP route, as rdma_cm resolves it."},

@@ -51,8 +51,21 @@ constexpr char kInstallHint[] =
     "Install OpenSSL 3's runtime library: `apt-get install libssl3` (Debian, Ubuntu), "
     "`dnf install openssl-libs` (RHEL, Fedora)";
 
+// RTLD_DEEPBIND: libcrypto calls its own exported functions through the dynamic linker, which
+// looks in the global scope first. A process that loaded TensorFlow RTLD_GLOBAL (Python after
+// sys.setdlopenflags(RTLD_GLOBAL), or a program linking libtensorflow_framework) has BoringSSL's
+// functions of the same names there, and libcrypto would call those with its own structures and
+// crash. DEEPBIND makes a libcrypto loaded here look in itself first. (Already loaded, by Python's
+// hashlib say, it was bound when it loaded.) AddressSanitizer refuses DEEPBIND: a checked build
+// (CXXFLAGS=-fsanitize=address) loads without it, and must not load TensorFlow RTLD_GLOBAL first.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kOwnSymbolsFirst = 0;
+#else
+constexpr int kOwnSymbolsFirst = RTLD_DEEPBIND;
+#endif
+
 absl::Status Load() {
-  void* handle = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL | kOwnSymbolsFirst);
   if (handle == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tf_rdma needs OpenSSL's libcrypto.so.3 for its handshake and could not load it (",
@@ -99,6 +112,12 @@ absl::Status LoadCrypto() {
     return new absl::Status(status);
   }();
   return *loaded;
+}
+
+void AppendLengthPrefixed(std::string& out, std::string_view field) {
+  const uint32_t length = static_cast<uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  out.append(field);
 }
 
 Sha256Digest Sha256(std::string_view data) {

@@ -5,7 +5,8 @@
 // libcrypto.so.3 is loaded at run time (dlopen), not linked, for two reasons: TensorFlow's
 // libtensorflow_framework.so.2, which the TensorFlow extension links, exports BoringSSL's functions
 // under the same names (HMAC, EVP_sha256, RAND_bytes, ...), so a linked OpenSSL call could bind to
-// BoringSSL's symbol depending on load order, whereas dlsym on libcrypto's own handle cannot; and
+// BoringSSL's symbol depending on load order, whereas dlsym on libcrypto's own handle cannot (and
+// libcrypto's calls to itself are kept from them too: crypto.cc, RTLD_DEEPBIND); and
 // building needs no OpenSSL headers (pip install from source works without libssl-dev). Running
 // needs libcrypto.so.3, which every distribution whose Python has hashlib/ssl installs.
 //
@@ -28,6 +29,10 @@ using Sha256Digest = std::array<uint8_t, 32>;
 // Loads libcrypto.so.3 and resolves the functions above, once per process (later calls return the
 // first answer). Otherwise FailedPrecondition naming the library and the package that installs it.
 absl::Status LoadCrypto();
+
+// Appends `field` after its length (u32, little endian), so that fields so framed never encode two
+// sequences alike: the inputs of the handshake's tokens and of the cluster key are built so.
+void AppendLengthPrefixed(std::string& out, std::string_view field);
 
 Sha256Digest Sha256(std::string_view data);
 Sha256Digest HmacSha256(std::string_view key, std::string_view message);

@@ -64,40 +64,21 @@ class OwnNonce {
   wire::Nonce nonce_{};
 };
 
-void AppendField(std::string& out, std::string_view field) {
-  const uint32_t length = static_cast<uint32_t>(field.size());
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
-  out.append(field);
-}
-
-// The handshake's two tokens, after ISO/IEC 9798-4's three-pass mutual authentication with
-// HMAC-SHA-256 (ISO/IEC 9797-2 MAC algorithm 2) as the cryptographic check function: each covers
-// the direction it travels in, the protocol and backend, both task names (initiator's, then
-// responder's) and both nonces (initiator's, then responder's), each field length-prefixed so no
-// two transcripts encode alike. A token therefore proves the key to exactly one party, in one role,
-// in one exchange: it cannot be replayed (the receiver's own fresh nonce is in it), reflected (the
-// direction is in it) or relayed to another party (both names are in it).
-enum class Direction { kInitiatorToResponder, kResponderToInitiator };
-
-wire::Mac Token(const std::string& key, Direction direction, uint32_t protocol_version, Backend backend,
-                const std::string& initiator_name, const std::string& responder_name,
-                const wire::Nonce& initiator_nonce, const wire::Nonce& responder_nonce) {
-  std::string transcript;
-  AppendField(transcript, "tf_rdma handshake");
-  AppendField(transcript, direction == Direction::kInitiatorToResponder ? "initiator->responder"
-                                                                        : "responder->initiator");
-  AppendField(transcript, absl::StrCat(protocol_version));
-  AppendField(transcript, BackendName(backend));
-  AppendField(transcript, initiator_name);
-  AppendField(transcript, responder_name);
-  transcript.append(reinterpret_cast<const char*>(initiator_nonce.data()), initiator_nonce.size());
-  transcript.append(reinterpret_cast<const char*>(responder_nonce.data()), responder_nonce.size());
-  return HmacSha256(key, transcript);
-}
-
 uint32_t AnnouncedVersion(const TransportOptions& options) {
   return options.protocol_version_override ? options.protocol_version_override
                                            : wire::kProtocolVersion;
+}
+
+// What this process says of itself in its HELLO or CHALLENGE.
+wire::Greeting OwnGreeting(const TransportOptions& options, uint32_t version, Backend backend,
+                           const wire::Nonce& nonce) {
+  wire::Greeting greeting;
+  greeting.protocol_version = version;
+  greeting.backend = static_cast<uint8_t>(backend);
+  greeting.nonce = nonce;
+  greeting.name = options.local_name;
+  greeting.build = BuildDescription();
+  return greeting;
 }
 
 absl::Status Refuse(FrameChannel& channel, absl::Status status) {
@@ -145,12 +126,20 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
   return frame;
 }
 
-// A peer that claims this process's own name, or sends back one of its nonces, is this process
-// talking to itself through a relay (or a task dialling its own address): never a peer.
-absl::Status Reflected(const std::string& what, const std::string& peer_address,
-                       const TransportOptions& options) {
+// A peer that claims this process's own name, or sends back one of the nonces it has in flight
+// under that name (an initiator's own HELLO's among them), is this process talking to itself
+// through a relay (or a task dialling its own address): never a peer.
+absl::Status CheckNotReflected(const wire::Greeting& peer, const std::string& peer_address,
+                               const TransportOptions& options) {
+  const char* reflected = nullptr;
+  if (InFlightNonces::Get().IssuedBy(peer.nonce, options.local_name)) {
+    reflected = "sent back a nonce this process issued";
+  } else if (peer.name_on_wire == wire::NameOnWire(options.local_name)) {
+    reflected = "claims this process's own name";
+  }
+  if (reflected == nullptr) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      "refused a reflected handshake with ", peer_address, ": the peer ", what,
+      "refused a reflected handshake with ", peer_address, ": the peer ", reflected,
       ", so it is relaying this process's (", options.local_name,
       ") own handshake back to it. Something at that address is not the task it should be; "
       "check who listens there."));
@@ -159,6 +148,30 @@ absl::Status Reflected(const std::string& what, const std::string& peer_address,
 }  // namespace
 
 const char* BuildVersion() { return TF_RDMA_VERSION; }
+
+// After ISO/IEC 9798-4's three-pass mutual authentication with HMAC-SHA-256 (ISO/IEC 9797-2 MAC
+// algorithm 2) as the cryptographic check function. Every variable-length field is length-prefixed
+// so that no two transcripts encode alike; the nonces, of fixed length, close it. A token
+// therefore proves the key to exactly one party, in one role, in one exchange: it cannot be
+// replayed (the receiver's own fresh nonce is in it), reflected (the direction is in it) or
+// relayed to another party (both names are in it).
+wire::Mac HandshakeToken(const std::string& key, TokenDirection direction,
+                         const HandshakeTranscript& exchange) {
+  const std::string version = absl::StrCat(exchange.protocol_version);
+  std::string transcript;
+  for (std::string_view field :
+       {std::string_view("tf_rdma handshake"),
+        std::string_view(direction == TokenDirection::kInitiatorToResponder ? "initiator->responder"
+                                                                            : "responder->initiator"),
+        std::string_view(version), std::string_view(BackendName(exchange.backend)),
+        std::string_view(exchange.initiator_name), std::string_view(exchange.responder_name)}) {
+    AppendLengthPrefixed(transcript, field);
+  }
+  for (const wire::Nonce* nonce : {&exchange.initiator_nonce, &exchange.responder_nonce}) {
+    transcript.append(reinterpret_cast<const char*>(nonce->data()), nonce->size());
+  }
+  return HmacSha256(key, transcript);
+}
 
 std::string BuildDescription() {
 #ifdef TF_RDMA_BUILT_WITH_TENSORFLOW
@@ -179,13 +192,8 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
   const uint32_t version = AnnouncedVersion(options);
-  wire::Greeting hello;
-  hello.protocol_version = version;
-  hello.backend = static_cast<uint8_t>(backend);
-  hello.nonce = (*nonce)->value();
-  hello.name = options.local_name;
-  hello.build = BuildDescription();
-  absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kHello, hello});
+  absl::Status sent = channel.Send(
+      wire::Frame{wire::FrameType::kHello, OwnGreeting(options, version, backend, (*nonce)->value())});
   if (!sent.ok()) return sent;
 
   absl::StatusOr<wire::Frame> frame = Expect(channel, wire::FrameType::kChallenge, deadline);
@@ -195,23 +203,18 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
   if (challenge.protocol_version != version) {
     return Refuse(channel, VersionMismatch(challenge, channel.PeerAddress(), options));
   }
-  if (challenge.nonce == hello.nonce ||
-      InFlightNonces::Get().IssuedBy(challenge.nonce, options.local_name)) {
-    return Refuse(channel, Reflected("sent back a nonce this process issued", channel.PeerAddress(), options));
-  }
-  const std::string own_name = wire::NameOnWire(options.local_name);
-  if (challenge.name_on_wire == own_name) {
-    return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
-  }
-  wire::Proof proof{Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
-                          own_name, challenge.name_on_wire, hello.nonce, challenge.nonce)};
-  sent = channel.Send(wire::Frame{wire::FrameType::kProof, proof});
+  absl::Status not_reflected = CheckNotReflected(challenge, channel.PeerAddress(), options);
+  if (!not_reflected.ok()) return Refuse(channel, not_reflected);
+  const HandshakeTranscript exchange{version, backend, wire::NameOnWire(options.local_name),
+                                     challenge.name_on_wire, (*nonce)->value(), challenge.nonce};
+  sent = channel.Send(wire::Frame{
+      wire::FrameType::kProof,
+      wire::Proof{HandshakeToken(options.cluster_key, TokenDirection::kInitiatorToResponder, exchange)}});
   if (!sent.ok()) return sent;
   frame = Expect(channel, wire::FrameType::kAccept, deadline);
   if (!frame.ok()) return frame.status();
-  const wire::Mac expected = Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
-                                   own_name, challenge.name_on_wire, hello.nonce, challenge.nonce);
-  if (!DigestsEqual(expected, std::get<wire::Accept>(frame->body).mac)) {
+  if (!DigestsEqual(HandshakeToken(options.cluster_key, TokenDirection::kResponderToInitiator, exchange),
+                    std::get<wire::Accept>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(challenge.name, channel.PeerAddress()));
   }
   return PeerIdentity{challenge.name, challenge.build};
@@ -232,34 +235,25 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
                                "backend mismatch: peer ", hello.name, " asked for backend #",
                                hello.backend, " on a ", BackendName(backend), " listener")));
   }
-  if (InFlightNonces::Get().IssuedBy(hello.nonce, options.local_name)) {
-    return Refuse(channel, Reflected("sent a nonce this process issued", channel.PeerAddress(), options));
-  }
-  const std::string own_name = wire::NameOnWire(options.local_name);
-  if (hello.name_on_wire == own_name) {
-    return Refuse(channel, Reflected("claims this process's own name", channel.PeerAddress(), options));
-  }
+  absl::Status not_reflected = CheckNotReflected(hello, channel.PeerAddress(), options);
+  if (!not_reflected.ok()) return Refuse(channel, not_reflected);
   absl::StatusOr<std::unique_ptr<OwnNonce>> nonce = OwnNonce::Draw(options.local_name);
   if (!nonce.ok()) return nonce.status();
-  wire::Greeting challenge;
-  challenge.protocol_version = version;
-  challenge.backend = hello.backend;
-  challenge.nonce = (*nonce)->value();
-  challenge.name = options.local_name;
-  challenge.build = BuildDescription();
-  absl::Status sent = channel.Send(wire::Frame{wire::FrameType::kChallenge, challenge});
+  absl::Status sent = channel.Send(
+      wire::Frame{wire::FrameType::kChallenge, OwnGreeting(options, version, backend, (*nonce)->value())});
   if (!sent.ok()) return sent;
 
   frame = Expect(channel, wire::FrameType::kProof, deadline);
   if (!frame.ok()) return frame.status();
-  const wire::Mac expected = Token(options.cluster_key, Direction::kInitiatorToResponder, version, backend,
-                                   hello.name_on_wire, own_name, hello.nonce, challenge.nonce);
-  if (!DigestsEqual(expected, std::get<wire::Proof>(frame->body).mac)) {
+  const HandshakeTranscript exchange{version, backend, hello.name_on_wire,
+                                     wire::NameOnWire(options.local_name), hello.nonce, (*nonce)->value()};
+  if (!DigestsEqual(HandshakeToken(options.cluster_key, TokenDirection::kInitiatorToResponder, exchange),
+                    std::get<wire::Proof>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(hello.name, channel.PeerAddress()));
   }
-  wire::Accept accept{Token(options.cluster_key, Direction::kResponderToInitiator, version, backend,
-                            hello.name_on_wire, own_name, hello.nonce, challenge.nonce)};
-  sent = channel.Send(wire::Frame{wire::FrameType::kAccept, accept});
+  sent = channel.Send(wire::Frame{
+      wire::FrameType::kAccept,
+      wire::Accept{HandshakeToken(options.cluster_key, TokenDirection::kResponderToInitiator, exchange)}});
   if (!sent.ok()) return sent;
   return PeerIdentity{hello.name, hello.build};
 }

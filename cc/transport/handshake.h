@@ -39,7 +39,22 @@ const char* BuildVersion();
 // version and the TensorFlow it was built against, e.g. "0.1.0, TensorFlow 2.21.0".
 std::string BuildDescription();
 
+// The two tokens of one handshake: the initiator's PROOF and the responder's ACCEPT.
+enum class TokenDirection { kInitiatorToResponder, kResponderToInitiator };
+// What a token covers besides the key and its direction. Names are the bytes that travelled
+// (wire::Greeting::name_on_wire; one's own: wire::NameOnWire).
+struct HandshakeTranscript {
+  uint32_t protocol_version;
+  Backend backend;
+  std::string initiator_name;
+  std::string responder_name;
+  wire::Nonce initiator_nonce;
+  wire::Nonce responder_nonce;
+};
+
 // CreateTransport has loaded libcrypto (LoadCrypto) before any of these runs.
+wire::Mac HandshakeToken(const std::string& key, TokenDirection direction,
+                         const HandshakeTranscript& exchange);
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options);
 absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,

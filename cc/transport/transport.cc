@@ -18,23 +18,6 @@
 
 namespace tf_rdma {
 
-const char* BackendName(Backend backend) {
-  switch (backend) {
-    case Backend::kTcp: return "tcp";
-    case Backend::kShm: return "shm";
-    case Backend::kVerbs: return "verbs";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<Backend> ParseBackend(const std::string& name) {
-  for (Backend backend : {Backend::kTcp, Backend::kShm, Backend::kVerbs}) {
-    if (name == BackendName(backend)) return backend;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown backend '", name, "'; expected one of: verbs, tcp, shm"));
-}
-
 std::string Endpoint::ToString() const {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);

@@ -1,6 +1,10 @@
 """What a holder of the cluster key can and cannot do to a running tf_rdma cluster."""
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -84,3 +88,39 @@ def test_bad_tensor_headers_from_a_key_holder_leave_no_receive_buffer_lent(tmp_p
     pool = outcome["stats"]["receive_pools"]["tcp"]
     assert pool["region_bytes"] > 0, pool  # the grants were made
     assert pool["buffers_in_use"] == 0 and pool["bytes_in_use"] == 0, pool
+
+
+# A Python whose hashlib and ssl do not use OpenSSL (here they are blocked; otherwise importing
+# TensorFlow loads libcrypto through them, bound before TensorFlow's library arrives) loads no
+# libcrypto before TensorFlow: tf_rdma's is then the first, loaded after BoringSSL's functions
+# of the same names entered the global scope.
+GLOBAL_TENSORFLOW_FIRST = textwrap.dedent('''
+    import os, sys
+    sys.modules["_hashlib"] = sys.modules["_ssl"] = None
+    sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_NOW)
+    import tensorflow
+    import tf_rdma
+    from tf_rdma import _transport, server  # the TensorFlow side too
+    key = tf_rdma.load_config({"TF_RDMA_SECRET": sys.argv[1]}).cluster_key()
+    listener = _transport.Transport("tcp", name="ps", cluster_key=key).listen("127.0.0.1:0")
+    to_ps = _transport.Transport("tcp", name="worker", cluster_key=key).connect(listener.endpoint)
+    print("connected to", to_ps.peer_name, "accepted", listener.accept(10).peer_name, flush=True)
+    stranger = _transport.Transport("tcp", name="stranger", cluster_key=_transport.cluster_key(b"x" * 64))
+    try:
+        stranger.connect(listener.endpoint)
+    except tf_rdma.HandshakeError as error:
+        print("refused:", "cluster key mismatch" in str(error), flush=True)
+''')
+
+
+def test_a_process_that_loaded_tensorflow_globally_first_runs_secret_checked_handshakes():
+    """TensorFlow loaded RTLD_GLOBAL before tf_rdma (as some launchers and custom-op loaders do)
+    puts BoringSSL's HMAC, EVP_sha256, ... in the global scope; tf_rdma's libcrypto must still run
+    its own, or its handshake crashes the process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    secret = subprocess.run([sys.executable, "-m", "tf_rdma", "secret"], env=env, capture_output=True, text=True,
+                            timeout=60, check=True).stdout.strip()
+    result = subprocess.run([sys.executable, "-c", GLOBAL_TENSORFLOW_FIRST, secret], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"exit status {result.returncode}: {result.stderr[-3000:]}"
+    assert result.stdout.splitlines() == ["connected to ps accepted worker", "refused: True"], result.stdout

@@ -549,6 +549,7 @@ def squat(backend):
         listening.bind(("127.0.0.1", 0))
         endpoint = f"127.0.0.1:{listening.getsockname()[1]}"
     listening.listen(8)
+    listening.settimeout(15)  # a test's accept fails instead of waiting for a victim that never dials
     return listening, endpoint
 
 
@@ -571,6 +572,7 @@ class Squatter:
             victim, _ = self.listening.accept()
         except OSError:
             return
+        victim.settimeout(10)  # as the target's: a relay ends when either side goes quiet
         target = w.RawPeer(self.backend, self.target).sock
         relays = [threading.Thread(target=self.relay, args=(victim, target, "to listener"), daemon=True),
                   threading.Thread(target=self.relay, args=(target, victim, "to dialler"), daemon=True)]

@@ -2,6 +2,8 @@
 and every variable checked when tf_rdma is imported, with errors that name the variable."""
 import base64
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -124,6 +126,32 @@ def test_a_secret_too_weak_to_resist_offline_guessing_is_refused_with_how_to_mak
         load_config({"TF_RDMA_SECRET": weak})
 
 
+@pytest.mark.parametrize("variable", ["TF_RDMA_SECRET", "TF_RDMA_SECRET_FILE"])
+def test_the_commands_a_weak_secret_error_prints_make_a_strong_secret_as_printed(tmp_path, variable):
+    """Each command in backquotes, run by a shell in the very environment that got the error (with
+    the Python that has tf_rdma first on PATH, as in an activated virtualenv), prints a secret that
+    tf_rdma accepts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    if variable == "TF_RDMA_SECRET":
+        env[variable] = "trustno1"
+    else:
+        (tmp_path / "secret").write_text("trustno1\n")
+        env[variable] = str(tmp_path / "secret")
+    refused = subprocess.run([sys.executable, "-c", "import tf_rdma"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert "is too weak" in refused.stderr, refused.stderr
+    commands = re.findall(r"`([^`]+)`", refused.stderr.strip().splitlines()[-1])
+    assert any("python -m tf_rdma secret" in command for command in commands), refused.stderr
+    for command in commands:
+        if command.startswith("openssl") and shutil.which("openssl") is None:
+            continue  # the alternative for hosts that have OpenSSL's command line tool
+        made = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, f"`{command}` failed: {made.stderr}"
+        secret = made.stdout.strip()
+        assert load_config({"TF_RDMA_SECRET": secret}).secret == secret.encode(), command
+
+
 def test_the_secret_can_come_from_a_file_as_a_kubernetes_secret_mounts_it(tmp_path):
     secret = fresh_secret()
     path = tmp_path / "secret"
@@ -145,6 +173,32 @@ def test_a_secret_file_that_is_missing_empty_huge_or_weak_is_an_error_naming_it(
         path.write_text(content)
     with pytest.raises(errors.ConfigError, match=message):
         load_config({"TF_RDMA_SECRET_FILE": str(path)})
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "character device"])
+def test_a_secret_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
+    """A FIFO without a writer must not hang the import (the load runs in a child that would time
+    out), and a directory or a device must not pass for a secret file (/dev/zero would read as
+    4 KiB of zeros)."""
+    if kind == "FIFO":
+        path = tmp_path / "secret"
+        os.mkfifo(path)
+    else:
+        path = tmp_path if kind == "directory" else "/dev/zero"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    result = subprocess.run([sys.executable, "-c", "import tf_rdma"], env={**env, "TF_RDMA_SECRET_FILE": str(path)},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert f"TF_RDMA_SECRET_FILE='{path}' is a {kind}, not a regular file. Point it at the regular file " \
+        "holding the cluster's secret" in result.stderr, result.stderr
+
+
+def test_a_secret_file_may_be_a_symbolic_link_as_kubernetes_mounts_them(tmp_path):
+    secret = fresh_secret()
+    (tmp_path / "..data").mkdir()
+    (tmp_path / "..data" / "secret").write_text(secret)
+    (tmp_path / "secret").symlink_to(tmp_path / "..data" / "secret")
+    assert load_config({"TF_RDMA_SECRET_FILE": str(tmp_path / "secret")}).secret == secret.encode()
 
 
 def test_setting_both_the_secret_and_its_file_is_an_error(tmp_path):

@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,15 +25,15 @@ HELPERS = str(Path(__file__).parent)
 
 def listener_in_child(backend, limit_setup, connect_timeout):
     """A tf_rdma listener in a child process whose limits `limit_setup` (Python code) lowered. It
-    prints its endpoint, then the name of every peer it accepts, until stdin closes."""
+    prints its endpoint once they are lowered, then the name of every peer it accepts, until stdin
+    closes. Its accepting thread starts before: under the lowered limits that thread could fail to
+    start itself, which is not what the tests are about."""
     script = textwrap.dedent(f'''
         import resource, sys, threading
         sys.path.insert(0, {HELPERS!r})
         from helpers import HOST, transport
         receiver = transport({backend!r}, "receiver", connect_timeout={connect_timeout})
         listener = receiver.listen(f"{{HOST}}:0")
-    ''') + textwrap.dedent(limit_setup) + textwrap.dedent('''
-        print(listener.endpoint, flush=True)
         def accept_all():
             while True:
                 try:
@@ -41,10 +42,21 @@ def listener_in_child(backend, limit_setup, connect_timeout):
                     print("accept failed", e, flush=True)
                     return
         threading.Thread(target=accept_all, daemon=True).start()
+    ''') + textwrap.dedent(limit_setup) + textwrap.dedent('''
+        print(listener.endpoint, flush=True)
         sys.stdin.read()
     ''')
-    return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # What it logs, read as it comes: a refused client logs a warning each, which must neither
+    # fill the pipe (the child would block in its logging) nor wait to be seen until the end.
+    child.logged = []
+    threading.Thread(target=lambda: child.logged.extend(child.stderr), daemon=True).start()
+    return child
+
+
+def logged(child):
+    return "".join(list(child.logged))
 
 
 def member_connects(backend, child, attempts=3):
@@ -63,7 +75,9 @@ def member_connects(backend, child, attempts=3):
     return False
 
 
-def run_exhaustion(backend, limit_setup, connections, connect_timeout=2):
+def run_exhaustion(backend, limit_setup, connections, limit_hit, connect_timeout=2):
+    """Stalled clients run the child's listener into its limit; they stay connected until it logged
+    `limit_hit` (within 20 s, or the test fails), then leave, and a member must get through."""
     child = listener_in_child(backend, limit_setup, connect_timeout)
     try:
         child.endpoint = next_line(child)
@@ -72,8 +86,11 @@ def run_exhaustion(backend, limit_setup, connections, connect_timeout=2):
         stalled = [w.RawPeer(backend, child.endpoint) for _ in range(connections)]
         for peer in stalled:
             peer.sock.sendall(b"\x01")
-        time.sleep(1.0)  # the child runs into its limit accepting them
-        assert child.poll() is None, f"the listener's process died: {child.stderr.read()}"
+        deadline = time.monotonic() + 20
+        while limit_hit not in logged(child) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.poll() is None, f"the listener's process died: {logged(child)}"
+        assert limit_hit in logged(child), f"the listener never ran into its limit: {logged(child)}"
         for peer in stalled:
             peer.close()
         time.sleep(0.5)  # their handshakes end
@@ -82,30 +99,26 @@ def run_exhaustion(backend, limit_setup, connections, connect_timeout=2):
     finally:
         child.stdin.close()
         child.wait(10)
-    return child.stderr.read()
 
 
 def test_running_out_of_descriptors_does_not_end_the_accept_loop(backend):
     # Room for a few handshakes above what is open now; the silent clients exhaust it.
-    logged = run_exhaustion(backend, '''
+    run_exhaustion(backend, '''
         import os
         open_now = len(os.listdir("/proc/self/fd"))
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 4, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    ''', connections=20)
-    assert "Too many open files" in logged, logged
+    ''', connections=20, limit_hit="Too many open files")
 
 
 def test_failing_to_start_a_handshake_thread_refuses_that_client_only(backend):
     # Address space for a few thread stacks more than the process has now: thread creation fails.
-    logged = run_exhaustion(backend, '''
+    run_exhaustion(backend, '''
         def mapped_bytes():
             for line in open("/proc/self/status"):
                 if line.startswith("VmSize:"):
                     return int(line.split()[1]) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + (40 << 20), resource.RLIM_INFINITY))
-    ''', connections=20)
-    assert "cannot start a thread" in logged, logged
-
+    ''', connections=20, limit_hit="cannot start a thread")
 
 
 def test_a_pids_limit_refuses_the_clients_it_cannot_serve_not_the_process(backend):
@@ -115,14 +128,13 @@ def test_a_pids_limit_refuses_the_clients_it_cannot_serve_not_the_process(backen
     if os.geteuid() != 0:
         pytest.skip("needs root: RLIMIT_NPROC is only exact for a user running nothing else, and "
                     "switching to one takes root")
-    logged = run_exhaustion(backend, '''
+    run_exhaustion(backend, '''
         import os
         os.setgid(54321)
         os.setuid(54321)
         threads = len(os.listdir("/proc/self/task"))
         resource.setrlimit(resource.RLIMIT_NPROC, (threads + 4, threads + 4))
-    ''', connections=20)
-    assert "cannot start a thread" in logged, logged
+    ''', connections=20, limit_hit="cannot start a thread")
 
 # Room for the listener's own threads and a legitimate peer's connection, not for a hostile
 # peer's flood: what the flood needs then fails to be allocated.
