@@ -197,14 +197,14 @@ def local_cluster(jobs):
     return {job: [f"127.0.0.1:{next(ports)}" for _ in range(count)] for job, count in jobs.items()}
 
 
-def start_task(module, spec, stderr=subprocess.PIPE, env=None):
+def start_task(module, spec, stderr=subprocess.PIPE, env=None, stdin=None):
     """`python -m module SPEC_JSON`: one task of a bench cluster in its own process, on tf_rdma's
     `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     if spec["transport"] != "grpc":
         env["TF_RDMA_BACKEND"] = spec["transport"]
     return subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)],
-                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
 def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
