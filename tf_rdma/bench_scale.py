@@ -195,7 +195,8 @@ def run_peers(backend, peers, flow_seconds, host):
             moved = receiver.ask("flow", FLOW_SIZE, flow_seconds)
         finally:
             writing.stop(60)
-        del connections, senders
+        for connection in connections:  # closed by us first, they end quietly on both sides
+            connection.close("the bench is done")
     finally:
         receiver.close()
     start = receiver.start
@@ -350,7 +351,7 @@ def render(report):
                          f"{r['ps_rss'] / 2**20:7.1f} MiB RSS, {r['steps_per_second']:8.1f} steps/s")
     for name, points in report["extrapolated"].items():
         lines.append(f"extrapolated, {name}: " + "; ".join(
-            f"{n:,} peers: {p['threads']:.0f} threads, {p['rss'] / 2**20:.1f} MiB RSS"
+            f"{int(n):,} peers: {p['threads']:.0f} threads, {p['rss'] / 2**20:.1f} MiB RSS"
             + (f", {p['fds']:.0f} fds" if "fds" in p else "") for n, p in points.items()))
     return "\n".join(lines)
 
