@@ -37,7 +37,7 @@ def main(argv=None):
     doctor.add_argument("--json", action="store_true")
     commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak", "chaos"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak", "chaos", "scale"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
                             "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
@@ -46,7 +46,10 @@ def main(argv=None):
                             "soak: a training loop for --minutes with cancelled steps and a restarted "
                             "peer, checking that memory, descriptors, threads and pools stay flat; "
                             "chaos: ParameterServerStrategy training while a seeded schedule kills, "
-                            "freezes and cuts off tasks in network namespaces (root), against gRPC")
+                            "freezes and cuts off tasks in network namespaces (root), against gRPC; "
+                            "scale: one receiver and N peers per backend (threads, memory, "
+                            "descriptors per peer, throughput, fairness), and a ps serving W workers "
+                            "beside gRPC")
     for p in (bench, commands.add_parser("bench-peer", help=argparse.SUPPRESS)):
         p.add_argument("--backend", default="all", help="verbs, tcp, shm or all (default)")
         p.add_argument("--sizes", type=parse_sizes, help="e.g. 4M,64M (transport: 4M,64M; collective: "
@@ -56,7 +59,10 @@ def main(argv=None):
         p.add_argument("--round-trips", type=int, default=500)
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")],
-                       help="collective: worker counts (default 2,3); data: one count (default 2)")
+                       help="collective: worker counts (default 2,3); data: one count (default 2); "
+                            "scale: workers of the ps (default 1,4,12)")
+    bench.add_argument("--peers", type=lambda t: [int(x) for x in t.split(",")],
+                       help="scale: numbers of peers of the receiver (default 8,64,256,1000)")
     bench.add_argument("--rounds", type=int, help="verbs: interleaved rounds of tf_rdma and perftest, "
                                                   "reported as medians (default 3)")
     bench.add_argument("--verbs-poll-us", type=lambda t: [int(x) for x in t.split(",")],
@@ -64,8 +70,8 @@ def main(argv=None):
                             "value, e.g. 0,50 (default: the configured one)")
     bench.add_argument("--workloads", type=lambda t: t.split(","),
                        help="tf: some of transfer,many,hops,ps-train (default all)")
-    bench.add_argument("--quick", action="store_true", help="tf, data: smaller sizes and budgets (under a minute)")
-    bench.add_argument("--plot", metavar="FILE.png", help="tf, data: plot the figures (needs matplotlib)")
+    bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a minute)")
+    bench.add_argument("--plot", metavar="FILE.png", help="tf, data, scale: plot the figures (needs matplotlib)")
     bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
                                                                   "(default 5; the first third is warm-up); "
                                                                   "chaos: how long the faults last")
@@ -131,6 +137,19 @@ def main(argv=None):
             print(json.dumps(results, indent=2) if args.json else bench_data.render(results))
             if args.plot:
                 bench_data.plot(results, args.plot)
+        elif args.what == "scale":
+            from tf_rdma import bench_scale
+            from tf_rdma.transport import BACKENDS
+            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+            if args.plot and importlib.util.find_spec("matplotlib") is None:
+                parser.error("--plot needs matplotlib: pip install matplotlib")
+            results = bench_scale.run(
+                backends, peers=args.peers or bench_scale.DEFAULT_PEERS,
+                workers=args.workers or bench_scale.DEFAULT_WORKERS, quick=args.quick, host=args.host,
+                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
+            print(json.dumps(results, indent=2) if args.json else bench_scale.render(results))
+            if args.plot:
+                bench_scale.plot(results, args.plot)
         elif args.what == "soak":
             from tf_rdma import bench_soak
             from tf_rdma.transport import BACKENDS

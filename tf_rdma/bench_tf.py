@@ -197,7 +197,7 @@ def local_cluster(jobs):
     return {job: [f"127.0.0.1:{next(ports)}" for _ in range(count)] for job, count in jobs.items()}
 
 
-def start_task(module, spec, stderr=subprocess.PIPE, env=None, prefix=()):
+def start_task(module, spec, stderr=subprocess.PIPE, env=None, prefix=(), stdin=None):
     """`python -m module SPEC_JSON`: one task of a bench cluster in its own process, on tf_rdma's
     `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables;
     `prefix` runs it elsewhere (e.g. `ip netns exec NAMESPACE`, which keeps the process's id)."""
@@ -205,7 +205,7 @@ def start_task(module, spec, stderr=subprocess.PIPE, env=None, prefix=()):
     if spec["transport"] != "grpc":
         env["TF_RDMA_BACKEND"] = spec["transport"]
     return subprocess.Popen([*prefix, sys.executable, "-m", module, json.dumps(spec)],
-                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
 def task_result(process, out, err, who):

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "absl/strings/str_cat.h"
+#include "cc/bench/steady_flow.h"
 #include "cc/bench/transport_bench.h"
 #include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
@@ -115,6 +116,10 @@ class PyConnection {
   Connection& get() {
     ThrowIfError(owner_.CheckNotInherited(absl::StrCat("the connection to ", connection_->peer_name())));
     return *connection_;
+  }
+  std::shared_ptr<Connection> shared() {
+    get();
+    return connection_;
   }
 
  private:
@@ -466,6 +471,30 @@ PYBIND11_MODULE(_transport, m) {
           out["latency"] = latency;
           return out;
         });
+
+  py::class_<bench::SteadyFlow>(m, "SteadyFlow",
+                                "Steady traffic on many connections, driven by the transport's threads "
+                                "(cc/bench/steady_flow.h).")
+      .def(py::init([](const std::string& side, const std::vector<PyConnection*>& connections,
+                       std::vector<std::shared_ptr<MemoryRegion>> regions, uint64_t size, int depth) {
+             if (side != "receive" && side != "send") throw py::value_error("side must be 'receive' or 'send'");
+             std::vector<std::shared_ptr<Connection>> shared;
+             for (PyConnection* connection : connections) shared.push_back(connection->shared());
+             return ValueOrThrow(bench::SteadyFlow::Start(
+                 side == "receive" ? bench::SteadyFlow::Side::kReceive : bench::SteadyFlow::Side::kSend,
+                 std::move(shared), std::move(regions), size, depth));
+           }),
+           py::arg("side"), py::arg("connections"), py::arg("regions") = std::vector<std::shared_ptr<MemoryRegion>>{}, py::arg("size"),
+           py::arg("depth") = 4)
+      .def("bytes", &bench::SteadyFlow::Bytes, "Bytes landed (receive) or sent, per connection.")
+      .def("stop", [](bench::SteadyFlow& flow, double timeout) {
+             absl::Status status;
+             {
+               py::gil_scoped_release release;
+               status = flow.Stop(absl::Seconds(timeout));
+             }
+             ThrowIfError(status);
+           }, py::arg("timeout") = 30.0);
 
   py::class_<bench::BenchPlan>(m, "BenchPlan")
       .def(py::init<>())

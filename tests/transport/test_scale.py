@@ -1,19 +1,16 @@
 """A receiver serving hundreds of peers: a few threads whatever their number, little memory per
 idle peer, connection storms and silent sockets that do not lock peers out (issue 26). Also where
 callbacks run (transport.h: which thread runs which callback)."""
-import concurrent.futures
-import json
+import contextlib
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import HOST, connected_pair, pattern, transport
-from tf_rdma import errors
+from helpers import HOST, KEY, connected_pair, pattern, transport
+from tf_rdma import _transport, bench_scale, errors
 
 PEERS = 512
 RECEIVER_SCRIPT = Path(__file__).with_name("scale_receiver.py")
@@ -79,38 +76,55 @@ def test_silent_sockets_do_not_lock_peers_out(backend):
             s.close()
 
 
+@contextlib.contextmanager
+def receiver_process(backend):
+    """scale_receiver.py in a process of its own."""
+    receiver = bench_scale.ReceiverProcess(backend, KEY, HOST, program=RECEIVER_SCRIPT)
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
 @pytest.mark.timeout(240)
 def test_hundreds_of_peers_connect_at_once(backend):
     """512 peers connect to one receiver at once: all connect (refusals for the handshake limit are
     retried), the receiver runs at most 16 threads, spends at most 64 KiB of RSS and one descriptor
     per idle peer, and every peer's message lands exact."""
-    receiver = subprocess.Popen([sys.executable, str(RECEIVER_SCRIPT), backend], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-    try:
-        start = json.loads(receiver.stdout.readline())
-        # Peers of distinct names, each within TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME (16) connections.
-        per_name = 16
-        senders = [transport(backend, f"sender-{i}", connect_timeout=60, io_threads=1)
-                   for i in range(PEERS // per_name)]
-        with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            connections = list(pool.map(lambda i: senders[i // per_name].connect(start["endpoint"]), range(PEERS)))
-        receiver.stdin.write(f"accept {PEERS}\n")
-        receiver.stdin.flush()
-        idle = json.loads(receiver.stdout.readline())
+    with receiver_process(backend) as receiver:
+        senders, connections, _ = bench_scale.connect_peers(backend, receiver.start["endpoint"], PEERS, KEY)
+        idle = receiver.ask("accept", PEERS)
         assert idle["threads"] <= 16, idle
-        assert idle["fds"] - start["fds"] <= PEERS, idle
-        per_peer = (idle["rss"] - start["rss"]) / PEERS
+        assert idle["fds"] - receiver.start["fds"] <= PEERS, idle
+        per_peer = (idle["rss"] - receiver.start["rss"]) / PEERS
         assert per_peer <= 64 << 10, f"{per_peer / 1024:.1f} KiB of RSS per idle peer"
 
         size = 256
-        receiver.stdin.write(f"receive {size}\n")
-        receiver.stdin.flush()
+        receiver.send("receive", size)
         writes = [c.write(1, struct.pack("<Q", i) + pattern(size - 8, i)) for i, c in enumerate(connections)]
-        landed = json.loads(receiver.stdout.readline())
-        assert "error" not in landed, landed["error"]
+        landed = receiver.answer()
         assert sorted(landed["indices"]) == list(range(PEERS))
         for write in writes:
             write.wait(10)
-    finally:
-        receiver.kill()
-        receiver.wait()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(strict=True, reason="issue 26 item 4 is open: measured min/max 0.21-0.26 (tcp) and "
+                   "0.14-0.24 (shm) at 256 peers; a few peers cycle grant->data->grant faster than the rest")
+def test_peers_writing_at_once_get_fair_shares(backend):
+    """256 peers write 64 KiB messages to one receiver as fast as it grants: over two seconds, the
+    peer that moved least moved at least half as much as the one that moved most."""
+    peers, size = 256, 64 << 10
+    with receiver_process(backend) as receiver:
+        senders, connections, _ = bench_scale.connect_peers(backend, receiver.start["endpoint"], peers, KEY)
+        receiver.ask("accept", peers)
+        writing = _transport.SteadyFlow("send", connections, size=size)
+        try:
+            shares = receiver.ask("flow", size, 2)
+        finally:
+            writing.stop(30)
+        moved = shares["bytes"]
+        assert len(moved) == peers
+        fairness = bench_scale.fairness(moved)
+        assert fairness >= 0.5, (f"min/max bytes per peer {fairness:.2f} (min {min(moved)}, max {max(moved)}, "
+                                 f"{sum(moved) / shares['seconds'] / 1e9:.2f} GB/s in all)")
