@@ -15,7 +15,9 @@ import pytest
 from helpers import HOST, connected_pair, pattern, transport
 from tf_rdma import errors
 
-PEERS = 512
+# verbs runs in the Soft-RoCE guest, under emulation: fewer peers there, enough that a thread per
+# peer (as each verbs connection had before) would show.
+PEERS = {"tcp": 512, "shm": 512, "verbs": 32}
 RECEIVER_SCRIPT = Path(__file__).with_name("scale_receiver.py")
 
 
@@ -49,6 +51,7 @@ def test_grant_callbacks_run_on_a_transport_thread_unless_refused_at_once(backen
         assert refused.done() and refused.completed_inside_call
 
 
+@pytest.mark.stream_backends_only
 def test_silent_sockets_do_not_lock_peers_out(backend):
     """1,000 sockets that connect and send nothing hold no handshake slot: peers connect past
     them, and the listener drops them after its first-byte deadline."""
@@ -81,9 +84,11 @@ def test_silent_sockets_do_not_lock_peers_out(backend):
 
 @pytest.mark.timeout(240)
 def test_hundreds_of_peers_connect_at_once(backend):
-    """512 peers connect to one receiver at once: all connect (refusals for the handshake limit are
-    retried), the receiver runs at most 16 threads, spends at most 64 KiB of RSS and one descriptor
-    per idle peer, and every peer's message lands exact."""
+    """512 peers (verbs: 32) connect to one receiver at once: all connect (refusals for the
+    handshake limit are retried), the receiver runs at most 16 threads, no more than with one peer
+    but for a few, spends at most 64 KiB of RSS and one descriptor per idle peer (tcp, shm), and
+    every peer's message lands exact."""
+    peers = PEERS[backend]
     receiver = subprocess.Popen([sys.executable, str(RECEIVER_SCRIPT), backend], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     try:
@@ -91,16 +96,22 @@ def test_hundreds_of_peers_connect_at_once(backend):
         # Peers of distinct names, each within TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME (16) connections.
         per_name = 16
         senders = [transport(backend, f"sender-{i}", connect_timeout=60, io_threads=1)
-                   for i in range(PEERS // per_name)]
+                   for i in range(peers // per_name)]
+        connections = [senders[0].connect(start["endpoint"])]
+        receiver.stdin.write("accept 1\n")
+        receiver.stdin.flush()
+        one_peer = json.loads(receiver.stdout.readline())
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            connections = list(pool.map(lambda i: senders[i // per_name].connect(start["endpoint"]), range(PEERS)))
-        receiver.stdin.write(f"accept {PEERS}\n")
+            connections += pool.map(lambda i: senders[i // per_name].connect(start["endpoint"]), range(1, peers))
+        receiver.stdin.write(f"accept {peers}\n")
         receiver.stdin.flush()
         idle = json.loads(receiver.stdout.readline())
-        assert idle["threads"] <= 16, idle
-        assert idle["fds"] - start["fds"] <= PEERS, idle
-        per_peer = (idle["rss"] - start["rss"]) / PEERS
-        assert per_peer <= 64 << 10, f"{per_peer / 1024:.1f} KiB of RSS per idle peer"
+        # A few: handshake threads that are still on their way out.
+        assert idle["threads"] <= min(16, one_peer["threads"] + 4), (one_peer, idle)
+        if backend != "verbs":  # a queue pair holds 4 descriptors and ~1 MiB of buffers, idle or not
+            assert idle["fds"] - start["fds"] <= peers, idle
+            per_peer = (idle["rss"] - start["rss"]) / peers
+            assert per_peer <= 64 << 10, f"{per_peer / 1024:.1f} KiB of RSS per idle peer"
 
         size = 256
         receiver.stdin.write(f"receive {size}\n")
@@ -108,7 +119,7 @@ def test_hundreds_of_peers_connect_at_once(backend):
         writes = [c.write(1, struct.pack("<Q", i) + pattern(size - 8, i)) for i, c in enumerate(connections)]
         landed = json.loads(receiver.stdout.readline())
         assert "error" not in landed, landed["error"]
-        assert sorted(landed["indices"]) == list(range(PEERS))
+        assert sorted(landed["indices"]) == list(range(peers))
         for write in writes:
             write.wait(10)
     finally:

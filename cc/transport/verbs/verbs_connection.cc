@@ -434,7 +434,6 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
 }
 
 void VerbsConnection::Revoke(uint64_t grant_id) {
-  absl::StatusOr<IssuedGrant> unseen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return;
@@ -444,11 +443,15 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
       if (book_.StartRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
       return;
     }
-    // The peer never saw it: nothing to ask back.
+    // The peer never saw it: nothing to ask back. Its callback runs on the loop, never inside
+    // Revoke (transport.h).
     unwritten_grants_.erase(unwritten);
-    unseen = book_.Withdraw(grant_id);
+    absl::StatusOr<IssuedGrant> unseen = book_.Withdraw(grant_id);
+    if (!unseen.ok()) return;
+    loop_callbacks_.push_back(
+        [done = std::move(unseen->done)] { done({absl::CancelledError("grant revoked"), 0}); });
   }
-  if (unseen.ok()) unseen->done({absl::CancelledError("grant revoked"), 0});
+  Wake();
 }
 
 // ---- sender side ----
@@ -800,6 +803,7 @@ IoHandler::Progress VerbsConnection::OnEvents(uint32_t) {
     std::lock_guard<std::mutex> lock(mu_);
     DrainInboxLocked(&callbacks);
     finished = SettleCloseLocked(absl::Now(), &callbacks);
+    TakeLoopCallbacksLocked(&callbacks);
   }
   for (auto& callback : callbacks) callback();
   if (finished) return Progress::kFinished;
@@ -844,6 +848,7 @@ void VerbsConnection::OnLoopStopped() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     CompletePostedLocked(&callbacks);
+    TakeLoopCallbacksLocked(&callbacks);
   }
   for (auto& callback : callbacks) callback();
 }
@@ -870,6 +875,11 @@ void VerbsConnection::CompletePostedLocked(std::vector<std::function<void()>>* c
   in_flight_.clear();
   finished_ = true;
   finished_cv_.notify_all();
+}
+
+void VerbsConnection::TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks) {
+  for (auto& callback : loop_callbacks_) callbacks->push_back(std::move(callback));
+  loop_callbacks_.clear();
 }
 
 bool VerbsConnection::TakeCompletionEvent() {

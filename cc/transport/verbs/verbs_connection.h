@@ -232,6 +232,7 @@ class VerbsConnection : public Connection,
   bool SettleCloseLocked(absl::Time now, std::vector<std::function<void()>>* callbacks);
   // Completes the writes whose work requests may still be posted: their buffers are free again.
   void CompletePostedLocked(std::vector<std::function<void()>>* callbacks);
+  void TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks);
   void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
   absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
@@ -320,6 +321,8 @@ class VerbsConnection : public Connection,
   std::deque<QueuedControl> control_queue_;
   std::deque<Outgoing> data_queue_;
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
+  // Callbacks a call decided but may not run itself (transport.h): the loop runs them.
+  std::vector<std::function<void()>> loop_callbacks_;
   // Grant ids travel as immediates below kGrantImmBit.
   GrantBook<PendingWrite> book_{kGrantImmBit - 1, options_.limits.max_grants_per_peer};
   // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
