@@ -200,12 +200,12 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
        "of the local IP address, as rdma_cm resolves it."},
       {"TF_RDMA_VERBS_POLL_US", "100",
-       "verbs: microseconds a connection keeps polling for completions after the last one before "
-       "it sleeps on completion events (0: sleep at once). Polling lowers small-message latency "
-       "and spends a core while it lasts."},
+       "verbs: microseconds the I/O thread serving a connection keeps polling for its completions "
+       "after the last one before it sleeps on completion events (0: sleep at once). Polling "
+       "lowers small-message latency and spends a core while it lasts."},
       {"TF_RDMA_IO_THREADS", "2",
-       "tcp and shm: threads that serve all of a transport's connections (epoll loops), whatever "
-       "the number of peers. More spread many busy peers over more cores."},
+       "Threads that serve all of a transport's connections (epoll loops), whatever the number of "
+       "peers. More spread many busy peers over more cores."},
       {"TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "64",
        "Handshakes a listener runs at once (a thread and a descriptor each); clients beyond it are "
        "refused at once."},

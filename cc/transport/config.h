@@ -28,13 +28,12 @@ struct Config {
   std::string verbs_device;
   int verbs_port = 0;
   int verbs_gid_index = -1;
-  // How long a verbs connection's progress thread keeps polling its completion queue after the
-  // last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US). 100 us
+  // How long the I/O thread serving a verbs connection keeps polling its completion queue after
+  // the last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US). 100 us
   // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
   // little more there for a whole core (README, Performance).
   absl::Duration verbs_poll_window = absl::Microseconds(100);
-  // tcp and shm: the I/O threads each transport serves all its connections from
-  // (TF_RDMA_IO_THREADS).
+  // The I/O threads each transport serves all its connections from (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
   // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
   // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).

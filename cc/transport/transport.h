@@ -78,9 +78,8 @@ struct GrantResult {
 using GrantDone = std::function<void(const GrantResult&)>;
 using WriteDone = std::function<void(const absl::Status&)>;
 
-// Which thread runs a callback. tcp and shm serve every connection of a transport from a few I/O
-// threads (TransportOptions::io_threads), verbs from each connection's progress thread; call both
-// "the transport's threads". Callbacks run once, never with a lock of the transport held, and
+// Which thread runs a callback. Every backend serves all connections of a transport from a few I/O
+// threads (TransportOptions::io_threads), "the transport's threads". Callbacks run once, never with a lock of the transport held, and
 // must not block: the thread that runs one serves other peers' connections too.
 //   * GrantDone runs on a transport thread when the peer's DATA, TOO_SMALL or REVOKED frame
 //     arrives or the peer is found silent (TransportOptions::peer_timeout). It runs on the
@@ -174,7 +173,7 @@ struct TransportOptions {
   // A peer that sends nothing (not even a heartbeat) for this long is declared dead.
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(20);
-  // tcp and shm: the threads that serve all of this transport's connections (TF_RDMA_IO_THREADS).
+  // The threads that serve all of this transport's connections (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
   // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
   // mismatch between two builds is reported.

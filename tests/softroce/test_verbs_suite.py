@@ -1,4 +1,4 @@
-"""The backend-independent transport suite and the verbs-specific tests, with the verbs backend on
+"""The backend-independent transport suites and the verbs-specific tests, with the verbs backend on
 a real kernel RDMA stack: natively where this host has an RDMA device, else in the Soft-RoCE guest.
 Nothing on this path may be skipped."""
 import re
@@ -12,7 +12,8 @@ from guest_loader import PYTHON
 @pytest.mark.timeout(1900)
 def test_transport_suite_passes_on_verbs(on_rdma):
     code, output = on_rdma([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                            "tests/transport/test_transport.py", "tests/transport/verbs",
+                            "tests/transport/test_transport.py", "tests/transport/test_scale.py",
+                            "tests/transport/verbs",
                             "--backends", "verbs"], timeout=1800)
     summary = output.strip().splitlines()[-1] if output.strip() else ""
     assert code == 0, output[-8000:]

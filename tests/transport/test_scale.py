@@ -12,7 +12,9 @@ import pytest
 from helpers import HOST, KEY, connected_pair, pattern, transport
 from tf_rdma import _transport, bench_scale, errors
 
-PEERS = 512
+# verbs runs in the Soft-RoCE guest, under emulation: fewer peers there, enough that a thread per
+# peer (as each verbs connection had before) would show.
+PEERS = {"tcp": 512, "shm": 512, "verbs": 32}
 RECEIVER_SCRIPT = Path(__file__).with_name("scale_receiver.py")
 
 
@@ -46,6 +48,7 @@ def test_grant_callbacks_run_on_a_transport_thread_unless_refused_at_once(backen
         assert refused.done() and refused.completed_inside_call
 
 
+@pytest.mark.stream_backends_only
 def test_silent_sockets_do_not_lock_peers_out(backend):
     """1,000 sockets that connect and send nothing hold no handshake slot: peers connect past
     them, and the listener drops them after its first-byte deadline."""
@@ -88,27 +91,32 @@ def receiver_process(backend):
 
 @pytest.mark.timeout(240)
 def test_hundreds_of_peers_connect_at_once(backend):
-    """512 peers connect to one receiver at once: all connect (refusals for the handshake limit are
-    retried), the receiver runs at most 16 threads, spends at most 64 KiB of RSS and one descriptor
-    per idle peer, and every peer's message lands exact."""
+    """512 peers (verbs: 32) connect to one receiver at once: all connect (refusals for the
+    handshake limit are retried), the receiver runs at most 16 threads, no more than before its
+    first peer but for a few, spends at most 64 KiB of RSS and one descriptor per idle peer (tcp,
+    shm), and every peer's message lands exact."""
+    peers = PEERS[backend]
     with receiver_process(backend) as receiver:
-        senders, connections, _ = bench_scale.connect_peers(backend, receiver.start["endpoint"], PEERS, KEY)
-        idle = receiver.ask("accept", PEERS)
-        assert idle["threads"] <= 16, idle
-        assert idle["fds"] - receiver.start["fds"] <= PEERS, idle
-        per_peer = (idle["rss"] - receiver.start["rss"]) / PEERS
-        assert per_peer <= 64 << 10, f"{per_peer / 1024:.1f} KiB of RSS per idle peer"
+        senders, connections, _ = bench_scale.connect_peers(backend, receiver.start["endpoint"], peers, KEY)
+        idle = receiver.ask("accept", peers)
+        # A few: handshake threads that are still on their way out.
+        assert idle["threads"] <= min(16, receiver.start["threads"] + 4), (receiver.start, idle)
+        if backend != "verbs":  # a queue pair holds 4 descriptors and ~1 MiB of buffers, idle or not
+            assert idle["fds"] - receiver.start["fds"] <= peers, idle
+            per_peer = (idle["rss"] - receiver.start["rss"]) / peers
+            assert per_peer <= 64 << 10, f"{per_peer / 1024:.1f} KiB of RSS per idle peer"
 
         size = 256
         receiver.send("receive", size)
         writes = [c.write(1, struct.pack("<Q", i) + pattern(size - 8, i)) for i, c in enumerate(connections)]
         landed = receiver.answer()
-        assert sorted(landed["indices"]) == list(range(PEERS))
+        assert sorted(landed["indices"]) == list(range(peers))
         for write in writes:
             write.wait(10)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.stream_backends_only  # the issue's fairness target is shm's (and tcp's)
 @pytest.mark.xfail(strict=True, reason="issue 26 item 4 is open: measured min/max 0.21-0.26 (tcp) and "
                    "0.14-0.24 (shm) at 256 peers; a few peers cycle grant->data->grant faster than the rest")
 def test_peers_writing_at_once_get_fair_shares(backend):

@@ -12,10 +12,6 @@
 
 namespace tf_rdma {
 
-std::string ErrnoMessage(const char* what, int error) {
-  return absl::StrCat(what, ": ", std::strerror(error));
-}
-
 namespace {
 
 // One sendmsg of iov[first..]; `pass_fd` (if >= 0) rides along as SCM_RIGHTS.

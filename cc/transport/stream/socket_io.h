@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/transport/errno_message.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/wire.h"
 
@@ -102,8 +103,6 @@ class SocketFrameChannel : public FrameChannel {
   const int fd_;
   const std::string peer_address_;
 };
-
-std::string ErrnoMessage(const char* what, int error);
 
 }  // namespace tf_rdma
 

@@ -17,7 +17,7 @@
 
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
-#include "cc/transport/stream/io_loops.h"
+#include "cc/transport/io_loops.h"
 #include "cc/transport/stream/socket_io.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"

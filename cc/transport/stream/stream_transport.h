@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cc/transport/handshake.h"
-#include "cc/transport/stream/io_loops.h"
+#include "cc/transport/io_loops.h"
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/transport.h"
 

@@ -4,7 +4,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <system_error>
-#include <thread>
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +48,12 @@ constexpr uint64_t kWriteWindow = 4 * kMaxSingleWrite;
 constexpr absl::Duration kRejectGrace = absl::Milliseconds(200);
 // How long a closed connection waits for its posted work requests to be flushed.
 constexpr absl::Duration kFlushLimit = absl::Seconds(2);
+// The loops' tick at most: a closing connection's kRejectGrace ends within this much.
+constexpr absl::Duration kCloseTick = absl::Milliseconds(50);
+// Completion batches one call of the loop handles at most, so that one connection's stream of
+// completions cannot starve the loop's other connections.
+constexpr int kPollBatchSize = 32;
+constexpr int kPollBatches = 16;
 
 static_assert(kSlotSize >= kMaxMessageLength);
 
@@ -171,6 +175,7 @@ VerbsConnection::~VerbsConnection() {
   rdma_destroy_id(id_);
   rdma_destroy_event_channel(events_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
   recv_registration_.reset();
   send_registration_.reset();
   grant_table_registration_.reset();
@@ -190,6 +195,21 @@ absl::Status VerbsConnection::Setup() {
   }
   SetNonBlocking(completion_channel_->fd);
   SetNonBlocking(events_->fd);
+  // The loop watches one descriptor per connection; this one stands for the three.
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot create an epoll descriptor", where, ": ",
+                                                     std::strerror(errno)));
+  }
+  for (int fd : {completion_channel_->fd, events_->fd, wake_fd_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot watch the connection's events", where,
+                                                       ": epoll_ctl: ", std::strerror(errno)));
+    }
+  }
   cq_ = ibv_create_cq(context, kReceiveDepth + kSendDepth + 16, nullptr, completion_channel_, 0);
   if (cq_ == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot create a completion queue", where, ": ",
@@ -287,19 +307,27 @@ absl::Status VerbsConnection::PostReceive(int slot) {
   return absl::OkStatus();
 }
 
-void VerbsConnection::Start() {
+absl::Duration VerbsConnection::LoopTick(const TransportOptions& options) {
+  return std::min(options.peer_timeout / 8, kCloseTick);
+}
+
+void VerbsConnection::Start(IoLoops& loops) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_receive_ = last_send_ = absl::Now();
   }
-  // Under a pids limit or without address space for a stack, a peer's connection fails, not the
-  // process; its handshake then fails on the closed connection.
-  try {
-    std::thread([self = shared_from_this()] { self->ProgressLoop(); }).detach();
-  } catch (const std::system_error& error) {
-    Close(absl::ResourceExhaustedError(
-        absl::StrCat("cannot start a thread for the connection: ", error.what())));
-  }
+  // Without a loop (its thread could not start, the transport shuts down), this peer's connection
+  // fails, not the process; its handshake then fails on the closed connection.
+  absl::StatusOr<std::shared_ptr<IoLoop>> loop = loops.Next();
+  absl::Status added = loop.ok() ? (*loop)->Add(epoll_fd_, shared_from_this()) : loop.status();
+  if (!added.ok()) Close(added);
+}
+
+void VerbsConnection::AwaitFinished() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Bounded however the loop fares: the REJECT's grace, the flush limit and a few ticks.
+  finished_cv_.wait_for(lock, absl::ToChronoNanoseconds(kRejectGrace + kFlushLimit + 4 * kCloseTick),
+                        [this] { return finished_; });
 }
 
 void VerbsConnection::Established(const PeerIdentity& peer) {
@@ -406,7 +434,6 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
 }
 
 void VerbsConnection::Revoke(uint64_t grant_id) {
-  absl::StatusOr<IssuedGrant> unseen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return;
@@ -416,11 +443,15 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
       if (book_.StartRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
       return;
     }
-    // The peer never saw it: nothing to ask back.
+    // The peer never saw it: nothing to ask back. Its callback runs on the loop, never inside
+    // Revoke (transport.h).
     unwritten_grants_.erase(unwritten);
-    unseen = book_.Withdraw(grant_id);
+    absl::StatusOr<IssuedGrant> unseen = book_.Withdraw(grant_id);
+    if (!unseen.ok()) return;
+    loop_callbacks_.push_back(
+        [done = std::move(unseen->done)] { done({absl::CancelledError("grant revoked"), 0}); });
   }
-  if (unseen.ok()) unseen->done({absl::CancelledError("grant revoked"), 0});
+  Wake();
 }
 
 // ---- sender side ----
@@ -745,128 +776,162 @@ void VerbsConnection::StopQueuePairLocked(std::vector<std::function<void()>>* ca
   written_slots_.clear();
 }
 
-// ---- progress ----
+// ---- progress: on the loop's thread ----
 
-void VerbsConnection::ProgressLoop() {
-  const absl::Duration beat = options_.peer_timeout / 4;
-  while (true) {
-    std::vector<std::function<void()>> callbacks;
-    PollCompletions(&callbacks);
-    HandleCmEvents();
-    absl::Duration sleep = beat;
-    bool finished = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const absl::Time now = absl::Now();
-      DrainInboxLocked(&callbacks);
-      if (status_.ok() && established_) {
-        if (now - last_receive_ > options_.peer_timeout) {
-          FailLocked(PeerError(absl::DeadlineExceededError(absl::StrCat(
-                         "nothing received for ", absl::FormatDuration(now - last_receive_)))),
-                     false, &callbacks);
-        } else if (now - last_send_ >= beat) {
-          EnqueueFrameLocked({wire::FrameType::kPing, wire::Ping{}});
-        }
-        sleep = std::min(beat - (now - last_send_), options_.peer_timeout - (now - last_receive_));
-      }
-      if (!status_.ok() && !stopped_) {
-        if (now >= stop_deadline_) StopQueuePairLocked(&callbacks);
-        sleep = std::min(sleep, stop_deadline_ - now);
-      }
-      if (stopped_) {
-        const bool drained = posted_sends_ == 0 && posted_receives_ == 0;
-        if (drained || now - stop_deadline_ > kFlushLimit) {
-          for (auto& done : deferred_write_dones_) {
-            callbacks.push_back([done = std::move(done), status = status_] { done(status); });
-          }
-          deferred_write_dones_.clear();
-          for (auto& [id, flight] : in_flight_) {
-            if (flight.done) callbacks.push_back([done = std::move(flight.done), status = status_] { done(status); });
-          }
-          in_flight_.clear();
-          finished = true;
-        }
-        sleep = std::min(sleep, absl::Milliseconds(50));
-      }
-    }
-    for (auto& callback : callbacks) callback();
-    if (finished) return;  // drops the thread's reference; the destructor frees the QP
-    if (SpinForCompletion()) continue;
-    pollfd fds[3] = {{completion_channel_->fd, POLLIN, 0}, {events_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(sleep) + 1, 1, 60000));
-    poll(fds, 3, timeout_ms);
-    if (fds[0].revents & POLLIN) {
-      ibv_cq* cq = nullptr;
-      void* context = nullptr;
-      if (ibv_get_cq_event(completion_channel_, &cq, &context) == 0) {
-        ibv_ack_cq_events(cq, 1);
-        ibv_req_notify_cq(cq_, 0);
-      }
-    }
-    if (fds[2].revents & POLLIN) {
-      uint64_t count;
-      [[maybe_unused]] ssize_t n = read(wake_fd_, &count, sizeof(count));
+IoHandler::Progress VerbsConnection::OnEvents(uint32_t) {
+  std::vector<std::function<void()>> callbacks;
+  // The completion queue first: in a busy exchange its next completion is usually there already.
+  bool more = PollCompletions(&callbacks);
+  epoll_event ready[3];
+  const int count = epoll_wait(epoll_fd_, ready, 3, 0);
+  bool cm_events = false;
+  for (int i = 0; i < count; ++i) {
+    if (ready[i].data.fd == completion_channel_->fd) {
+      // Re-armed, then polled: a completion that came meanwhile is taken now, a later one raises
+      // the next event.
+      if (TakeCompletionEvent()) more |= PollCompletions(&callbacks);
+    } else if (ready[i].data.fd == events_->fd) {
+      cm_events = true;
+    } else {
+      uint64_t wakes;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &wakes, sizeof(wakes));
     }
   }
+  if (cm_events) HandleCmEvents(&callbacks);
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DrainInboxLocked(&callbacks);
+    finished = SettleCloseLocked(absl::Now(), &callbacks);
+    TakeLoopCallbacksLocked(&callbacks);
+  }
+  for (auto& callback : callbacks) callback();
+  if (finished) return Progress::kFinished;
+  // Sleeping on the completion channel costs a thread wakeup per message, which dominates
+  // small-message latency: for TF_RDMA_VERBS_POLL_US after the last completion the loop comes back
+  // to poll again instead, between its other connections' turns, and catches the next message of
+  // an exchange without one, at the price of a core while it lasts.
+  if (more || absl::Now() < last_completion_ + settings_.poll_window) return Progress::kMore;
+  return Progress::kWaiting;
 }
 
-bool VerbsConnection::SpinForCompletion() {
-  // Sleeping on the completion channel costs a thread wakeup per message, which dominates
-  // small-message latency; polling a while after the last completion catches the next message of
-  // an exchange without one, at the price of a core while it lasts. A close needs no wakeup: it
-  // sends the peer a REJECT or flushes the posted receives, and their completions end the polling.
-  // The peer's disconnect and the heartbeat wait for the window's end (at most 1 s).
-  const absl::Time until = last_completion_ + settings_.poll_window;
-  while (absl::Now() < until) {
-    std::vector<std::function<void()>> callbacks;
-    if (PollCompletions(&callbacks)) {
-      for (auto& callback : callbacks) callback();
-      return true;
+bool VerbsConnection::OnTick(absl::Time now) {
+  std::vector<std::function<void()>> callbacks;
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok() && established_) {
+      if (now - last_receive_ > options_.peer_timeout) {
+        FailLocked(PeerError(absl::DeadlineExceededError(absl::StrCat(
+                       "nothing received for ", absl::FormatDuration(now - last_receive_)))),
+                   false, &callbacks);
+      } else if (now - last_send_ >= options_.peer_timeout / 4) {
+        EnqueueFrameLocked({wire::FrameType::kPing, wire::Ping{}});
+      }
     }
+    finished = SettleCloseLocked(now, &callbacks);
   }
-  return false;
+  for (auto& callback : callbacks) callback();
+  return !finished;
+}
+
+void VerbsConnection::OnLoopStopped() {
+  // The transport waited for its closed connections (AwaitFinished); one still here is cut short:
+  // no loop would see its REJECT or its flush any more.
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(absl::CancelledError("the local tf_rdma transport shut down"), false, &callbacks);
+    StopQueuePairLocked(&callbacks);
+  }
+  PollCompletions(&callbacks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CompletePostedLocked(&callbacks);
+    TakeLoopCallbacksLocked(&callbacks);
+  }
+  for (auto& callback : callbacks) callback();
+}
+
+bool VerbsConnection::SettleCloseLocked(absl::Time now, std::vector<std::function<void()>>* callbacks) {
+  if (finished_) return true;
+  if (status_.ok()) return false;
+  if (!stopped_ && now >= stop_deadline_) StopQueuePairLocked(callbacks);
+  if (!stopped_) return false;
+  const bool drained = posted_sends_ == 0 && posted_receives_ == 0;
+  if (!drained && now - stop_deadline_ <= kFlushLimit) return false;
+  CompletePostedLocked(callbacks);
+  return true;
+}
+
+void VerbsConnection::CompletePostedLocked(std::vector<std::function<void()>>* callbacks) {
+  for (auto& done : deferred_write_dones_) {
+    callbacks->push_back([done = std::move(done), status = status_] { done(status); });
+  }
+  deferred_write_dones_.clear();
+  for (auto& [id, flight] : in_flight_) {
+    if (flight.done) callbacks->push_back([done = std::move(flight.done), status = status_] { done(status); });
+  }
+  in_flight_.clear();
+  finished_ = true;
+  finished_cv_.notify_all();
+}
+
+void VerbsConnection::TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks) {
+  for (auto& callback : loop_callbacks_) callbacks->push_back(std::move(callback));
+  loop_callbacks_.clear();
+}
+
+bool VerbsConnection::TakeCompletionEvent() {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  if (ibv_get_cq_event(completion_channel_, &cq, &context) != 0) return false;
+  ibv_ack_cq_events(cq, 1);
+  ibv_req_notify_cq(cq_, 0);
+  return true;
 }
 
 bool VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
-  // Brief polling before sleeping: a burst of messages is handled without a wakeup each.
-  ibv_wc wcs[32];
+  // Brief polling before giving up: a burst of messages is handled without a wakeup each.
+  ibv_wc wcs[kPollBatchSize];
   bool any = false;
-  for (int spin = 0; spin < 64; ++spin) {
-    const int n = ibv_poll_cq(cq_, 32, wcs);
+  int batches = 0;
+  for (int empty = 0; empty < 64;) {
+    const int n = ibv_poll_cq(cq_, kPollBatchSize, wcs);
     if (n <= 0) {
-      if (any) break;
+      if (any) return false;
+      ++empty;
       continue;
     }
     any = true;
     last_completion_ = absl::Now();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i], callbacks);
-    PumpLocked();
-    spin = 0;
-    if (callbacks->size() > 64) break;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int i = 0; i < n; ++i) HandleCompletion(wcs[i], callbacks);
+      PumpLocked();
+    }
+    if (++batches == kPollBatches || callbacks->size() > 64) return true;
   }
-  return any;
+  return false;
 }
 
-void VerbsConnection::HandleCmEvents() {
+void VerbsConnection::HandleCmEvents(std::vector<std::function<void()>>* callbacks) {
   rdma_cm_event* event = nullptr;
   while (rdma_get_cm_event(events_, &event) == 0) {
     const rdma_cm_event_type type = event->event;
     rdma_ack_cm_event(event);
     if (type != RDMA_CM_EVENT_DISCONNECTED && type != RDMA_CM_EVENT_DEVICE_REMOVAL) continue;
-    // The peer's REJECT, if it sent one, is already in the completion queue: take its reason first.
-    std::vector<std::function<void()>> callbacks;
-    PollCompletions(&callbacks);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      FailLocked(PeerError(absl::UnavailableError(
-                     type == RDMA_CM_EVENT_DISCONNECTED
-                         ? "it disconnected (rdma_cm DISCONNECTED): it closed the connection or exited"
-                         : absl::StrCat("RDMA device ", device_->name, " was removed"))),
-                 false, &callbacks);
-      StopQueuePairLocked(&callbacks);
+    // The peer's REJECT, if it sent one, is already in the completion queue: take its reason
+    // first. (All of them: the bound that keeps the loop fair would leave it behind.)
+    while (PollCompletions(callbacks)) {
     }
-    for (auto& callback : callbacks) callback();
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(PeerError(absl::UnavailableError(
+                   type == RDMA_CM_EVENT_DISCONNECTED
+                       ? "it disconnected (rdma_cm DISCONNECTED): it closed the connection or exited"
+                       : absl::StrCat("RDMA device ", device_->name, " was removed"))),
+               false, callbacks);
+    StopQueuePairLocked(callbacks);
   }
 }
 

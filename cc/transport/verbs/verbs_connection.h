@@ -18,9 +18,11 @@
 // queued before it was posted, so the REGION it refers to precedes it on the queue pair.
 //
 // Everything else (handshake, REGION, GRANT_TABLE, TOO_SMALL, REVOKE, REVOKED, PING, REJECT) is a
-// small SEND into receive buffers the peer keeps posted. One progress thread per connection sleeps
-// on the completion channel and the rdma_cm event channel, and sends heartbeats, so a dead or
-// silent peer fails every pending operation within TransportOptions::peer_timeout.
+// small SEND into receive buffers the peer keeps posted. No thread is the connection's own: one of
+// the transport's I/O loops (io_loops.h) serves it, woken through an epoll descriptor holding the
+// connection's completion channel, rdma_cm event channel and wake-up eventfd, and ticks it to send
+// heartbeats, so a dead or silent peer fails every pending operation within
+// TransportOptions::peer_timeout.
 #ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 #define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 
@@ -40,6 +42,7 @@
 #include "cc/transport/fork_guard.h"
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
+#include "cc/transport/io_loops.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/verbs/registration_cache.h"
 #include "cc/transport/verbs/verbs_device.h"
@@ -115,7 +118,9 @@ struct GrantTableStats {
 };
 GrantTableStats GetGrantTableStats();
 
-class VerbsConnection : public Connection, public std::enable_shared_from_this<VerbsConnection> {
+class VerbsConnection : public Connection,
+                        public IoHandler,
+                        public std::enable_shared_from_this<VerbsConnection> {
  public:
   // Takes ownership of `id` (whose event channel is its own) and builds the queue pair on it, in
   // RESET state; the caller moves it to RTS with Transition() while rdma_cm connects.
@@ -127,9 +132,13 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   uint32_t qp_num() const { return qp_->qp_num; }
   // Moves the QP to `state` with the attributes rdma_cm computed, and the GID/port overrides.
   absl::Status Transition(ibv_qp_state state);
-  // Starts the progress thread; control messages received until Established() go to the
-  // handshake channel.
-  void Start();
+  // How often the transport's loops tick its connections: an eighth of the peer timeout, so a
+  // silent peer is noticed in time, and at most kCloseTick, so a closing connection stops waiting
+  // for its REJECT on time.
+  static absl::Duration LoopTick(const TransportOptions& options);
+  // Has one of `loops` serve the connection from now on; control messages received until
+  // Established() go to the handshake channel.
+  void Start(IoLoops& loops);
   FrameChannel& handshake_channel() { return channel_; }
   void Established(const PeerIdentity& peer);
 
@@ -144,6 +153,16 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   const std::string& peer_name() const override { return peer_name_; }
   const std::string& peer_build() const override { return peer_build_; }
   Backend backend() const override { return Backend::kVerbs; }
+
+  // Waits (the transport's shutdown) until its loop finished the closed connection: its REJECT
+  // sent and its work requests flushed, or their time limits passed.
+  void AwaitFinished();
+
+  // IoHandler, on the loop's thread.
+  Progress OnEvents(uint32_t events) override;
+  bool OnTick(absl::Time now) override;
+  void OnLoopStopped() override;
+  void OnRemoved() override {}
 
  private:
   class Channel : public FrameChannel {
@@ -201,10 +220,19 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status Setup();
   absl::Status PostReceive(int slot);
 
-  void ProgressLoop();
-  // Handles the completions there are (a burst: until the queue stays empty); true if any.
+  // Handles the completions there are (a burst: until the queue stays empty), at most a bounded
+  // number per call; true if it stopped at that bound (completions may be left).
   bool PollCompletions(std::vector<std::function<void()>>* callbacks);
-  void HandleCmEvents();
+  // Takes the completion channel's event and re-arms it; true if there was one.
+  bool TakeCompletionEvent();
+  void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
+  // A closed connection's way out: stops the QP when its REJECT went out or kRejectGrace passed,
+  // and once the work requests are flushed (or kFlushLimit passed) completes what they carried.
+  // True when the connection is finished and its loop may let go of it.
+  bool SettleCloseLocked(absl::Time now, std::vector<std::function<void()>>* callbacks);
+  // Completes the writes whose work requests may still be posted: their buffers are free again.
+  void CompletePostedLocked(std::vector<std::function<void()>>* callbacks);
+  void TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks);
   void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
   absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
@@ -248,10 +276,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   void StopQueuePairLocked(std::vector<std::function<void()>>* callbacks);
   absl::Status PeerError(const absl::Status& cause) const;
   absl::Status CompletionError(const ibv_wc& wc) const;
+  // Has the loop serve the connection now (a close, the end of the handshake).
   void Wake();
-  // Polls the completion queue until TF_RDMA_VERBS_POLL_US after the last completion; true if it
-  // handled some (the loop goes round again instead of sleeping). Progress thread only.
-  bool SpinForCompletion();
 
   rdma_cm_id* const id_;
   rdma_event_channel* const events_;
@@ -267,6 +293,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
   int wake_fd_ = -1;
+  int epoll_fd_ = -1;  // the three descriptors above the loop watches, through this one
   uint64_t max_single_write_ = 0;
   char* recv_buffers_ = nullptr;  // mmap'ed: registered memory gets pages of its own
   char* send_buffers_ = nullptr;
@@ -280,6 +307,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   absl::Status status_;
   bool established_ = false;
   bool stopped_ = false;              // QP moved to error, grants failed
+  bool finished_ = false;             // flushed: the loop let go of it (finished_cv_)
+  std::condition_variable finished_cv_;
   absl::Time stop_deadline_;          // when a REJECT in flight stops waiting
   std::deque<std::string> handshake_inbox_;
   std::vector<int> free_send_slots_;
@@ -292,6 +321,8 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::deque<QueuedControl> control_queue_;
   std::deque<Outgoing> data_queue_;
   std::vector<WriteDone> deferred_write_dones_;  // partly posted writes: done once flushed
+  // Callbacks a call decided but may not run itself (transport.h): the loop runs them.
+  std::vector<std::function<void()>> loop_callbacks_;
   // Grant ids travel as immediates below kGrantImmBit.
   GrantBook<PendingWrite> book_{kGrantImmBit - 1, options_.limits.max_grants_per_peer};
   // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
@@ -306,7 +337,7 @@ class VerbsConnection : public Connection, public std::enable_shared_from_this<V
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
   absl::Time last_receive_;
   absl::Time last_send_;
-  absl::Time last_completion_ = absl::InfinitePast();  // progress thread only
+  absl::Time last_completion_ = absl::InfinitePast();  // the loop's thread only
 };
 
 }  // namespace tf_rdma::verbs

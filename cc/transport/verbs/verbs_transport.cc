@@ -19,6 +19,7 @@
 #include "cc/transport/addresses.h"
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
+#include "cc/transport/io_loops.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
 namespace tf_rdma {
@@ -157,7 +158,14 @@ class VerbsTransport : public Transport {
  public:
   VerbsTransport(const TransportOptions& options, VerbsSettings settings,
                  std::vector<std::shared_ptr<DeviceContext>> devices)
-      : options_(options), settings_(std::move(settings)), devices_(std::move(devices)) {}
+      : options_(options),
+        settings_(std::move(settings)),
+        devices_(std::move(devices)),
+        loops_(std::max<size_t>(options.io_threads, 1), VerbsConnection::LoopTick(options)) {
+    // Threads short now: connections try again when they come (IoLoops::Next).
+    absl::Status started = loops_.Start();
+    if (!started.ok()) LOG(WARNING) << "tf_rdma: " << started;
+  }
 
   ~VerbsTransport() override {
     std::vector<std::weak_ptr<VerbsConnection>> connections;
@@ -165,11 +173,16 @@ class VerbsTransport : public Transport {
       std::lock_guard<std::mutex> lock(mu_);
       connections.swap(connections_);
     }
+    std::vector<std::shared_ptr<VerbsConnection>> closed;
     for (auto& weak : connections) {
       if (auto connection = weak.lock()) {
         connection->Close(absl::CancelledError("the local tf_rdma transport shut down"));
+        closed.push_back(std::move(connection));
       }
     }
+    // Their loops tell the peers why (REJECT) and see the work requests flushed before they stop
+    // (loops_ goes next); all at once, so this waits about one connection's close.
+    for (auto& connection : closed) connection->AwaitFinished();
   }
 
   Backend backend() const override { return Backend::kVerbs; }
@@ -281,6 +294,7 @@ class VerbsTransport : public Transport {
 
   const TransportOptions& options() const { return options_; }
   const VerbsSettings& settings() const { return settings_; }
+  IoLoops& loops() { return loops_; }
 
  private:
   absl::StatusOr<std::shared_ptr<VerbsConnection>> ConnectOnce(const Endpoint& endpoint, absl::Time deadline,
@@ -344,7 +358,7 @@ class VerbsTransport : public Transport {
       }
     }
     if (rdma_establish(id) != 0) return CmError("rdma_establish with", address);
-    connection->Start();
+    connection->Start(loops_);
     absl::StatusOr<PeerIdentity> peer =
         ClientHandshake(connection->handshake_channel(), Backend::kVerbs, options_);
     if (!peer.ok()) {
@@ -362,6 +376,7 @@ class VerbsTransport : public Transport {
   std::atomic<uint32_t> next_region_id_{1};
   std::mutex mu_;
   std::vector<std::weak_ptr<VerbsConnection>> connections_;
+  IoLoops loops_;  // the threads that serve every connection (TF_RDMA_IO_THREADS); stopped first
 };
 
 void VerbsListener::Loop() {
@@ -401,7 +416,7 @@ void VerbsListener::Accept(rdma_cm_id* child) {
     return refuse(channel.status());
   }
   CmId cm{*channel, child};
-  // Its own channel: this connection's events (ESTABLISHED, DISCONNECTED) reach its own thread.
+  // Its own channel: this connection's events (ESTABLISHED, DISCONNECTED) reach it, not the listener.
   if (rdma_migrate_id(child, cm.channel) != 0) {
     rdma_reject(child, nullptr, 0);
     return refuse(CmError("rdma_migrate_id", ""));
@@ -435,7 +450,7 @@ void VerbsListener::Accept(rdma_cm_id* child) {
   if (event->type != RDMA_CM_EVENT_ESTABLISHED) {
     return refuse(absl::UnavailableError(absl::StrCat("expected ESTABLISHED, got ", rdma_event_str(event->type))));
   }
-  connection->Start();
+  connection->Start(transport_->loops());
   absl::StatusOr<PeerIdentity> peer =
       ServerHandshake(connection->handshake_channel(), Backend::kVerbs, options);
   if (!peer.ok()) {

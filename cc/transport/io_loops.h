@@ -1,9 +1,11 @@
-// The I/O threads of a stream transport: a fixed number (TF_RDMA_IO_THREADS) of epoll loops that
-// every connection of the transport shares, so that a process serving a thousand peers runs a
-// handful of threads, not two per peer. Each connection belongs to one loop for its life: its
-// socket's events and its heartbeat checks all run on that loop's thread, one at a time.
-#ifndef TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
-#define TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
+// The I/O threads of a transport: a fixed number (TF_RDMA_IO_THREADS) of epoll loops that every
+// connection of the transport shares, so that a process serving a thousand peers runs a handful of
+// threads, not one or two per peer. Each connection belongs to one loop for its life: its
+// descriptor's events and its heartbeat checks all run on that loop's thread, one at a time. A
+// stream connection's descriptor is its socket; a verbs connection's is an epoll descriptor of its
+// own that holds its completion channel, rdma_cm event channel and wake-up eventfd.
+#ifndef TF_RDMA_CC_TRANSPORT_IO_LOOPS_H_
+#define TF_RDMA_CC_TRANSPORT_IO_LOOPS_H_
 
 #include <atomic>
 #include <memory>
@@ -18,24 +20,25 @@
 
 namespace tf_rdma {
 
-// What a loop serves: one socket. Called on the loop's thread only.
+// What a loop serves: one descriptor. Called on the loop's thread only.
 class IoHandler {
  public:
   virtual ~IoHandler() = default;
   enum class Progress {
-    kWaiting,   // for the socket's next event
+    kWaiting,   // for the descriptor's next event
     kMore,      // work is left that no event will announce (bytes already read): call again soon
     kFinished,  // the handler is done, and the loop lets go of it
   };
-  // The socket is readable, writable or hung up (epoll `events`). Each call does a bounded amount
-  // of work, so that one busy peer cannot starve the loop's other connections.
+  // The descriptor is readable, writable or hung up (epoll `events`; EPOLLIN when called again
+  // after kMore). Each call does a bounded amount of work, so that one busy peer cannot starve the
+  // loop's other connections.
   virtual Progress OnEvents(uint32_t events) = 0;
   // Called every tick (IoLoops' `tick`): heartbeats and silence checks. False as for OnEvents.
   virtual bool OnTick(absl::Time now) = 0;
   // The loop stops (the transport goes away): last call but OnRemoved.
   virtual void OnLoopStopped() = 0;
   // The loop let go of the handler (it finished, or the loop stopped) and no longer watches its
-  // socket: the very last call, after which the handler may release the socket.
+  // descriptor: the very last call, after which the handler may release the descriptor.
   virtual void OnRemoved() = 0;
 };
 
@@ -94,4 +97,4 @@ class IoLoops {
 
 }  // namespace tf_rdma
 
-#endif  // TF_RDMA_CC_TRANSPORT_STREAM_IO_LOOPS_H_
+#endif  // TF_RDMA_CC_TRANSPORT_IO_LOOPS_H_

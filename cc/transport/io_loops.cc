@@ -1,4 +1,4 @@
-#include "cc/transport/stream/io_loops.h"
+#include "cc/transport/io_loops.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cc/transport/stream/socket_io.h"
+#include "cc/transport/errno_message.h"
 
 namespace tf_rdma {
 
