@@ -5,7 +5,7 @@ from tf_rdma import bench_scale
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.stream_backends_only  # verbs keeps a progress thread per connection (its own issue)
+@pytest.mark.stream_backends_only  # TensorFlow over verbs: the few guest tests in tests/softroce
 def test_a_ps_serving_twelve_workers_runs_at_most_ten_threads_more_than_with_one(backend):
     """1 ps and 12 workers (servers of one process); a step with worker 0, then one with all 12,
     each checked exact: the ps's threads after each."""
