@@ -107,86 +107,73 @@ def main(argv=None):
             from tf_rdma import bench as bench_module
             bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
                                args.round_trips)
-        elif args.what == "tf":
-            from tf_rdma import bench_tf
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            unknown = set(args.workloads or ()) - set(bench_tf.WORKLOADS)
-            if unknown:
-                parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(bench_tf.WORKLOADS)}")
-            if args.plot and importlib.util.find_spec("matplotlib") is None:
-                parser.error("--plot needs matplotlib: pip install matplotlib")
-            results = bench_tf.run(
-                backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
-                progress=_progress)
-            print(json.dumps(results, indent=2) if args.json else bench_tf.render(results))
-            if args.plot:
-                bench_tf.plot(results, args.plot)
-        elif args.what == "data":
-            from tf_rdma import bench_data
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            if args.workers and len(args.workers) != 1:
-                parser.error("bench data takes one --workers count")
-            if args.plot and importlib.util.find_spec("matplotlib") is None:
-                parser.error("--plot needs matplotlib: pip install matplotlib")
-            results = bench_data.run(
-                backends, workers=args.workers[0] if args.workers else 2, sizes=args.sizes or bench_data.SIZES,
-                quick=args.quick,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
-            print(json.dumps(results, indent=2) if args.json else bench_data.render(results))
-            if args.plot:
-                bench_data.plot(results, args.plot)
-        elif args.what == "scale":
-            from tf_rdma import bench_scale
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            if args.plot and importlib.util.find_spec("matplotlib") is None:
-                parser.error("--plot needs matplotlib: pip install matplotlib")
-            results = bench_scale.run(
-                backends, peers=args.peers or bench_scale.DEFAULT_PEERS,
-                workers=args.workers or bench_scale.DEFAULT_WORKERS, quick=args.quick, host=args.host,
-                progress=lambda text: print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True))
-            print(json.dumps(results, indent=2) if args.json else bench_scale.render(results))
-            if args.plot:
-                bench_scale.plot(results, args.plot)
-        elif args.what == "soak":
-            from tf_rdma import bench_soak
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
-                                 bench_soak.SoakError, bench_soak.render, "flat", args.json)
-        elif args.what == "chaos":
-            from tf_rdma import bench_chaos
-            backend = "tcp" if args.backend == "all" else args.backend
-            if backend != "tcp":
-                parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
-                             "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
-            return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
-                                                                  progress=progress),
-                                 bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
-        elif args.what == "collective":
-            from tf_rdma import bench_collective
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            results = bench_collective.run(
-                backends, args.sizes or bench_collective.DEFAULT_SIZES,
-                args.workers or bench_collective.DEFAULT_WORKERS,
-                progress=_progress)
-            print(json.dumps(results, indent=2) if args.json else bench_collective.render(results))
         else:
-            from tf_rdma import bench as bench_module
-            from tf_rdma.transport import BACKENDS
-            backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
-            results = bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
-                                       args.latency_sizes, args.bytes_per_size,
-                                       args.round_trips, host=args.host,
-                                       rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
-                                       verbs_poll_windows=args.verbs_poll_us, busy_cores=args.busy_cores)
-            print(json.dumps(results, indent=2) if args.json else bench_module.render(results))
+            return _bench(parser, args)
     except errors.TransportError as e:
         print(f"tf_rdma: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _report(module, results, args):
+    """Prints a bench's results (a table, or --json) and plots them if asked."""
+    print(json.dumps(results, indent=2) if args.json else module.render(results))
+    if args.plot:
+        module.plot(results, args.plot)
+
+
+def _bench(parser, args):
+    from tf_rdma.transport import BACKENDS
+    backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+    if args.plot and args.what not in ("tf", "data", "scale"):
+        parser.error(f"--plot is for bench tf, data and scale, not {args.what}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install matplotlib")
+    if args.what == "tf":
+        from tf_rdma import bench_tf
+        unknown = set(args.workloads or ()) - set(bench_tf.WORKLOADS)
+        if unknown:
+            parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(bench_tf.WORKLOADS)}")
+        _report(bench_tf, bench_tf.run(backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
+                                       progress=_progress), args)
+    elif args.what == "data":
+        from tf_rdma import bench_data
+        if args.workers and len(args.workers) != 1:
+            parser.error("bench data takes one --workers count")
+        _report(bench_data, bench_data.run(backends, workers=args.workers[0] if args.workers else 2,
+                                           sizes=args.sizes or bench_data.SIZES, quick=args.quick,
+                                           progress=_progress), args)
+    elif args.what == "scale":
+        from tf_rdma import bench_scale
+        _report(bench_scale, bench_scale.run(backends, peers=args.peers or bench_scale.DEFAULT_PEERS,
+                                             workers=args.workers or bench_scale.DEFAULT_WORKERS,
+                                             quick=args.quick, host=args.host, progress=_progress), args)
+    elif args.what == "soak":
+        from tf_rdma import bench_soak
+        return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
+                             bench_soak.SoakError, bench_soak.render, "flat", args.json)
+    elif args.what == "chaos":
+        from tf_rdma import bench_chaos
+        backend = "tcp" if args.backend == "all" else args.backend
+        if backend != "tcp":
+            parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
+                         "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
+        return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
+                                                              progress=progress),
+                             bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
+    elif args.what == "collective":
+        from tf_rdma import bench_collective
+        _report(bench_collective, bench_collective.run(
+            backends, args.sizes or bench_collective.DEFAULT_SIZES,
+            args.workers or bench_collective.DEFAULT_WORKERS, progress=_progress), args)
+    else:
+        from tf_rdma import bench as bench_module
+        _report(bench_module, bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
+                                               args.latency_sizes, args.bytes_per_size,
+                                               args.round_trips, host=args.host,
+                                               rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
+                                               verbs_poll_windows=args.verbs_poll_us,
+                                               busy_cores=args.busy_cores), args)
     return 0
 
 
