@@ -1,28 +1,22 @@
 """`python -m tf_rdma bench collective`: a short real run (one size, two workers, gRPC and shm in
 the same run), and the table's arithmetic on canned figures."""
-import json
-import subprocess
-import sys
 
 import pytest
 
+from bench_runs import bench_report
 from tf_rdma import bench_collective
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs.
 @pytest.mark.timeout(360)
 def test_a_short_run_measures_grpc_and_tf_rdma_side_by_side():
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "collective", "--backend", "shm",
-                             "--workers", "2", "--sizes", "64K", "--json"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report, progress = bench_report("collective", "--backend", "shm", "--workers", "2", "--sizes", "64K", timeout=300)
     assert report["unavailable"] == {}
     [row] = report["rows"]
     assert row["workers"] == 2 and row["size"] == 64 << 10
     assert row["grpc_seconds"] > 0 and row["shm_seconds"] > 0 and row["memcpy_seconds"] > 0
     assert row["vs_grpc_shm"] == row["grpc_seconds"] / row["shm_seconds"]
-    assert "all-reduce, 2 workers, grpc" in result.stderr and "all-reduce, 2 workers, shm" in result.stderr
+    assert "all-reduce, 2 workers, grpc" in progress and "all-reduce, 2 workers, shm" in progress
 
 
 def test_the_table_shows_milliseconds_and_the_ratio_to_grpc():

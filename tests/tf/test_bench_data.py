@@ -1,22 +1,19 @@
 """`python -m tf_rdma bench data`: a quick real run (gRPC and shm in one run) whose elements all
 arrive, and the arithmetic, table and plot on canned figures."""
-import json
 import subprocess
 import sys
 
 import pytest
 
+from bench_runs import bench_report
 from tf_rdma import bench_data
 
 
 @pytest.mark.timeout(240)
 def test_a_quick_run_reads_every_element_over_grpc_and_tf_rdma(tmp_path):
     plot = tmp_path / "bench.png"
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "data", "--quick", "--backend", "shm",
-                             "--sizes", "4K,4M", "--workers", "1", "--json", "--plot", str(plot)],
-                            capture_output=True, text=True, timeout=200)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report, progress = bench_report("data", "--quick", "--backend", "shm", "--sizes", "4K,4M", "--workers", "1",
+                          "--plot", str(plot), timeout=200)
     assert report["backends"] == ["shm"] and report["unavailable"] == {} and report["workers"] == 1
     assert [row["size"] for row in report["rows"]] == [4 << 10, 4 << 20]
     for row in report["rows"]:
@@ -30,7 +27,7 @@ def test_a_quick_run_reads_every_element_over_grpc_and_tf_rdma(tmp_path):
         assert row["shm_tf_rdma_bytes_share"] >= 0.99, row
         assert row["vs_grpc_shm"] == pytest.approx(row["shm_elements_per_second"] / row["grpc_elements_per_second"])
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
-    assert "over grpc" in result.stderr and "over shm" in result.stderr  # the progress lines
+    assert "over grpc" in progress and "over shm" in progress  # the progress lines
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

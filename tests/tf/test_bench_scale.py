@@ -1,21 +1,16 @@
 """`python -m tf_rdma bench scale --quick`: a real run over shm with gRPC beside it, checked for its
 structure and arithmetic (not for speed)."""
-import json
-import subprocess
-import sys
 
 import pytest
 
+from bench_runs import bench_report
 from tf_rdma import bench_scale
 
 
 @pytest.mark.timeout(200)
 def test_a_quick_run_reports_every_figure_consistently(tmp_path):
     plot = tmp_path / "scale.png"
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "scale", "--quick", "--backend", "shm",
-                             "--json", "--plot", str(plot)], capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report, progress = bench_report("scale", "--quick", "--backend", "shm", "--plot", str(plot), timeout=180)
     assert report["backends"] == ["shm"] and report["unavailable"] == {}
     assert [r["peers"] for r in report["transport"]] == list(bench_scale.QUICK["peers"])
     for row in report["transport"]:
@@ -30,5 +25,5 @@ def test_a_quick_run_reports_every_figure_consistently(tmp_path):
         rows = report["tf"][transport]
         assert [r["workers"] for r in rows] == list(bench_scale.QUICK["workers"])
         assert all(r["ps_threads"] > 0 and r["steps_per_second"] > 0 for r in rows), rows
-    assert "shm: 8 peers" in result.stderr and "workers over grpc" in result.stderr  # progress lines
+    assert "shm: 8 peers" in progress and "workers over grpc" in progress  # progress lines
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,21 +1,18 @@
 """`python -m tf_rdma bench tf`: a quick real run of every workload (gRPC and shm in the same run),
 and the arithmetic, table and plot on canned figures."""
-import json
 import subprocess
 import sys
 
 import pytest
 
+from bench_runs import bench_report
 from tf_rdma import bench_tf
 
 
 @pytest.mark.timeout(400)
 def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     plot = tmp_path / "bench.png"
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "tf", "--quick", "--backend", "shm",
-                             "--json", "--plot", str(plot)], capture_output=True, text=True, timeout=360)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report, progress = bench_report("tf", "--quick", "--backend", "shm", "--plot", str(plot), timeout=360)
     assert report["backends"] == ["shm"] and report["unavailable"] == {}
     assert set(report["workloads"]) == set(bench_tf.WORKLOADS)
     for workload, rows in report["workloads"].items():
@@ -34,8 +31,8 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
         assert row["nothing_crosses_steps_per_second"] > 0, row
         assert row["vs_grpc_nothing_crosses"] == pytest.approx(
             row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
-    assert "over grpc" in result.stderr and "over shm" in result.stderr  # the progress lines
-    assert "ps-train with nothing to move" in result.stderr
+    assert "over grpc" in progress and "over shm" in progress  # the progress lines
+    assert "ps-train with nothing to move" in progress
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
