@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+#include <utility>
 
+#include "cc/transport/crypto.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 
 namespace tf_rdma {
@@ -166,6 +169,19 @@ TEST(ElementMessage, EveryTruncationOfARequestIsRefused) {
   }
   const std::string longer = whole + "x";
   EXPECT_TRUE(absl::IsDataLoss(DecodeRequest(longer.data(), longer.size()).status()));
+}
+
+TEST(ElementMessage, TagsAreDistinctPerClientSequenceAndSlot) {
+  ASSERT_TRUE(LoadCrypto().ok());
+  std::set<std::pair<uint64_t, uint64_t>> seen = {{RequestTag().hi, RequestTag().lo}};
+  for (uint64_t client : {1ull, 2ull, ~0ull}) {
+    for (uint64_t sequence : {0ull, 1ull, 1ull << 40}) {
+      for (uint32_t slot : {0u, 1u, kMaxComponents}) {
+        const Tag tag = ResponseTag(client, sequence, slot);
+        EXPECT_TRUE(seen.insert({tag.hi, tag.lo}).second) << client << " " << sequence << " " << slot;
+      }
+    }
+  }
 }
 
 }  // namespace
