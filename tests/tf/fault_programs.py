@@ -95,6 +95,41 @@ def trains_again(cluster, job, index, transport, output, steps=20):
     _write(output, {"iterations": int(iterations.numpy())})
 
 
+def copies_past_a_frozen_worker(cluster, job, index, transport, output):
+    """Eager copies from this coordinator: to worker 0 while the test keeps it frozen past the peer
+    timeout (the copy's bytes wait for a grant the frozen worker never sends when the connection
+    ends), then to worker 1, which must arrive: one peer's failed transfer must not stop the
+    coordinator's transfers to the others (its eager rendezvous outlives every step)."""
+    import threading
+    import tensorflow as tf
+    ps_strategy(cluster, transport)  # connects this process to the cluster
+
+    def copy_to(task):
+        # A new tensor each time (TensorFlow keeps a tensor's copy on a worker and would send it
+        # once), of 1 MiB: it travels apart from its header, into the receiver's grant.
+        x = tf.ones((1 << 18,))
+        with tf.device(f"/job:worker/replica:0/task:{task}/device:CPU:0"):
+            return float(tf.reduce_sum(tf.identity(x)).numpy())
+
+    outcome = {"before": [copy_to(0), copy_to(1)]}
+    print("warm", flush=True)
+    sys.stdin.readline()  # worker 0 is frozen now
+    to_frozen = {}
+
+    def copy_to_frozen():
+        try:
+            to_frozen["sum"] = copy_to(0)
+        except Exception as e:  # the outcome under test, whatever its class
+            to_frozen["error"] = type(e).__name__
+    threading.Thread(target=copy_to_frozen, daemon=True).start()
+    print("copying", flush=True)
+    sys.stdin.readline()  # worker 0 resumed, after more than the peer timeout
+    started = time.monotonic()
+    outcome["after"] = copy_to(1)
+    outcome["after_seconds"] = time.monotonic() - started
+    _write(output, outcome)
+
+
 if __name__ == "__main__":
     function, arguments = sys.argv[1], json.loads(sys.argv[2])
     globals()[function](arguments["cluster"], arguments["job"], arguments["index"], **arguments["kwargs"])

@@ -4,6 +4,7 @@ and a restarted task must be usable again. Each scenario runs over stock gRPC an
 must end the same way, in about the same time."""
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -84,3 +85,36 @@ def test_restarted_worker_and_ps_are_used_again_as_with_grpc(tmp_path):
         assert "error" not in worker_restart and worker_restart["iterations"] >= 310, (stock, ours)
         assert ps_restart == {"iterations": 20}, (stock, ours)
     assert ours[0]["seconds"] < stock[0]["seconds"] + 10, (stock, ours)
+
+
+def copies_around_a_frozen_worker(tmp_path, transport, peer_timeout_s=2.0):
+    output = str(tmp_path / f"frozen-{transport}.json")
+    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000))}
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 2}, env=env) as cluster:
+        cluster.start("ps", 0, "serve", transport=transport)
+        for i in range(2):
+            cluster.start("worker", i, "serve", transport=transport)
+        chief = cluster.start("chief", 0, "copies_past_a_frozen_worker", program=PROGRAM, transport=transport,
+                              output=output, stdin=subprocess.PIPE)
+        cluster.wait_for_output("chief", 0, "warm", timeout=180)
+        cluster.signal("worker", 0, signal.SIGSTOP)
+        chief.stdin.write(b"frozen\n")
+        chief.stdin.flush()
+        cluster.wait_for_output("chief", 0, "copying", timeout=30)
+        time.sleep(2 * peer_timeout_s)  # the coordinator's connection to worker 0 ends meanwhile
+        cluster.signal("worker", 0, signal.SIGCONT)
+        chief.stdin.write(b"resumed\n")
+        chief.stdin.flush()
+        return outcome_of(cluster, output, timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_a_copy_to_a_worker_frozen_past_the_peer_timeout_does_not_stop_copies_to_the_others(tmp_path):
+    """Found by `bench chaos`: the coordinator's write to a frozen worker failed when the peer timeout
+    ended the connection, and that aborted the coordinator's eager rendezvous for good, so every later
+    copy to any worker was dropped and the training waited for ever."""
+    expected = float(1 << 18)
+    for transport in ("grpc", "rdma"):
+        outcome = copies_around_a_frozen_worker(tmp_path, transport)
+        assert outcome["before"] == [expected, expected], (transport, outcome)
+        assert outcome["after"] == expected and outcome["after_seconds"] < 30, (transport, outcome)

@@ -423,6 +423,10 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
                     bool is_dead) override {
     if (IsSameWorker(parsed.src, parsed.dst)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
     if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
+    // A step that was aborted or ended takes no transfer: the send fails with why, as TensorFlow's
+    // own rendezvous does, rather than vanish while its receiver waits.
+    absl::Status stopped = Stopped();
+    if (!stopped.ok()) return stopped;
     if (std::optional<FusedMember> member = ParseFusedMember(parsed.edge_name)) {
       return SendFused(parsed, args, TaskName(parsed.dst), value, is_dead, *member);
     }
@@ -450,7 +454,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     std::vector<std::shared_ptr<FusedReceive>> fused_receives;
     {
       std::lock_guard<std::mutex> lock(pushes_mu_);
-      aborted_ = true;
+      if (stopped_.ok()) stopped_ = status.ok() ? absl::CancelledError("the step ended") : status;
       for (auto& [id, push] : pending_pushes_) pending.push_back(std::move(push));
       pending_pushes_.clear();
       // A fused message some member never completed goes unsent.
@@ -578,7 +582,8 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     std::vector<Write> writes{{tags.header, encoded->data(), encoded->size()}};
     if (!travels_inline) writes.push_back({tags.data, out.data, out.header.data_bytes});
     const std::string tensor_name(parsed.edge_name);
-    WriteTo(peer_task, absl::StrCat("sending '", tensor_name, "' to"), tags, std::move(writes),
+    WriteTo(peer_task, absl::StrCat("sending '", tensor_name, "' to"), KindOf(tensor_name) == kKindGraph, tags,
+            std::move(writes),
             std::make_shared<std::tuple<std::shared_ptr<std::string>, std::shared_ptr<std::string>, Tensor>>(
                 encoded, out.proto, value),
             [member = Member{std::string(parsed.FullKey()), args, value, is_dead}](RdmaRemoteRendezvous& step) {
@@ -621,20 +626,23 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   };
   // Writes a message (`writes`: its header's, and its data's if apart) to `peer_task`, `keep`
   // holding their bytes until the writes finish, as one of the step's pending pushes. A failed
-  // write fails this task's step too: the receiver may be a task that waits on its own (it runs
-  // without tf_rdma, or died), and the step's owner must hear why. A peer the receiver's session
-  // renamed fetches over gRPC instead (`over_grpc`). `sent` counts what went.
-  void WriteTo(const std::string& peer_task, std::string what, const TransferTags& tags, std::vector<Write> writes,
-               std::shared_ptr<void> keep, std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc,
-               std::function<void()> sent) {
+  // write of a graph's transfer fails this task's step too (`fails_step`): the receiver may be a
+  // task that waits on its own (it runs without tf_rdma, or died), and the step's owner must hear
+  // why. An eager copy's does not: its rendezvous is the eager context's, which outlives every
+  // step, and aborting it would fail every later copy to every peer; the copy's receiver fails on
+  // its own (the connection ended, or never came). A peer the receiver's session renamed fetches
+  // over gRPC instead (`over_grpc`). `sent` counts what went.
+  void WriteTo(const std::string& peer_task, std::string what, bool fails_step, const TransferTags& tags,
+               std::vector<Write> writes, std::shared_ptr<void> keep,
+               std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc, std::function<void()> sent) {
     Ref();
     tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
     auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
-    runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, what = std::move(what), tags,
+    runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, what = std::move(what), fails_step, tags,
                                          writes = std::move(writes), keep = std::move(keep),
                                          over_grpc = std::move(over_grpc), sent = std::move(sent)](
                                             absl::StatusOr<std::shared_ptr<Connection>> connection) {
-      auto report = [runtime, step, peer_task, what](const absl::Status& status) {
+      auto report = [runtime, step, peer_task, what, fails_step](const absl::Status& status) {
         if (status.ok()) return;
         if (status == DiscardedWrite()) {
           runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
@@ -642,7 +650,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
         }
         LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << " failed: " << status;
         runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
-        (*step)->StartAbort(TaskFailure(what, peer_task, status));
+        if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
       };
       if (!connection.ok() && runtime->Renamed(peer_task)) {
         // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
@@ -674,7 +682,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
     std::shared_ptr<FusedSend> message;
     {
       std::lock_guard<std::mutex> lock(pushes_mu_);
-      if (aborted_) return absl::OkStatus();  // the step is over: nobody takes it
+      if (!stopped_.ok()) return stopped_;  // the step is over: nobody takes it
       std::shared_ptr<FusedSend>& entry = fused_sends_[member.group];
       if (!entry) entry = std::make_shared<FusedSend>(member);
       message = entry;
@@ -701,7 +709,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
       if (it != fused_sends_.end() && it->second == message) fused_sends_.erase(it);
     }
     const Tag tag = FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device);
-    WriteTo(peer_task, absl::StrCat("sending a fused message of ", member.count, " tensors to"), TransferTags{tag, tag},
+    WriteTo(peer_task, absl::StrCat("sending a fused message of ", member.count, " tensors to"), true, TransferTags{tag, tag},
             {{tag, message->bytes.get(), message->total}}, message,
             [message](RdmaRemoteRendezvous& step) {
               for (const std::optional<Member>& sent : message->members) {
@@ -743,7 +751,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   absl::StatusOr<std::shared_ptr<FusedReceive>> FusedMessageFrom(const std::string& peer_task,
                                                                  const ParsedKey& parsed, const FusedMember& member) {
     std::lock_guard<std::mutex> lock(pushes_mu_);
-    if (aborted_) return nullptr;
+    if (!stopped_.ok()) return nullptr;
     AwaitedMessage& awaited = fused_receives_[member.group];
     if (!awaited.message) {
       awaited.message = std::make_shared<FusedReceive>(
@@ -772,10 +780,15 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // them: the receiver's step is aborted too, and a receive it never issued would never discard
   // them (its Recv had not run yet, e.g. a later iteration of a loop), leaving the tensor held by
   // the connection until it closes. Returns the push's id, or nothing if the step was aborted.
+  absl::Status Stopped() {
+    std::lock_guard<std::mutex> lock(pushes_mu_);
+    return stopped_;
+  }
+
   std::optional<uint64_t> TrackPush(const std::shared_ptr<Connection>& connection, const TransferTags& tags,
                                     bool has_data_write) {
     std::lock_guard<std::mutex> lock(pushes_mu_);
-    if (aborted_) return std::nullopt;
+    if (!stopped_.ok()) return std::nullopt;
     const uint64_t id = next_push_++;
     pending_pushes_.emplace(id, PendingPush{connection, tags, has_data_write, has_data_write ? 2 : 1});
     return id;
@@ -797,7 +810,7 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   std::mutex pushes_mu_;
   enum class Phase { kRunning, kFailed, kEnded };
   Phase phase_ = Phase::kRunning;  // under pushes_mu_, but in the destructor
-  bool aborted_ = false;
+  absl::Status stopped_;  // why the step takes no more transfers (aborted, or ended); OK while it runs
   uint64_t next_push_ = 1;
   std::unordered_map<uint64_t, PendingPush> pending_pushes_;
   // This step's fused messages (cc/tf/planning/fusion.h) by group: being filled, and awaited.
