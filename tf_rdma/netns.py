@@ -8,7 +8,9 @@ delay, jitter and reordering cannot be made here; loss and partitions are nftabl
 
 Every name carries this process's id and a counter, so concurrent runs never share one; the
 addresses (10.213.0.0/24) exist only inside these namespaces, which have no route anywhere else.
-`close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's.
+`close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's;
+a network or host whose making fails half way deletes what it made before the error propagates.
+Every ip and nft command is bounded (COMMAND_TIMEOUT_S) and its failure names it.
 
 Also the checks every user of namespaces makes (tests/tf/coverage/netns.py's too): root, and the
 tools it runs.
@@ -20,6 +22,9 @@ import subprocess
 
 SUBNET = "10.213.0"
 _networks = itertools.count()
+# ip and nft answer in milliseconds, even on a busy machine; one still running after this is stuck
+# (on a lock in the kernel or a wedged netns mount) and would hang whatever waits for the network.
+COMMAND_TIMEOUT_S = 30.0
 
 
 def unavailable_reason(purpose):
@@ -38,10 +43,31 @@ def check_tools(tools=("ip", "nft"), purpose="the fault tests"):
 
 
 def _run(*command, input=None):
-    result = subprocess.run(command, input=input, capture_output=True, text=True)
+    try:
+        result = subprocess.run(command, input=input, capture_output=True, text=True,
+                                timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(command)} did not finish within {COMMAND_TIMEOUT_S:g} s and was killed: "
+                           "see what holds the network namespaces (ps -C ip,nft; dmesg)") from None
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
     return result.stdout
+
+
+def namespaces():
+    """The namespaces `ip netns list` shows (each line "NAME" or "NAME (id: N)")."""
+    return {line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()}
+
+
+def _undo(error, made):
+    """Deletes the namespaces a failed construction made while `error` propagates: what cannot be
+    deleted is noted on it, not raised over it (the first failure is the one to fix)."""
+    for namespace in made:
+        try:
+            if namespace in namespaces():  # a failed `ip netns add` may or may not have made it
+                _run("ip", "netns", "del", namespace)
+        except RuntimeError as e:
+            error.add_note(f"{namespace} may be left behind (ip netns del {namespace}): {e}")
 
 
 class Network:
@@ -51,11 +77,15 @@ class Network:
         self.switch = f"{self.prefix}-sw"
         self.hosts = {}                # name -> (namespace, address)
         self.rules = {}                # fault name -> nftables rule handles
-        _run("ip", "netns", "add", self.switch)
-        self._in_switch("ip", "link", "add", "br0", "type", "bridge")
-        self._in_switch("ip", "link", "set", "br0", "up")
-        self._nft("add table bridge faults\n"
-                  "add chain bridge faults forward { type filter hook forward priority 0; policy accept; }\n")
+        try:
+            _run("ip", "netns", "add", self.switch)
+            self._in_switch("ip", "link", "add", "br0", "type", "bridge")
+            self._in_switch("ip", "link", "set", "br0", "up")
+            self._nft("add table bridge faults\n"
+                      "add chain bridge faults forward { type filter hook forward priority 0; policy accept; }\n")
+        except BaseException as e:  # ^C too: no caller gets an object to close
+            _undo(e, [self.switch])
+            raise
 
     def _in_switch(self, *command):
         return _run("ip", "netns", "exec", self.switch, *command)
@@ -72,14 +102,20 @@ class Network:
             address = next(f"{SUBNET}.{i}" for i in itertools.count(1) if f"{SUBNET}.{i}" not in used)
         namespace = f"{self.prefix}-{name}"
         port = f"p{len(self.hosts)}{name}"[:15]
-        _run("ip", "netns", "add", namespace)
+        try:
+            _run("ip", "netns", "add", namespace)
+            _run("ip", "-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+                 "netns", namespace)
+            self._in_switch("ip", "link", "set", port, "master", "br0", "up")
+            _run("ip", "-n", namespace, "link", "set", "lo", "up")
+            _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+            _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+        except BaseException as e:
+            # Half a host is none: its namespace goes, its veth (and so the bridge's end) with it;
+            # the hosts made before stay, and close() deletes them.
+            _undo(e, [namespace])
+            raise
         self.hosts[name] = (namespace, address)
-        _run("ip", "-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
-             "netns", namespace)
-        self._in_switch("ip", "link", "set", port, "master", "br0", "up")
-        _run("ip", "-n", namespace, "link", "set", "lo", "up")
-        _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
-        _run("ip", "-n", namespace, "link", "set", "eth0", "up")
         return address
 
     def cut_off(self, name):
@@ -142,5 +178,11 @@ class Network:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, kind, error, traceback):
+        try:
+            self.close()
+        except RuntimeError as e:
+            if error is None:
+                raise
+            # The failure that ended the block stays the one raised (a ChaosError, a ^C).
+            error.add_note(f"closing the network failed too: {e}")
