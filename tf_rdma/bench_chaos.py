@@ -18,7 +18,9 @@ The report: steps done under chaos against the unfaulted rate, every error the c
 anything hung (a watchdog: the coordinator must finish a round within the longest fault plus
 WATCHDOG_SLACK_S), the coordinator's and the ps' RSS, descriptors and threads from the end of the
 unfaulted phase to the end of the run (bench_soak's judgement), and the model's final loss against
-gRPC's under the same schedule.
+gRPC's under the same schedule. A hang names the round and phase, the faults in flight and every
+task's log (LOG_DIR/TRANSPORT/TASK.log, each line timestamped); an error the coordinator raised
+before the first fault is reported as such, with none of the run's figures.
 
 No delay or jitter: this host's kernel has no sch_netem (tf_rdma/netns.py).
 """
@@ -54,6 +56,7 @@ SAMPLE_EVERY_S = 2.0
 # channels and closures); descriptors and threads back where they were.
 GROWTH_BOUNDS = {"rss_bytes": 16 << 20, "fds": 0, "threads": 0}
 LONG_LIVED = ("chief", "ps0", "ps1")  # never killed nor frozen by the schedule
+BEFORE_FAULTS = ("start-up", "unfaulted")  # run_transport's phases before the first fault
 
 
 class ChaosError(RuntimeError):
@@ -166,10 +169,10 @@ def schedule(seed, seconds, peer_timeout_s):
 
 # ---- the driver ----
 
-def _task(net, name, spec, log_dir, env):
-    """One task's process in its namespace, its stderr appended to LOG_DIR/NAME.log."""
-    return _Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)),
-                 stderr=open(f"{log_dir}/{name}.log", "a"))
+def _task(net, name, spec, log, env):
+    """One task's process in its namespace, its stderr appended to the file `log` (a restarted
+    worker's after its predecessor's)."""
+    return _Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)), stderr=open(log, "a"))
 
 
 class _Faults:
@@ -205,7 +208,11 @@ class _Faults:
 HANDLING = (("treated as a transient connectivity failure", "transient, step retried"),
             ("derived error is ignored", "ignored, step retried"),
             ("Worker ", "worker failure, steps retried once it is back"))
-LOG_LINE = re.compile(r"\n(?:ERROR|WARNING|INFO|DEBUG) ")
+# A task's log: Python's lines as TASK_LOG_FORMAT writes them, C++'s (TensorFlow's and tf_rdma's)
+# as absl does, "I0000 00:00:1796236505.480491  16220 file.cc:153] ..." (seconds since the epoch
+# while absl's logging is not initialised, as in these tasks).
+TASK_LOG_FORMAT = "%(created).6f %(levelname)s %(message)s"  # the C++ lines' clock
+LOG_LINE = re.compile(r"\n(?:\d+\.\d+ (?:CRITICAL|ERROR|WARNING|INFO|DEBUG) |[IWEF]\d{4} \d\d:\d\d:)")
 
 
 def _errors_seen(chief_log):
@@ -213,11 +220,11 @@ def _errors_seen(chief_log):
     recovered from ("Worker ... failed with UnavailableError():...", "Remote function on worker
     ... failed with ..."). The example is the message's line naming the cause (tf_rdma's, if any)."""
     seen = {}
-    for match in re.finditer(r"(?:^|\n)ERROR (.*?)failed with (\w+)\(\)?:?", chief_log):
+    for match in re.finditer(r"(?:^|\n)\d+\.\d+ ERROR (.*?)failed with (\w+)\(\)?:?", chief_log):
         rest = chief_log[match.end():match.end() + 4000]
         end = LOG_LINE.search(rest)
         message = rest[:end.start() if end else len(rest)]
-        handling = next(h for words, h in HANDLING if words in match.group(1) + message)
+        handling = next((h for words, h in HANDLING if words in match.group(1) + message), "handling not known")
         lines = [line.strip() for line in message.splitlines() if line.strip()]
         cause = next((line for line in lines if line.startswith("tf_rdma:")), " ".join(lines[:3]))
         entry = seen.setdefault(f"{match.group(2)} ({handling})", {"count": 0, "example": cause[:400]})
@@ -226,39 +233,59 @@ def _errors_seen(chief_log):
 
 
 def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s, log_dir, progress=None):
-    """One run over `transport` ("grpc" or a tf_rdma backend): its rates, errors, hang, flatness."""
+    """One run over `transport` ("grpc" or a tf_rdma backend): its rates, errors, hang, flatness.
+    Every task it started is stopped and its network deleted however it ends (an error while
+    starting, the watchdog, ^C): a task left running would outlive its namespace, which
+    `ip netns del` only unlinks."""
     from tf_rdma import netns
-    env = {**TASK_ENVIRONMENT, "TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000))}
+    # TF_CPP_MIN_LOG_LEVEL=0: TensorFlow's C++ INFO lines and tf_rdma's (which logs through it:
+    # connections made, refused and lost, with the peer), each stamped with the time, so a hang's
+    # log says what each task saw last.
+    env = {**TASK_ENVIRONMENT, "TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000)),
+           "TF_CPP_MIN_LOG_LEVEL": "0"}
     names = ["chief", "ps0", "ps1"] + [f"worker{i}" for i in range(WORKERS)]
+    logs = {name: f"{log_dir}/{name}.log" for name in names}
+    tasks = {}
+    pending = sorted(events, key=lambda e: e["at"])
+    applied, active = [], []  # applied: events with their wall-clock "applied_at"; active: (lift time, event)
+    rounds, samples, done, hang = [], [], None, None
+    chaos_start = last_lift = None
+
+    def phase():
+        """Where the run is, for a hang or an error: "start-up" (no round yet), "unfaulted" (no
+        fault yet), "faults" (one in flight or more to come) or "quiet" (all lifted)."""
+        if not rounds:
+            return "start-up"
+        if not applied:
+            return "unfaulted"
+        return "faults" if active or pending else "quiet"
+
     with netns.Network() as net:
-        for name in names:
-            net.add_host(name)
-        cluster = {"chief": [f"{net.address('chief')}:{PORT}"],
-                   "ps": [f"{net.address(f'ps{i}')}:{PORT}" for i in range(2)],
-                   "worker": [f"{net.address(f'worker{i}')}:{PORT}" for i in range(WORKERS)]}
-
-        def start(name):
-            job, index = name.rstrip("0123456789"), int(name[-1]) if name != "chief" else 0
-            return _task(net, name, {"cluster": cluster, "job": job, "index": index, "transport": transport,
-                                     "seconds": unfaulted_seconds + seconds}, log_dir, env)
-
-        tasks = {name: start(name) for name in names if name != "chief"}
-        tasks["chief"] = start("chief")
-        faults = _Faults(net, tasks, start)
-        pending = sorted(events, key=lambda e: e["at"])
-        active = []  # (lift time, event)
-        rounds, samples, done, hang = [], [], None, None
-        chaos_start = last_lift = None
-        longest = max([e["seconds"] for e in events], default=0.0)
-        last_round = time.monotonic()
-        next_sample = 0.0
         try:
+            for name in names:
+                net.add_host(name)
+            cluster = {"chief": [f"{net.address('chief')}:{PORT}"],
+                       "ps": [f"{net.address(f'ps{i}')}:{PORT}" for i in range(2)],
+                       "worker": [f"{net.address(f'worker{i}')}:{PORT}" for i in range(WORKERS)]}
+
+            def start(name):
+                job, index = name.rstrip("0123456789"), int(name[-1]) if name != "chief" else 0
+                return _task(net, name, {"cluster": cluster, "job": job, "index": index, "transport": transport,
+                                         "seconds": unfaulted_seconds + seconds}, logs[name], env)
+
+            for name in names[1:] + names[:1]:  # the chief last: it connects to the others
+                tasks[name] = start(name)
+            faults = _Faults(net, tasks, start)
+            longest = max([e["seconds"] for e in events], default=0.0)
+            last_round = time.monotonic()
+            next_sample = 0.0
             while done is None:
                 now = time.monotonic()
                 if chaos_start is not None:
                     while pending and now >= chaos_start + pending[0]["at"]:
-                        event = pending.pop(0)
+                        event = {**pending.pop(0), "applied_at": round(time.time(), 3)}
                         faults.apply(event)
+                        applied.append(event)
                         active.append((now + event["seconds"], event))
                         if progress:
                             progress(f"chaos over {transport}: {event['fault']} {_target(event)} "
@@ -267,19 +294,25 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
                         faults.lift(event)
                         active.remove((lift_at, event))
                         last_lift = now
-                if rounds and now >= next_sample:
-                    for name in LONG_LIVED:
+                # The chief's end is read from its stdout (its last line, then EOF), not polled: it
+                # exits once done, maybe before that line is read.
+                if rounds and now >= next_sample and tasks["chief"].process.poll() is None:
+                    for name in ("ps0", "ps1"):
                         if tasks[name].process.poll() is not None:
                             raise ChaosError(f"chaos over {transport}: {name} exited "
-                                             f"({tasks[name].process.returncode}); see {log_dir}/{name}.log")
+                                             f"({tasks[name].process.returncode}) in the {phase()} phase; "
+                                             f"see {logs[name]}")
                     samples.append({"seconds": now - rounds[0]["monotonic"],
                                     **{name: process_sample(tasks[name].process.pid) for name in LONG_LIVED}})
                     next_sample = now + SAMPLE_EVERY_S
                 # Before the first round TensorFlow starts up on every task: not a hang.
                 limit = (longest + WATCHDOG_SLACK_S) if rounds else WATCHDOG_SLACK_S * 3
                 if now - last_round > limit:
-                    hang = {"after_round": len(rounds), "waited_s": now - last_round,
-                            "active_faults": [e for _, e in active]}
+                    hang = {"round": len(rounds) + 1, "phase": phase(), "waited_s": round(now - last_round, 1),
+                            "at": round(time.time(), 3),
+                            "last_round_at": rounds[-1]["time"] if rounds else None,
+                            "active_faults": [e for _, e in active], "last_fault": applied[-1] if applied else None,
+                            "logs": logs}
                     break
                 try:
                     line = tasks["chief"].lines.get(timeout=0.1)
@@ -287,7 +320,8 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
                     continue
                 if line is None:
                     raise ChaosError(f"chaos over {transport}: the coordinator exited "
-                                     f"({tasks['chief'].process.wait()}); see {log_dir}/chief.log")
+                                     f"({tasks['chief'].process.wait()}) in the {phase()} phase; "
+                                     f"see {logs['chief']}")
                 if line.startswith(PROGRESS_PREFIX):
                     report = json.loads(line[len(PROGRESS_PREFIX):])
                     report["monotonic"] = last_round = time.monotonic()
@@ -300,35 +334,41 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
                                      f"{report['completed']} steps; faults start")
                 elif line.startswith(DONE_PREFIX):
                     done = json.loads(line[len(DONE_PREFIX):])
+                    if done["error"]:
+                        done["error"]["phase"] = phase()
         finally:
-            for _, event in active:
-                faults.lift(event)
+            # Faults need no lifting: the network goes, and stop() resumes a frozen task to kill it.
             for t in tasks.values():
                 t.stop()
-    with open(f"{log_dir}/chief.log") as f:
+    with open(logs["chief"]) as f:
         errors = _errors_seen(f.read())
     result = {"transport": transport, "hang": hang, "errors": errors, "rounds": rounds, "samples": samples}
     if hang:
         return result
+    result.update(done)
+    if done["error"] and done["error"]["phase"] in BEFORE_FAULTS:
+        return result  # the cluster failed before any fault: no figure of this run is a fault's outcome
     at_chaos = next(r for r in rounds if r["monotonic"] >= chaos_start)
     unfaulted_rate = ((at_chaos["completed"] - rounds[0]["completed"]) / (at_chaos["time"] - rounds[0]["time"])
                       if at_chaos is not rounds[0] else None)
     chaos_steps = rounds[-1]["completed"] - at_chaos["completed"]
-    chaos_rate = chaos_steps / (rounds[-1]["time"] - at_chaos["time"])
-    # The baseline: the unfaulted phase's last samples.
-    verdict = judge(samples, max(0, warmup_samples - SETTLE), GROWTH_BOUNDS, processes=LONG_LIVED)
-    result.update(done, unfaulted_steps_per_second=unfaulted_rate, chaos_steps=chaos_steps,
+    chaos_rate = chaos_steps / (rounds[-1]["time"] - at_chaos["time"]) if rounds[-1] is not at_chaos else None
+    result.update(unfaulted_steps_per_second=unfaulted_rate, chaos_steps=chaos_steps,
                   chaos_steps_per_second=chaos_rate,
                   # The cluster recovered from every fault: steps done once all were lifted.
                   steps_after_last_fault=rounds[-1]["completed"] - max(
                       [r["completed"] for r in rounds if last_lift is not None and r["monotonic"] <= last_lift],
                       default=rounds[-1]["completed"]),
-                  steps_vs_unfaulted=chaos_rate / unfaulted_rate if unfaulted_rate else None,
+                  steps_vs_unfaulted=chaos_rate / unfaulted_rate if unfaulted_rate and chaos_rate is not None
+                  else None,
                   lost_steps=max(0, done["completed"] - done.get("iterations", done["completed"])),
                   # TensorFlow runs a step again when its worker failed before reporting it.
-                  steps_run_twice=max(0, done.get("iterations", done["completed"]) - done["completed"]),
-                  flatness=verdict,
-                  flat=all(q["flat"] for p in verdict.values() for q in p.values()))
+                  steps_run_twice=max(0, done.get("iterations", done["completed"]) - done["completed"]))
+    if done["error"]:
+        return result  # no growth to judge on a cluster that did not recover
+    # The baseline: the unfaulted phase's last samples.
+    verdict = judge(samples, max(0, warmup_samples - SETTLE), GROWTH_BOUNDS, processes=LONG_LIVED)
+    result.update(flatness=verdict, flat=all(q["flat"] for p in verdict.values() for q in p.values()))
     return result
 
 
@@ -370,6 +410,10 @@ def _target(event):
     return " <-> ".join(target) if isinstance(target, list) else (target or "every link")
 
 
+def _fault(event):
+    return f"{event['fault']} {_target(event)} for {event['seconds']} s from {event['applied_at']:.3f}"
+
+
 def _judge_against(ours, grpc):
     """tf_rdma's growth may exceed the bound by what TensorFlow itself grew over gRPC under the same
     schedule (its coordinator keeps threads for a recovered worker, whatever carries the tensors)."""
@@ -404,7 +448,8 @@ def render(report):
     row("steps after the last fault", figure("steps_after_last_fault", "d"))
     row("steps lost (completed - ran)", figure("lost_steps", "d"))
     row("steps run again (retried)", figure("steps_run_twice", "d"))
-    row("error raised to the coordinator", lambda r: r["error"]["class"] if r.get("error") else "none")
+    row("error raised to the coordinator", lambda r: "none" if not r.get("error") else r["error"]["class"] + (
+        " (before faults)" if r["error"]["phase"] in BEFORE_FAULTS else ""))
     row("final loss (initial)", lambda r: (f"{r['final_loss']:.4f} ({r['initial_loss']:.3f})"
                                            if "final_loss" in r else "-"))
     for process in LONG_LIVED:
@@ -413,9 +458,22 @@ def render(report):
             + [f"{r['flatness'][process][q]['growth']:+d}" for q in ("fds", "threads")]))
     row("flat (*)", lambda r: "-" if r["transport"] == "grpc" or "flat" not in r else
         ("yes" if r["flat"] else "GREW"))
-    lines.append(f"  (*) chief and ps, from the unfaulted phase's end to the run's end, each the lowest of "
-                 f"{SETTLE} samples: RSS within {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB, not one descriptor or "
-                 "thread more than gRPC's run grew under the same schedule")
+    lines.append(f"  (*) chief and ps: growth, the lowest of the run's last {SETTLE} samples less the lowest of "
+                 f"the {SETTLE} before the faults, at most {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB of RSS and 0 "
+                 "descriptors and threads, each plus what gRPC's run grew (if it grew) under the same schedule")
+    for r in report["runs"]:
+        if r["hang"]:
+            h = r["hang"]
+            lines.append(f"  {name[r['transport']]} hung in round {h['round']} ({h['phase']} phase), no round for "
+                         f"{h['waited_s']:.0f} s until {h['at']:.3f} (the logs' clock); in flight: "
+                         f"{', '.join(_fault(e) for e in h['active_faults']) or 'no fault'}"
+                         + (f"; last fault: {_fault(h['last_fault'])}" if h["last_fault"] else "")
+                         + f"; logs: {', '.join(h['logs'].values())}")
+        elif r.get("error"):
+            e = r["error"]
+            lines.append(f"  {name[r['transport']]}: the coordinator raised {e['class']} in the {e['phase']} phase"
+                         + (" (before any fault: the cluster could not train, not a fault's outcome)"
+                            if e["phase"] in BEFORE_FAULTS else "") + f": {e['message'][:400]}")
     if report["final_loss_vs_grpc"] is not None:
         lines.append(f"  final loss, tf_rdma / gRPC: {report['final_loss_vs_grpc']:.2f}")
     lines.append("failures TensorFlow's coordinator logged and recovered from:")
@@ -431,5 +489,5 @@ def render(report):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=TASK_LOG_FORMAT)
     task(json.loads(sys.argv[1]))

@@ -199,9 +199,10 @@ def local_cluster(jobs):
 
 def start_task(module, spec, stderr=subprocess.PIPE, env=None, prefix=(), stdin=None):
     """`python -m module SPEC_JSON`: one task of a bench cluster in its own process, on tf_rdma's
-    `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables;
-    `prefix` runs it elsewhere (e.g. `ip netns exec NAMESPACE`, which keeps the process's id)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables
+    (TF_CPP_MIN_LOG_LEVEL too, 2 unless given); `prefix` runs it elsewhere (e.g. `ip netns exec
+    NAMESPACE`, which keeps the process's id)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     if spec["transport"] != "grpc":
         env["TF_RDMA_BACKEND"] = spec["transport"]
     return subprocess.Popen([*prefix, sys.executable, "-m", module, json.dumps(spec)],

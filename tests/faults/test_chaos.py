@@ -2,25 +2,56 @@
 restarted worker, a frozen one, a short and a long partition between a worker and a ps, and a
 spell of 1% loss, over gRPC and tf_rdma (tcp) under the same seeded schedule (tf_rdma/bench_chaos.py)."""
 import json
+import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tf_rdma import bench_chaos, netns
+from tf_rdma import bench_chaos, bench_soak, netns
 
 NEEDS = netns.unavailable_reason("each task of the chaos run gets a network namespace of its own")
 MINUTES = 0.75
 FAULTS = {"kill", "freeze", "short_partition", "long_partition", "loss"}
+# The bench's bound, under the test's: then SIGINT, and the bench has CLEANUP_S to stop its tasks
+# and delete its namespaces (a SIGKILL would leave them) before it is killed.
+RUN_S, CLEANUP_S = 780, 60
+
+
+def run_bench():
+    """(exit status, stdout, stderr) of `bench chaos --json`, or the test fails with their tails
+    once it ran longer than RUN_S; no namespace of the bench's is left either way."""
+    bench = subprocess.Popen([sys.executable, "-m", "tf_rdma", "bench", "chaos", "--minutes", str(MINUTES),
+                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = bench.communicate(timeout=RUN_S)
+        overran = None
+    except subprocess.TimeoutExpired:
+        bench.send_signal(signal.SIGINT)
+        try:
+            out, err = bench.communicate(timeout=CLEANUP_S)
+            overran = f"ran over {RUN_S} s; stopped by SIGINT"
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            out, err = bench.communicate(timeout=30)
+            overran = f"ran over {RUN_S} s and did not end {CLEANUP_S} s after SIGINT; killed"
+    left = {n for n in netns.namespaces() if n.startswith(f"tfrf{bench.pid}n")}
+    assert not overran and not left, (f"bench chaos {overran or 'ended'}; namespaces left: {sorted(left)}\n"
+                                      f"stdout ends:\n{out[-2000:]}\nstderr ends:\n{err[-4000:]}")
+    return bench.returncode, out, err
 
 
 @pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(RUN_S + CLEANUP_S + 60)
 def test_a_short_chaos_run_recovers_without_a_hang_a_lost_step_or_growth():
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "chaos", "--minutes", str(MINUTES),
-                             "--json"], capture_output=True, text=True, timeout=850)
-    assert result.stdout, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    status, out, err = run_bench()
+    try:
+        report = json.loads(out)
+    except json.JSONDecodeError:
+        pytest.fail(f"bench chaos exited {status} without its report; stderr ends:\n{err[-4000:]}")
     print(bench_chaos.render(report))  # the table, for the record (pytest -s)
     assert {e["fault"] for e in report["schedule"]} == FAULTS
     stock, ours = report["runs"]
@@ -38,7 +69,7 @@ def test_a_short_chaos_run_recovers_without_a_hang_a_lost_step_or_growth():
     for run in (stock, ours):
         assert "final_loss" in run and run["final_loss"] < 0.5 * run["initial_loss"], run
     assert report["final_loss_vs_grpc"] < 2.0, report["final_loss_vs_grpc"]
-    assert report["ok"] and result.returncode == 0, result.stderr[-3000:]
+    assert report["ok"] and status == 0, err[-3000:]
 
 
 def test_the_schedule_is_the_seeds_one_fault_of_each_kind_apart_in_the_first_three_quarters():
@@ -52,18 +83,20 @@ def test_the_schedule_is_the_seeds_one_fault_of_each_kind_apart_in_the_first_thr
         bench_chaos.schedule(7, 20, 2.0)  # 3 s per fault, the long partition lasts 5
 
 
-# What TensorFlow 2.21's cluster_coordinator logs (tasks run with "%(levelname)s %(message)s").
-COORDINATOR_LOG = """INFO Waiting for all global closures to be finished.
-ERROR Remote function on worker /job:worker/replica:0/task:1 failed with UnavailableError():Graph execution error:
+# What TensorFlow 2.21's cluster_coordinator logs (tasks run with bench_chaos.TASK_LOG_FORMAT), between
+# C++ lines (TensorFlow's and tf_rdma's, absl's format).
+COORDINATOR_LOG = """1796236590.000001 INFO Waiting for all global closures to be finished.
+1796236591.250000 ERROR Remote function on worker /job:worker/replica:0/task:1 failed with UnavailableError():Graph execution error:
 
 Detected at node ...
 tf_rdma: receiving 'edge_45' from task /job:ps/replica:0/task:1 failed: peer /job:ps/replica:0/task:1 is unresponsive
 Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling Enqueue:
 It is treated as a transient connectivity failure for now.
-INFO Worker /job:worker/replica:0/task:1 calling on_recovery_fn
-ERROR Worker /job:worker/replica:0/task:0 failed with UnavailableError():Socket closed
+1796236591.250300 INFO Worker /job:worker/replica:0/task:1 calling on_recovery_fn
+1796236600.000100 ERROR Worker /job:worker/replica:0/task:0 failed with UnavailableError():Socket closed
 Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling Enqueue:
-ERROR Worker /job:worker/replica:0/task:2 failed with UnavailableError():Socket closed
+I0000 00:00:1796236600.123456   16220 runtime.cc:371] tf_rdma: tcp to task /job:worker/replica:0/task:0 at 10.213.0.4:2222
+1796236601.000000 ERROR Worker /job:worker/replica:0/task:2 failed with UnavailableError():Socket closed
 """
 
 
@@ -74,4 +107,105 @@ def test_the_coordinators_failures_are_counted_by_class_and_handling_with_their_
     transient = seen["UnavailableError (transient, step retried)"]
     assert transient["count"] == 1 and transient["example"].startswith("tf_rdma: receiving 'edge_45'")
     worker = seen["UnavailableError (worker failure, steps retried once it is back)"]
-    assert worker["count"] == 2 and "/job:worker/replica:0/task:0" in worker["example"]
+    # The message ends where the next line of a log begins, a C++ one too.
+    assert worker["count"] == 2 and worker["example"] == (
+        "Socket closed Additional GRPC error information from remote target /job:worker/replica:0/task:0 "
+        "while calling Enqueue:"), worker
+
+
+# ---- the driver, without TensorFlow: each task is `sleep` in its namespace ----
+
+def ours():
+    """This process's namespaces (every name carries its id): another run's are not ours."""
+    return {n for n in netns.namespaces() if n.startswith(f"tfrf{os.getpid()}n")}
+
+
+def fake_tasks(monkeypatch, chief_lines=(), fail_at=None):
+    """Starts bench_chaos's tasks as `sleep` in their namespaces (so stop, kill, freeze and the
+    samples act on real processes), the chief first printing `chief_lines`; the `fail_at`-th start
+    raises. Returns the processes started."""
+    started = []
+
+    def start_task(module, spec, stderr, env, prefix):
+        if len(started) + 1 == fail_at:
+            raise OSError(f"injected: task {len(started) + 1} cannot start")
+        lines = chief_lines if spec["job"] == "chief" else ()
+        script = "".join(f"echo {shlex.quote(line)}; " for line in lines) + "exec sleep 600"
+        started.append(subprocess.Popen([*prefix, "sh", "-c", script], stdout=subprocess.PIPE, stderr=stderr,
+                                        text=True))
+        return started[-1]
+    monkeypatch.setattr(bench_soak, "start_task", start_task)
+    return started
+
+
+def a_round(completed=30):
+    return bench_chaos.PROGRESS_PREFIX + json.dumps({"time": time.time(), "completed": completed})
+
+
+def run_fake(tmp_path, events, unfaulted_seconds=0.0, progress=None):
+    return bench_chaos.run_transport("grpc", 60, unfaulted_seconds, events, 2.0, str(tmp_path), progress)
+
+
+def report_of(run, events):
+    """bench_chaos.run's report of `run` over both transports, for render()."""
+    return {"backend": "tcp", "seed": 1, "minutes": 1, "unfaulted_seconds": 0, "peer_timeout_ms": 2000,
+            "schedule": events, "runs": [run, {**run, "transport": "tcp"}], "final_loss_vs_grpc": None, "ok": False}
+
+
+needs_root = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
+
+
+@needs_root
+def test_a_task_that_cannot_start_stops_those_started_and_deletes_the_network(monkeypatch, tmp_path):
+    started = fake_tasks(monkeypatch, fail_at=4)
+    with pytest.raises(OSError, match="injected"):
+        run_fake(tmp_path, [])
+    assert len(started) == 3 and all(p.returncode == -signal.SIGKILL for p in started)
+    assert not ours()
+
+
+@needs_root
+def test_an_interrupt_stops_every_task_a_frozen_one_too(monkeypatch, tmp_path):
+    started = fake_tasks(monkeypatch, [a_round()])
+
+    def progress(text):
+        if "freeze" in text:
+            raise KeyboardInterrupt  # ^C once the worker is frozen
+    with pytest.raises(KeyboardInterrupt):
+        run_fake(tmp_path, [{"at": 0, "fault": "freeze", "target": "worker1", "seconds": 30}], progress=progress)
+    assert len(started) == 6 and all(p.returncode == -signal.SIGKILL for p in started)
+    assert not ours()
+
+
+@needs_root
+def test_the_watchdog_names_the_round_the_fault_in_flight_and_the_logs(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_chaos, "WATCHDOG_SLACK_S", 0.3)
+    started = fake_tasks(monkeypatch, [a_round()])  # then nothing: the second round hangs
+    # In flight from 0.6 s to 1.6 s after the round; the watchdog fires 1.3 s after it.
+    events = [{"at": 0.6, "fault": "short_partition", "target": ["worker0", "ps0"], "seconds": 1.0}]
+    run = run_fake(tmp_path, events)
+    hang = run["hang"]
+    assert hang["round"] == 2 and hang["phase"] == "faults", hang
+    assert [e["fault"] for e in hang["active_faults"]] == ["short_partition"], hang
+    assert hang["active_faults"][0]["applied_at"] <= hang["at"], hang
+    assert sorted(hang["logs"]) == sorted(["chief", "ps0", "ps1", "worker0", "worker1", "worker2"])
+    assert all(os.path.exists(log) for log in hang["logs"].values()), hang["logs"]
+    assert all(p.returncode == -signal.SIGKILL for p in started) and not ours()
+    text = bench_chaos.render(report_of(run, events))
+    assert "gRPC hung in round 2 (faults phase)" in text and "short_partition worker0 <-> ps0" in text, text
+    assert hang["logs"]["worker0"] in text, text
+
+
+@needs_root
+def test_an_error_before_the_faults_is_reported_as_such(monkeypatch, tmp_path):
+    error = {"class": "InvalidArgumentError", "message": "no such device"}
+    started = fake_tasks(monkeypatch, [a_round(), bench_chaos.DONE_PREFIX + json.dumps(
+        {"completed": 30, "error": error, "initial_loss": 1.0})])
+    events = [{"at": 0, "fault": "loss", "target": None, "seconds": 5}]
+    run = run_fake(tmp_path, events, unfaulted_seconds=60)
+    assert run["error"] == {**error, "phase": "unfaulted"} and not run["hang"], run
+    assert "chaos_steps" not in run and "flat" not in run, run  # no figure of a fault's outcome
+    assert all(p.returncode == -signal.SIGKILL for p in started) and not ours()
+    text = bench_chaos.render(report_of(run, events))
+    assert "InvalidArgumentError (before faults)" in text, text
+    assert "raised InvalidArgumentError in the unfaulted phase (before any fault" in text, text
