@@ -467,7 +467,8 @@ def render(report):
             lines.append(f"  {name[r['transport']]} hung in round {h['round']} ({h['phase']} phase), no round for "
                          f"{h['waited_s']:.0f} s until {h['at']:.3f} (the logs' clock); in flight: "
                          f"{', '.join(_fault(e) for e in h['active_faults']) or 'no fault'}"
-                         + (f"; last fault: {_fault(h['last_fault'])}" if h["last_fault"] else "")
+                         + (f"; last fault: {_fault(h['last_fault'])}"
+                            if h["last_fault"] and h["last_fault"] not in h["active_faults"] else "")
                          + f"; logs: {', '.join(h['logs'].values())}")
         elif r.get("error"):
             e = r["error"]

@@ -181,8 +181,9 @@ def test_an_interrupt_stops_every_task_a_frozen_one_too(monkeypatch, tmp_path):
 def test_the_watchdog_names_the_round_the_fault_in_flight_and_the_logs(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_chaos, "WATCHDOG_SLACK_S", 0.3)
     started = fake_tasks(monkeypatch, [a_round()])  # then nothing: the second round hangs
-    # In flight from 0.6 s to 1.6 s after the round; the watchdog fires 1.3 s after it.
-    events = [{"at": 0.6, "fault": "short_partition", "target": ["worker0", "ps0"], "seconds": 1.0}]
+    # In flight from 1.2 s to 3.2 s after the round; the watchdog fires 2.3 s after it (the longest
+    # fault and the slack): about a second either side for a loaded machine's stalls.
+    events = [{"at": 1.2, "fault": "short_partition", "target": ["worker0", "ps0"], "seconds": 2.0}]
     run = run_fake(tmp_path, events)
     hang = run["hang"]
     assert hang["round"] == 2 and hang["phase"] == "faults", hang
