@@ -8,7 +8,9 @@ TensorFlow wheel from the package index).
                                                    built into it; prints the venv's python
 
 The venvs live in TF_RDMA_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
-reused between runs on the same machine; tf_rdma is rebuilt into them each time, through ccache
+reused between runs on the same machine, as far as the disk allows: before a venv is made, the least
+recently used others are deleted until VENV_SPACE is free (seven venvs take 11 GiB, and a machine
+whose disk filled up half way through the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt into them each time, through ccache
 when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
 tests/tensorflow_versions/ runs the matrix; the README's support table lists exactly SUPPORTED.
 """
@@ -32,6 +34,8 @@ SUPPORTED = [
     "tensorflow-cpu==2.21.0",
     "tensorflow==2.21.0",
 ]
+# Free disk a venv's making needs: the largest (tensorflow 2.21.0) takes 2.1 GiB, its unpacking more.
+VENV_SPACE = 4 << 30
 # What building tf_rdma without build isolation needs besides TensorFlow.
 BUILD_REQUIREMENTS = ["pybind11>=2.10", "setuptools>=64", "wheel"]
 
@@ -64,14 +68,29 @@ def ensure_venv(wheel):
     python = venv / "bin" / "python"
     done = venv / ".tensorflow-installed"
     if done.exists() and done.read_text() == wheel:
+        done.touch()  # its time is when it was last used (make_room)
         return python
     shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
+    make_room(venv)
     _run([sys.executable, "-m", "venv", str(venv)], f"creating the venv for {wheel}")
     _run([str(python), "-m", "pip", "install", "-q", wheel, *BUILD_REQUIREMENTS], f"pip install {wheel}",
          timeout=1800)
     done.write_text(wheel)
     return python
+
+
+def make_room(venv):
+    """Deletes cached venvs other than `venv`, least recently used first, until VENV_SPACE is free."""
+    others = sorted((v for v in cache_root().iterdir() if v != venv and (v / ".tensorflow-installed").exists()),
+                    key=lambda v: (v / ".tensorflow-installed").stat().st_mtime)
+    while shutil.disk_usage(cache_root()).free < VENV_SPACE and others:
+        shutil.rmtree(others.pop(0), ignore_errors=True)
+    free = shutil.disk_usage(cache_root()).free
+    if free < VENV_SPACE:
+        raise VersionsError(f"{free >> 20} MiB free under {cache_root()}, and a TensorFlow venv needs "
+                            f"{VENV_SPACE >> 30} GiB: free some disk, or point TF_RDMA_VERSIONS_CACHE at a disk "
+                            "with room")
 
 
 def build_environment():

@@ -6,6 +6,7 @@ on the same TensorFlow. tensorflow-cpu 2.21.0 is also the rest of the suite's ow
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,37 @@ def test_the_readme_lists_exactly_the_versions_ci_runs():
     assert table, "the README's support table is delimited by <!-- tensorflow-versions --> comments"
     listed = re.findall(r"^\| `([\w-]+==[\d.]+)` \|", table.group(1), re.M)
     assert listed == tensorflow_versions.SUPPORTED, listed
+
+
+def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_room(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_RDMA_VERSIONS_CACHE", str(tmp_path))
+    venvs = []
+    for age, name in enumerate(["old", "recent", "newest"]):
+        marker = tmp_path / name / ".tensorflow-installed"
+        marker.parent.mkdir()
+        marker.write_text(name)
+        os.utime(marker, (1000 + age, 1000 + age))
+        venvs.append(tmp_path / name)
+    (tmp_path / "ccache").mkdir()  # not a venv: never deleted
+    free = {"bytes": tensorflow_versions.VENV_SPACE - 1}
+
+    def disk_usage(path):
+        return shutil._ntuple_diskusage(0, 0, free["bytes"])
+
+    def rmtree(path, ignore_errors=False):
+        free["bytes"] += tensorflow_versions.VENV_SPACE // 2
+        real_rmtree(path)
+
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    tensorflow_versions.make_room(tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache", "newest", "recent"]
+    tensorflow_versions.make_room(tmp_path / "new")  # enough room now: nothing more goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache", "newest", "recent"]
+
+    free["bytes"] = 0
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TF_RDMA_VERSIONS_CACHE"):
+        tensorflow_versions.make_room(tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache"]  # all deleted before giving up
