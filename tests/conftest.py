@@ -25,6 +25,8 @@ def pytest_generate_tests(metafunc):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "stream_backends_only: raw-socket tests (tcp, shm)")
+    config.addinivalue_line("markers", "without_rdma_core: runs with rdma-core hidden, so it uses no RDMA "
+                                       "device: the host's run has it")
     config.addinivalue_line("markers", "peer_process: the peer runs in a process of its own (helpers."
                                        "start_peer); the two-host run puts it on the other host")
     config.addinivalue_line("markers", "flaps_rdma_link: takes an RDMA link down and up; runs after "
@@ -32,10 +34,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # A raw-socket test has no backend to run over when only verbs is asked for: it is left out,
-    # not reported skipped (the Soft-RoCE suite allows no skip).
+    # A raw-socket test has no backend to run over when only verbs is asked for, and a test that
+    # hides rdma-core has nothing to gain from an RDMA device (and costs a TensorFlow import, minutes
+    # under the Soft-RoCE guest's emulation): they are left out, not reported skipped (the Soft-RoCE
+    # suite allows no skip).
     if not any(b in ("tcp", "shm") for b in config.getoption("backends").split(",")):
-        items[:] = [item for item in items if item.get_closest_marker("stream_backends_only") is None]
+        items[:] = [item for item in items if item.get_closest_marker("stream_backends_only") is None
+                    and item.get_closest_marker("without_rdma_core") is None]
     # After a link flap with live connections, rdma_cm on Soft-RoCE connects nothing more in the
     # same guest (a kernel rxe quirk): such tests go last, whatever file sorts after theirs.
     items.sort(key=lambda item: item.get_closest_marker("flaps_rdma_link") is not None)

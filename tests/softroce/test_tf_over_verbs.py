@@ -1,9 +1,14 @@
 """End to end over verbs on a real kernel RDMA stack: a two-process TF1 session whose cross-task
 tensors (every dtype, scalars, empty tensors, changing shapes, cond, while, concurrent runs) go over
 RDMA, and a MultiWorkerMirroredStrategy all-reduce between two workers whose collective buffers do,
-each bit-identical to the same program over gRPC on the host. In the same guest run, the first
-step of two clusters that cannot work over verbs must fail within seconds with the true cause: a
-spec that says 127.0.0.1 (no RDMA device reaches it) and a task running TensorFlow without tf_rdma."""
+each bit-identical to the same program over gRPC on the host.
+
+Every TensorFlow process costs a minute and a half of emulated CPU here, so what is not verbs'
+own is checked where it is cheap: a spec that says 127.0.0.1 (no RDMA device reaches it) fails at
+once, naming the devices, in the transport's verbs tests in the guest
+(tests/transport/verbs/test_verbs.py, no TensorFlow); the first step's error for a task running
+TensorFlow without tf_rdma comes from a TCP probe that is the same for every backend
+(tests/tf/test_tf1.py)."""
 import json
 from pathlib import Path
 
@@ -37,13 +42,12 @@ def grpc_references(tmp_path):
     return digest(session), [digest(o) for o in all_reduce]
 
 
-# The broken clusters start four more TensorFlow processes in the guest: 7-12 minutes more.
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(2000)
 def test_tf1_session_and_all_reduce_over_verbs_are_bit_identical_to_grpc(on_rdma, tmp_path):
     session, all_reduce = grpc_references(tmp_path)
 
     code, output = on_rdma([PYTHON, str(Path(__file__).with_name("tf_over_verbs.py")), "10.77.0.1",
-                            str(BIG_MIB), str(STEPS), str(ELEMENTS)], timeout=3300)
+                            str(BIG_MIB), str(STEPS), str(ELEMENTS)], timeout=1800)
     assert code == 0, output[-6000:]
     result = json.loads(next(l for l in output.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
     assert result["session"]["digest"] == session
@@ -56,19 +60,3 @@ def test_tf1_session_and_all_reduce_over_verbs_are_bit_identical_to_grpc(on_rdma
     assert peer["backend"] == "verbs", peer
     # Two workers: each receives half the vector twice (reduce-scatter, all-gather) per step.
     assert peer["bytes_received_by_kind"]["collective"] >= STEPS * ELEMENTS * 4, peer
-
-    # The spec says 127.0.0.1, as a new user's first try would: the ps cannot reach the worker over
-    # RDMA, and the step says so (it once blamed a missing tf_rdma on the worker).
-    misrouted = result["broken"]["misrouted"]
-    assert misrouted["error"] == "FailedPreconditionError", misrouted
-    assert "no RDMA device reaches 127.0.0.1:" in misrouted["message"], misrouted
-    assert "RDMA devices here: rxe0 (port 1 ACTIVE, 10.77.0.1 on dummy0)" in misrouted["message"], misrouted
-    assert "TF_RDMA_BACKEND=tcp" in misrouted["message"], misrouted
-    # TensorFlow's session setup in the guest (TCG) takes seconds of its own.
-    assert misrouted["seconds"] < 30, misrouted
-    # The mixed-cluster check works over verbs too: every tf_rdma task also listens on TCP at its
-    # tf_rdma port, which a task without tf_rdma does not.
-    without = result["broken"]["without_tf_rdma"]
-    assert without["error"] == "FailedPreconditionError", without
-    assert "task /job:worker/replica:0/task:0 runs TensorFlow without tf_rdma" in without["message"], without
-    assert without["seconds"] < 30, without

@@ -14,7 +14,8 @@ def test_transport_suite_passes_on_verbs(on_rdma):
     code, output = on_rdma([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
                             "tests/transport/test_transport.py", "tests/transport/test_scale.py",
                             "tests/transport/verbs",
-                            "--backends", "verbs"], timeout=1800)
+                            "--backends", "verbs", "--durations=8"], timeout=1800)
+    print(output[-3000:])  # the slowest tests in the guest, in a passing run's log too (-rP)
     summary = output.strip().splitlines()[-1] if output.strip() else ""
     assert code == 0, output[-8000:]
     assert re.search(r"\d+ passed", summary), summary

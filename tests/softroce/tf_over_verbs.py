@@ -1,10 +1,7 @@
 """Runs in the Soft-RoCE guest, TF_RDMA_BACKEND=verbs over rxe0: a ps and a worker process running
 tests/tf/programs.py's compare_worker (a TF1 session), then two MultiWorkerMirroredStrategy workers
-running tests/tf/collective_programs.py's all-reduces; then, side by side, the errors of two broken
-clusters: one whose spec says 127.0.0.1 (no RDMA device routes it) and one whose worker runs
-TensorFlow without tf_rdma. Prints the results' digests, tf_rdma's stats and the errors as one JSON
-line, for tests/softroce/test_tf_over_verbs.py to check."""
-import contextlib
+running tests/tf/collective_programs.py's all-reduces. Prints the results' digests and tf_rdma's
+stats as one JSON line, for tests/softroce/test_tf_over_verbs.py to check."""
 import json
 import os
 import sys
@@ -16,7 +13,7 @@ from cluster import Cluster, digest  # noqa: E402
 
 COLLECTIVE_PROGRAM = Path(__file__).resolve().parents[1] / "tf" / "collective_programs.py"
 VERBS = {"TF_RDMA_BACKEND": "verbs"}
-TIMEOUT = float(os.environ.get("TF_OVER_VERBS_TIMEOUT", "1500"))
+TIMEOUT = float(os.environ.get("TF_OVER_VERBS_TIMEOUT", "800"))
 
 
 def session(tmp, host, big_mib):
@@ -43,31 +40,9 @@ def all_reduce(tmp, host, steps, elements):
         return {"digests": [digest(o) for o in outputs], "stats": json.load(f)}
 
 
-def broken_clusters(tmp, host):
-    """The first step's outcome (programs.cross_once) in two clusters that cannot work over verbs,
-    run at once: importing TensorFlow takes most of their time in the guest."""
-    cases = {"misrouted": ("127.0.0.1", "rdma"), "without_tf_rdma": (host, "grpc")}
-    outcomes = {}
-    with contextlib.ExitStack() as stack:
-        clusters = {}
-        for case, (spec_host, worker_transport) in cases.items():
-            (tmp / case).mkdir()
-            cluster = stack.enter_context(Cluster(tmp / case, {"ps": 1, "worker": 1}, VERBS, host=spec_host))
-            cluster.start("ps", 0, "serve", transport="rdma")
-            cluster.start("worker", 0, "cross_once", transport=worker_transport, output=str(tmp / case / "outcome.json"))
-            clusters[case] = cluster
-        for case, cluster in clusters.items():
-            if cluster.wait("worker", 0, timeout=TIMEOUT) != 0:
-                raise SystemExit(cluster.log("worker", 0)[-5000:] + "\n--- ps ---\n" + cluster.log("ps", 0)[-3000:])
-            with open(tmp / case / "outcome.json") as f:
-                outcomes[case] = {k: v for k, v in json.load(f).items() if k != "stats"}
-    return outcomes
-
-
 def main(host, big_mib, steps, elements):
     tmp = Path(tempfile.mkdtemp())
-    result = {"session": session(tmp, host, big_mib), "all_reduce": all_reduce(tmp, host, steps, elements),
-              "broken": broken_clusters(tmp, host)}
+    result = {"session": session(tmp, host, big_mib), "all_reduce": all_reduce(tmp, host, steps, elements)}
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

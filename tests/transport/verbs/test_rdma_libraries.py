@@ -68,6 +68,7 @@ def run_without_rdma_core(script):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.without_rdma_core
 def test_without_rdma_core_tcp_and_shm_work_and_verbs_says_what_to_install():
     report = run_without_rdma_core(f"""
         import ctypes, json, os, subprocess, sys
