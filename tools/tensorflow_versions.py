@@ -7,7 +7,7 @@ TensorFlow wheel from the package index).
     tools/tensorflow_versions.py install WHEEL     its venv (made once, then reused) with this tf_rdma
                                                    built into it; prints the venv's python
 
-The venvs live in TF_RDMA_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
+The venvs live in TF_RDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
 reused between runs on the same machine, as far as the disk allows: before a venv is made, the least
 recently used others are deleted until VENV_SPACE is free (seven venvs take 11 GiB, and a machine
 whose disk filled up half way through the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt into them each time, through ccache
@@ -45,7 +45,7 @@ class VersionsError(RuntimeError):
 
 
 def cache_root():
-    return Path(os.environ.get("TF_RDMA_VERSIONS_CACHE", Path.home() / ".cache" / "tf_rdma" / "tensorflow-versions"))
+    return Path(os.environ.get("TF_RDMA_TEST_VERSIONS_CACHE", "~/.cache/tf_rdma/tensorflow-versions")).expanduser()
 
 
 def venv_of(wheel):
@@ -89,7 +89,7 @@ def make_room(venv):
     free = shutil.disk_usage(cache_root()).free
     if free < VENV_SPACE:
         raise VersionsError(f"{free >> 20} MiB free under {cache_root()}, and a TensorFlow venv needs "
-                            f"{VENV_SPACE >> 30} GiB: free some disk, or point TF_RDMA_VERSIONS_CACHE at a disk "
+                            f"{VENV_SPACE >> 30} GiB: free some disk, or point TF_RDMA_TEST_VERSIONS_CACHE at a disk "
                             "with room")
 
 

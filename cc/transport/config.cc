@@ -229,6 +229,9 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "Test harness only: extra kernel arguments for the Soft-RoCE guest."},
       {"TF_RDMA_SOFTROCE_CACHE", "build/softroce",
        "Test harness only: where the Soft-RoCE guest's kernel and initramfs are cached."},
+      {"TF_RDMA_TEST_VERSIONS_CACHE", "~/.cache/tf_rdma/tensorflow-versions",
+       "Test suite only: where tools/tensorflow_versions.py keeps a venv per supported TensorFlow; before it "
+       "makes one, the least recently used others are deleted until 4 GiB is free."},
   };
   return *variables;
 }

@@ -97,7 +97,7 @@ def test_the_readme_lists_exactly_the_versions_ci_runs():
 
 
 def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_room(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_RDMA_VERSIONS_CACHE", str(tmp_path))
+    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
     venvs = []
     for age, name in enumerate(["old", "recent", "newest"]):
         marker = tmp_path / name / ".tensorflow-installed"
@@ -125,6 +125,6 @@ def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_roo
 
     free["bytes"] = 0
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
-    with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TF_RDMA_VERSIONS_CACHE"):
+    with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TF_RDMA_TEST_VERSIONS_CACHE"):
         tensorflow_versions.make_room(tmp_path / "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache"]  # all deleted before giving up
