@@ -13,9 +13,7 @@ baselines). Ratios are tf_rdma's elements/s over gRPC's. Each trainer checks tha
 arrived (count and bytes) and that the first is byte-exact.
 """
 import json
-import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
