@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from tf_rdma.bench import _size
+from tf_rdma.bench import PEER_START_SECONDS, _size, line_within
 from tf_rdma.bench_collective import ratios
 from tf_rdma.bench_tf import RESULT_PREFIX, limits, start_task, task_result
 from tf_rdma.ports import free_ports
@@ -127,12 +127,7 @@ def _role(spec):
 def _serve(spec, name, log):
     """Starts a dispatcher or worker process and waits until it serves; its stderr goes to `log`."""
     process = start_task("tf_rdma.bench_data", spec, stderr=log)
-    if "serving" not in process.stdout.readline():
-        process.kill()
-        process.wait()
-        log.seek(0)
-        raise RuntimeError(f"bench data: the {name} did not start (exit code {process.returncode}):\n"
-                           f"{log.read()[-3000:]}")
+    line_within(process, "serving", PEER_START_SECONDS, f"bench data: the {name}", log)
     return process
 
 

@@ -24,6 +24,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 
 from tf_rdma import _transport, bench, bench_tf
@@ -40,6 +41,9 @@ TABLE_FLOATS = 64 << 10
 EXTRAPOLATE_TO = (1000, 10000)
 CONNECT_THREADS = 64
 RESULT_PREFIX = bench_tf.RESULT_PREFIX
+# The longest the receiver may take over a command: its start, `accept` (peers already connected),
+# `flow` (FULL's seconds, then up to 60 s to stop granting), with room for a loaded host.
+RECEIVER_ANSWER_SECONDS = 300
 
 
 # ---- what a process costs ----
@@ -122,21 +126,21 @@ class Receiver:
 
 class ReceiverProcess:
     """The driver's side of a receiver process: `python -m tf_rdma.bench_scale receiver BACKEND`, or
-    `program` (a script serving a Receiver, with the same command line)."""
+    `program` (a script serving a Receiver, with the same command line). Its stderr goes to a
+    file, whose tail an error gives."""
 
     def __init__(self, backend, key, host, program=None):
         command = [str(program)] if program else ["-m", "tf_rdma.bench_scale", "receiver"]
-        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True,
                                         env={**os.environ, bench.HOST_ENV: host})
         self.process.stdin.write(key.hex() + "\n")
         self.process.stdin.flush()
         self.start = self.answer()
 
-    def answer(self):
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the bench's receiver process ended (exit code {self.process.wait()})")
-        answer = json.loads(line)
+    def answer(self, seconds=RECEIVER_ANSWER_SECONDS):
+        answer = json.loads(bench.line_within(self.process, "", seconds, "the bench's receiver", self.log))
         if "error" in answer:
             raise RuntimeError(f"the bench's receiver: {answer['error']}")
         return answer
@@ -152,6 +156,7 @@ class ReceiverProcess:
     def close(self):
         self.process.kill()
         self.process.wait()
+        self.log.close()
 
 
 def receiver_main(backend):
@@ -248,14 +253,16 @@ def run_tf(transport, worker_counts, budget, timeout=600):
     cluster = bench_tf.local_cluster({"ps": 1, "worker": max(worker_counts)})
     ps = bench_tf.start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": "ps", "index": 0,
                                                   "transport": transport}, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while they run
     workers = bench_tf.start_task("tf_rdma.bench_scale", {"cluster": cluster, "transport": transport,
-                                                          "budget": budget}, stdin=subprocess.PIPE)
+                                                          "budget": budget}, stdin=subprocess.PIPE, stderr=log)
     rows = []
     try:
         for count in sorted(worker_counts):
             workers.stdin.write(f"{count}\n")
             workers.stdin.flush()
-            line = _result_line(workers, timeout)
+            line = json.loads(bench.line_within(workers, RESULT_PREFIX, timeout,
+                                                f"bench scale over {transport}: the workers' process", log))
             figures = settled_figures(ps.pid)
             rows.append({"workers": count, "ps_threads": figures["threads"], "ps_rss": figures["rss"],
                          "steps_per_second": line["steps_per_second"], "steps": line["steps"]})
@@ -263,18 +270,8 @@ def run_tf(transport, worker_counts, budget, timeout=600):
         for process in (workers, ps):
             process.kill()
             process.wait()
+        log.close()
     return rows
-
-
-def _result_line(process, timeout):
-    deadline = time.monotonic() + timeout
-    for line in process.stdout:
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    raise RuntimeError(f"the bench's workers failed (exit code {process.wait()}):\n{process.stderr.read()[-3000:]}")
 
 
 # ---- the run, the table, the plot ----
