@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench_runs import bench_report
+from bench_runs import bench_report, check_png, check_table_and_plot
 from tf_rdma import bench_data
 
 
@@ -28,7 +28,7 @@ def test_a_quick_run_reads_every_element_over_grpc_and_tf_rdma(tmp_path):
         assert row["vs_grpc_shm"] == pytest.approx(row["shm_elements_per_second"] / row["grpc_elements_per_second"])
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check_png(plot)
 
 
 def test_bench_data_takes_one_worker_count():
@@ -67,10 +67,7 @@ def test_figures_are_per_timed_element_and_ratios_are_elements_per_second_over_g
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
     report = {"backends": ["shm"], "unavailable": {"verbs": "no RDMA device"}, "workers": 2, "quick": False,
               "rows": bench_data.combine(MEASURED, ["shm"], 2, PLAN, MACHINE)}
-    text = bench_data.render(report)
-    assert "verbs: unavailable: no RDMA device" in text
-    assert "     4 KiB       200       400     2.00" in text
-    assert "     4 MiB       250      1000     4.00" in text
-    assert "4 MiB memcpy 8.00 socket 3.00 GB/s" in text
-    bench_data.plot(report, tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    check_table_and_plot(bench_data, report, ["verbs: unavailable: no RDMA device",
+                                              "     4 KiB       200       400     2.00",
+                                              "     4 MiB       250      1000     4.00",
+                                              "4 MiB memcpy 8.00 socket 3.00 GB/s"], tmp_path / "plot.png")

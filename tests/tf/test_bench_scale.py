@@ -3,7 +3,7 @@ structure and arithmetic (not for speed)."""
 
 import pytest
 
-from bench_runs import bench_report
+from bench_runs import bench_report, check_png
 from tf_rdma import bench_scale
 
 
@@ -26,4 +26,4 @@ def test_a_quick_run_reports_every_figure_consistently(tmp_path):
         assert [r["workers"] for r in rows] == list(bench_scale.QUICK["workers"])
         assert all(r["ps_threads"] > 0 and r["steps_per_second"] > 0 for r in rows), rows
     assert "shm: 8 peers" in progress and "workers over grpc" in progress  # progress lines
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check_png(plot)
