@@ -140,9 +140,13 @@ def _bench(parser, args):
         from tf_rdma import bench_data
         if args.workers and len(args.workers) != 1:
             parser.error("bench data takes one --workers count")
-        _report(bench_data, bench_data.run(backends, workers=args.workers[0] if args.workers else 2,
-                                           sizes=args.sizes or bench_data.SIZES, quick=args.quick,
-                                           progress=_progress), args)
+        try:
+            report = bench_data.run(backends, workers=args.workers[0] if args.workers else 2,
+                                    sizes=args.sizes or bench_data.SIZES, quick=args.quick, progress=_progress)
+        except bench_data.ElementsLost as e:
+            print(f"tf_rdma: {e}", file=sys.stderr)
+            return 1
+        _report(bench_data, report, args)
     elif args.what == "scale":
         from tf_rdma import bench_scale
         _report(bench_scale, bench_scale.run(backends, peers=args.peers or bench_scale.DEFAULT_PEERS,
