@@ -31,10 +31,9 @@ from tf_rdma import _transport, bench, bench_tf
 from tf_rdma.config import load_config
 from tf_rdma.transport import available_backends
 
-DEFAULT_PEERS = (8, 64, 256, 1000)
-DEFAULT_WORKERS = (1, 4, 12)
+# --peers and --workers, when given, take the place of either's.
+FULL = {"peers": (8, 64, 256, 1000), "workers": (1, 4, 12), "flow_seconds": 2.0, "steps_budget": 1.0}
 QUICK = {"peers": (8, 32), "workers": (1, 2), "flow_seconds": 0.5, "steps_budget": 0.2}
-FULL = {"flow_seconds": 2.0, "steps_budget": 1.0}
 FLOW_SIZE = 64 << 10
 FLOW_WARM_UP_SECONDS = 0.5
 TABLE_FLOATS = 64 << 10
@@ -204,7 +203,12 @@ def run_peers(backend, peers, flow_seconds, host):
             connection.close("the bench is done")
     finally:
         receiver.close()
-    start = receiver.start
+    return peers_row(backend, peers, connect_seconds, receiver.start, idle, moved)
+
+
+def peers_row(backend, peers, connect_seconds, start, idle, moved):
+    """The row of `peers` peers over `backend` from the receiver's answers: at its `start`, once
+    they connected (`idle`) and to `flow` (`moved`)."""
     return {"backend": backend, "peers": peers, "connect_seconds": connect_seconds,
             "threads_before": start["threads"], "threads_idle": idle["threads"],
             "threads_after_traffic": moved["after"]["threads"],
@@ -281,10 +285,11 @@ def extrapolate(base, per, peers):
     return base + per * peers
 
 
-def run(backends, peers=DEFAULT_PEERS, workers=DEFAULT_WORKERS, quick=False, tf=True, host=None, progress=None):
+def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, progress=None):
     """{"backends", "unavailable", "limits", "transport": [rows], "tf": {transport: [rows]},
-    "extrapolated": {...}}"""
-    params = {**FULL, "peers": peers, "workers": workers, **(QUICK if quick else {})}
+    "extrapolated": {...}}; `peers` and `workers` left None: FULL's, or QUICK's with `quick`."""
+    params = dict(QUICK if quick else FULL)
+    params["peers"], params["workers"] = peers or params["peers"], workers or params["workers"]
     host = bench.bench_host(host)
     usable = available_backends()
     carried = [b for b in backends if usable.get(b) is None]
