@@ -1,6 +1,12 @@
 """The bench's own arithmetic, on canned outputs: perftest's result rows parsed by column, units
 converted, tf_rdma's ratios (vs_X == tf_rdma's figure / X's), and the rounds summarized as medians
-of the per-round ratios with their spread. The performance tables in the README come from these."""
+of the per-round ratios with their spread. The performance tables in the README come from these.
+Also the benches' bounded wait for a child's line."""
+import subprocess
+import sys
+import tempfile
+import time
+
 import pytest
 
 from tf_rdma import bench
@@ -122,3 +128,34 @@ def test_perftest_runs_merge_into_medians_keeping_each_round():
     assert summary["ib_write_bw"]["65536"]["rounds_gbps"] == [1.0, 3.0, 2.5]
     assert summary["ib_write_lat"]["8"]["avg_us"] == 15.0
     assert summary["ib_write_lat"]["8"]["rounds_typical_us"] == [9.0, 11.0]
+
+
+def child(code):
+    """`python -c CODE` with its stdout on a pipe and its stderr in a file, as the benches start theirs."""
+    log = tempfile.TemporaryFile("w+")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=log, text=True), log
+
+
+def test_a_childs_line_is_read_past_the_lines_before_it():
+    process, log = child("print('starting'); print('READY 1 2', flush=True); import time; time.sleep(60)")
+    try:
+        assert bench.line_within(process, "READY ", 30, "the peer", log) == "1 2\n"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_child_that_falls_silent_is_killed_at_the_deadline_and_named_with_its_log():
+    process, log = child("import sys, time; print('about to hang', file=sys.stderr, flush=True); time.sleep(60)")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)the peer: it wrote no line starting 'READY' within 1 s, so it "
+                                           r"was killed; its log ends:\nabout to hang"):
+        bench.line_within(process, "READY ", 1, "the peer", log)
+    assert time.monotonic() - started < 10 and process.poll() is not None
+
+
+def test_a_child_that_exits_without_the_line_is_named_with_its_exit_code_and_log():
+    process, log = child("import sys; print('no device', file=sys.stderr); sys.exit(3)")
+    with pytest.raises(RuntimeError, match=r"(?s)the peer: it exited with code 3 before writing a line starting "
+                                           r"'READY'; its log ends:\nno device"):
+        bench.line_within(process, "READY ", 30, "the peer", log)

@@ -70,7 +70,8 @@ def main(argv=None):
                             "value, e.g. 0,50 (default: the configured one)")
     bench.add_argument("--workloads", type=lambda t: t.split(","),
                        help="tf: some of transfer,many,hops,ps-train (default all)")
-    bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a minute)")
+    bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a "
+                                                            "minute); scale: fewer peers and workers, unless given")
     bench.add_argument("--plot", metavar="FILE.png", help="tf, data, scale: plot the figures (needs matplotlib)")
     bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
                                                                   "(default 5; the first third is warm-up); "
@@ -140,14 +141,17 @@ def _bench(parser, args):
         from tf_rdma import bench_data
         if args.workers and len(args.workers) != 1:
             parser.error("bench data takes one --workers count")
-        _report(bench_data, bench_data.run(backends, workers=args.workers[0] if args.workers else 2,
-                                           sizes=args.sizes or bench_data.SIZES, quick=args.quick,
-                                           progress=_progress), args)
+        try:
+            report = bench_data.run(backends, workers=args.workers[0] if args.workers else 2,
+                                    sizes=args.sizes or bench_data.SIZES, quick=args.quick, progress=_progress)
+        except bench_data.ElementsLost as e:
+            print(f"tf_rdma: {e}", file=sys.stderr)
+            return 1
+        _report(bench_data, report, args)
     elif args.what == "scale":
         from tf_rdma import bench_scale
-        _report(bench_scale, bench_scale.run(backends, peers=args.peers or bench_scale.DEFAULT_PEERS,
-                                             workers=args.workers or bench_scale.DEFAULT_WORKERS,
-                                             quick=args.quick, host=args.host, progress=_progress), args)
+        _report(bench_scale, bench_scale.run(backends, peers=args.peers, workers=args.workers, quick=args.quick,
+                                             host=args.host, progress=_progress), args)
     elif args.what == "soak":
         from tf_rdma import bench_soak
         return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),

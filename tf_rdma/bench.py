@@ -44,6 +44,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +60,9 @@ DEFAULT_HOST = "127.0.0.1"
 # transport_bench.cc, reads it).
 HOST_ENV = "TF_RDMA_TEST_HOST"
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
+# The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
+# minutes on a loaded or emulated host.
+PEER_START_SECONDS = 300
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 1 << 10,
           "M": 1 << 20, "MI": 1 << 20, "MIB": 1 << 20, "MB": 1 << 20,
@@ -83,6 +87,41 @@ def parse_sizes(text):
 
 def bench_host(host=None):
     return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+
+
+def line_within(process, prefix, seconds, who, log=None):
+    """The rest of the first line of `process`'s stdout that starts with `prefix` (lines before it
+    are skipped), read within `seconds`. If none comes, the process is killed and the error names
+    `who`, whether it exited or fell silent, and the tail of its stderr: `log` (the file it
+    writes to), else its stderr pipe."""
+    found = []
+
+    def read():  # in a thread: a pipe's readline takes no deadline
+        for line in process.stdout:
+            if line.startswith(prefix):
+                found.append(line[len(prefix):])
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if found:
+        return found[0]
+    exited = not reader.is_alive()
+    process.kill()
+    code = process.wait()
+    if log is not None:
+        log.flush()
+        log.seek(0)
+        tail = log.read()[-3000:]
+    elif process.stderr is not None:
+        tail = process.stderr.read()[-3000:]
+    else:
+        tail = "(it writes to this process's stderr: see above)"
+    wanted = f"a line starting {prefix.strip()!r}" if prefix else "a line"
+    why = (f"it exited with code {code} before writing {wanted}" if exited
+           else f"it wrote no {wanted[2:]} within {seconds:.0f} s, so it was killed")
+    raise RuntimeError(f"{who}: {why}; its log ends:\n{tail}")
 
 
 def grant_depth():
@@ -155,13 +194,11 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
     try:
         peer.stdin.write(key + "\n")
         peer.stdin.close()
-        line = peer.stdout.readline().split()
-        if len(line) != 3 or line[0] != "READY":
-            raise RuntimeError(f"bench peer for {backend} did not start (exit code {peer.poll()})")
+        ports = line_within(peer, "READY ", PEER_START_SECONDS, f"the bench peer for {backend}").split()
         with _environment(settings):
             report = _transport.bench_drive(
                 backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
-                _endpoint(host, line[1]), _endpoint(host, line[2]), bytes.fromhex(key).decode("latin-1"))
+                _endpoint(host, ports[0]), _endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
@@ -525,7 +562,7 @@ def cores_kept_awake(enabled):
                 for _ in range(os.cpu_count() or 1)]
     try:
         for spinner in spinners:
-            spinner.stdout.readline()
+            line_within(spinner, "spinning", PEER_START_SECONDS, "a process keeping a core awake")
         yield
     finally:
         for spinner in spinners:

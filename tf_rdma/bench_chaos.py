@@ -31,7 +31,6 @@ import queue
 import random
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -425,7 +424,6 @@ def _judge_against(ours, grpc):
 
 
 def render(report):
-    grpc, ours = report["runs"]
     name = {"grpc": "gRPC", report["backend"]: f"tf_rdma {report['backend']}"}
     lines = [f"chaos run, seed {report['seed']}: {report['unfaulted_seconds']:.0f} s unfaulted, then "
              f"{report['minutes'] * 60:.0f} s of faults; TF_RDMA_PEER_TIMEOUT_MS={report['peer_timeout_ms']}; "

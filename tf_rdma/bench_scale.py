@@ -24,22 +24,25 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 
 from tf_rdma import _transport, bench, bench_tf
 from tf_rdma.config import load_config
 from tf_rdma.transport import available_backends
 
-DEFAULT_PEERS = (8, 64, 256, 1000)
-DEFAULT_WORKERS = (1, 4, 12)
+# --peers and --workers, when given, take the place of either's.
+FULL = {"peers": (8, 64, 256, 1000), "workers": (1, 4, 12), "flow_seconds": 2.0, "steps_budget": 1.0}
 QUICK = {"peers": (8, 32), "workers": (1, 2), "flow_seconds": 0.5, "steps_budget": 0.2}
-FULL = {"flow_seconds": 2.0, "steps_budget": 1.0}
 FLOW_SIZE = 64 << 10
 FLOW_WARM_UP_SECONDS = 0.5
 TABLE_FLOATS = 64 << 10
 EXTRAPOLATE_TO = (1000, 10000)
 CONNECT_THREADS = 64
 RESULT_PREFIX = bench_tf.RESULT_PREFIX
+# The longest the receiver may take over a command: its start, `accept` (peers already connected),
+# `flow` (FULL's seconds, then up to 60 s to stop granting), with room for a loaded host.
+RECEIVER_ANSWER_SECONDS = 300
 
 
 # ---- what a process costs ----
@@ -122,21 +125,21 @@ class Receiver:
 
 class ReceiverProcess:
     """The driver's side of a receiver process: `python -m tf_rdma.bench_scale receiver BACKEND`, or
-    `program` (a script serving a Receiver, with the same command line)."""
+    `program` (a script serving a Receiver, with the same command line). Its stderr goes to a
+    file, whose tail an error gives."""
 
     def __init__(self, backend, key, host, program=None):
         command = [str(program)] if program else ["-m", "tf_rdma.bench_scale", "receiver"]
-        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True,
                                         env={**os.environ, bench.HOST_ENV: host})
         self.process.stdin.write(key.hex() + "\n")
         self.process.stdin.flush()
         self.start = self.answer()
 
-    def answer(self):
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the bench's receiver process ended (exit code {self.process.wait()})")
-        answer = json.loads(line)
+    def answer(self, seconds=RECEIVER_ANSWER_SECONDS):
+        answer = json.loads(bench.line_within(self.process, "", seconds, "the bench's receiver", self.log))
         if "error" in answer:
             raise RuntimeError(f"the bench's receiver: {answer['error']}")
         return answer
@@ -152,6 +155,7 @@ class ReceiverProcess:
     def close(self):
         self.process.kill()
         self.process.wait()
+        self.log.close()
 
 
 def receiver_main(backend):
@@ -199,7 +203,12 @@ def run_peers(backend, peers, flow_seconds, host):
             connection.close("the bench is done")
     finally:
         receiver.close()
-    start = receiver.start
+    return peers_row(backend, peers, connect_seconds, receiver.start, idle, moved)
+
+
+def peers_row(backend, peers, connect_seconds, start, idle, moved):
+    """The row of `peers` peers over `backend` from the receiver's answers: at its `start`, once
+    they connected (`idle`) and to `flow` (`moved`)."""
     return {"backend": backend, "peers": peers, "connect_seconds": connect_seconds,
             "threads_before": start["threads"], "threads_idle": idle["threads"],
             "threads_after_traffic": moved["after"]["threads"],
@@ -248,14 +257,16 @@ def run_tf(transport, worker_counts, budget, timeout=600):
     cluster = bench_tf.local_cluster({"ps": 1, "worker": max(worker_counts)})
     ps = bench_tf.start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": "ps", "index": 0,
                                                   "transport": transport}, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while they run
     workers = bench_tf.start_task("tf_rdma.bench_scale", {"cluster": cluster, "transport": transport,
-                                                          "budget": budget}, stdin=subprocess.PIPE)
+                                                          "budget": budget}, stdin=subprocess.PIPE, stderr=log)
     rows = []
     try:
         for count in sorted(worker_counts):
             workers.stdin.write(f"{count}\n")
             workers.stdin.flush()
-            line = _result_line(workers, timeout)
+            line = json.loads(bench.line_within(workers, RESULT_PREFIX, timeout,
+                                                f"bench scale over {transport}: the workers' process", log))
             figures = settled_figures(ps.pid)
             rows.append({"workers": count, "ps_threads": figures["threads"], "ps_rss": figures["rss"],
                          "steps_per_second": line["steps_per_second"], "steps": line["steps"]})
@@ -263,18 +274,8 @@ def run_tf(transport, worker_counts, budget, timeout=600):
         for process in (workers, ps):
             process.kill()
             process.wait()
+        log.close()
     return rows
-
-
-def _result_line(process, timeout):
-    deadline = time.monotonic() + timeout
-    for line in process.stdout:
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    raise RuntimeError(f"the bench's workers failed (exit code {process.wait()}):\n{process.stderr.read()[-3000:]}")
 
 
 # ---- the run, the table, the plot ----
@@ -284,10 +285,11 @@ def extrapolate(base, per, peers):
     return base + per * peers
 
 
-def run(backends, peers=DEFAULT_PEERS, workers=DEFAULT_WORKERS, quick=False, tf=True, host=None, progress=None):
+def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, progress=None):
     """{"backends", "unavailable", "limits", "transport": [rows], "tf": {transport: [rows]},
-    "extrapolated": {...}}"""
-    params = {**FULL, "peers": peers, "workers": workers, **(QUICK if quick else {})}
+    "extrapolated": {...}}; `peers` and `workers` left None: FULL's, or QUICK's with `quick`."""
+    params = dict(QUICK if quick else FULL)
+    params["peers"], params["workers"] = peers or params["peers"], workers or params["workers"]
     host = bench.bench_host(host)
     usable = available_backends()
     carried = [b for b in backends if usable.get(b) is None]

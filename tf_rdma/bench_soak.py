@@ -24,7 +24,6 @@ import logging
 import os
 import queue
 import signal
-import subprocess
 import tempfile
 import threading
 import time

@@ -1,4 +1,5 @@
-"""Runs `python -m tf_rdma bench ...` as a user does, for the bench tests."""
+"""Runs `python -m tf_rdma bench ...` as a user does, and checks a bench's table and plot, for the
+bench tests."""
 import json
 import subprocess
 import sys
@@ -11,3 +12,23 @@ def bench_report(*arguments, timeout):
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout), result.stderr
+
+
+def check_png(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG image"
+
+
+def check_table_and_plot(bench, report, lines, path):
+    """`bench.render(report)` (a bench module's table) holds each of `lines`; `bench.plot` draws
+    `report` to `path` with something in every panel."""
+    import matplotlib.pyplot as plt
+    text = bench.render(report)
+    for line in lines:
+        assert line in text, f"{line!r} is not in the table:\n{text}"
+    bench.plot(report, path)
+    check_png(path)
+    figure = plt.gcf()  # the plot's, still open
+    empty = [ax.get_title() or f"panel {i}" for i, ax in enumerate(figure.axes)
+             if not (ax.lines or ax.patches or ax.collections)]
+    plt.close(figure)
+    assert not empty, f"panels with nothing drawn: {empty}"

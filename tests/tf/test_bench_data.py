@@ -1,12 +1,14 @@
 """`python -m tf_rdma bench data`: a quick real run (gRPC and shm in one run) whose elements all
-arrive, and the arithmetic, table and plot on canned figures."""
+arrive, and on canned figures the arithmetic, table and plot, and the failure when elements are
+missing or wrong."""
 import subprocess
 import sys
 
 import pytest
 
-from bench_runs import bench_report
+from bench_runs import bench_report, check_png, check_table_and_plot
 from tf_rdma import bench_data
+from tf_rdma.__main__ import main
 
 
 @pytest.mark.timeout(240)
@@ -28,7 +30,7 @@ def test_a_quick_run_reads_every_element_over_grpc_and_tf_rdma(tmp_path):
         assert row["vs_grpc_shm"] == pytest.approx(row["shm_elements_per_second"] / row["grpc_elements_per_second"])
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check_png(plot)
 
 
 def test_bench_data_takes_one_worker_count():
@@ -67,10 +69,44 @@ def test_figures_are_per_timed_element_and_ratios_are_elements_per_second_over_g
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
     report = {"backends": ["shm"], "unavailable": {"verbs": "no RDMA device"}, "workers": 2, "quick": False,
               "rows": bench_data.combine(MEASURED, ["shm"], 2, PLAN, MACHINE)}
-    text = bench_data.render(report)
-    assert "verbs: unavailable: no RDMA device" in text
-    assert "     4 KiB       200       400     2.00" in text
-    assert "     4 MiB       250      1000     4.00" in text
-    assert "4 MiB memcpy 8.00 socket 3.00 GB/s" in text
-    bench_data.plot(report, tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    check_table_and_plot(bench_data, report, ["verbs: unavailable: no RDMA device",
+                                              "     4 KiB       200       400     2.00",
+                                              "     4 MiB       250      1000     4.00",
+                                              "4 MiB memcpy 8.00 socket 3.00 GB/s"], tmp_path / "plot.png")
+
+
+@pytest.mark.parametrize("wrong", [{"elements": 199, "bytes": 199 * 4096}, {"elements": 201, "bytes": 201 * 4096},
+                                   {"bytes": 200 * 4096 - 1}, {"first_exact": False}],
+                         ids=["one missing", "one repeated", "a byte short", "first not exact"])
+def test_missing_or_wrong_elements_fail_naming_the_size_backend_and_workers(wrong):
+    bench_data.check_arrived("shm", MEASURED["shm"], PLAN, 2)  # every element: no error
+    rows = [{**MEASURED["shm"][0], **wrong}, MEASURED["shm"][1]]
+    with pytest.raises(bench_data.ElementsLost, match=r"bench data over shm, 4 KiB elements from 2 worker\(s\)"):
+        bench_data.check_arrived("shm", rows, PLAN, 2)
+
+
+def test_the_command_exits_1_instead_of_reporting_figures_of_lost_elements(monkeypatch, capsys):
+    """The run's own path from the trainers' rows to the exit code, on canned rows (no cluster)."""
+    per_worker = bench_data.elements_per_worker(4096, bench_data.QUICK)
+
+    class Served:  # a dispatcher's or a worker's process, none started
+        def kill(self):
+            pass
+
+        def wait(self):
+            return 0
+
+    def read_over(transport, dispatcher_port, plan, params):
+        arrived = 2 * per_worker - (transport == "shm")  # shm's trainer missed one
+        return [{"size": 4096, "elements": arrived, "bytes": arrived * 4096, "first_exact": True,
+                 "timed_elements": arrived - params["warmup"], "seconds": 0.1, "cpu_seconds": 0.01,
+                 "tf_rdma_bytes": 0}]
+    monkeypatch.setattr(bench_data, "available_backends", lambda: {"shm": None})
+    monkeypatch.setattr(bench_data, "limits", lambda sizes, bytes_per_size: MACHINE)
+    monkeypatch.setattr(bench_data, "_serve", lambda spec, name, log: Served())
+    monkeypatch.setattr(bench_data, "read_over", read_over)
+    assert main(["bench", "data", "--quick", "--backend", "shm", "--sizes", "4K", "--workers", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # no table
+    assert (f"bench data over shm, 4 KiB elements from 2 worker(s): the trainer received {2 * per_worker - 1} "
+            f"elements") in err, err

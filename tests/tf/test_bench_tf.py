@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench_runs import bench_report
+from bench_runs import bench_report, check_png, check_table_and_plot
 from tf_rdma import bench_tf
 
 
@@ -33,7 +33,7 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
             row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
     assert "ps-train with nothing to move" in progress
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check_png(plot)
 
 
 @pytest.mark.parametrize("model", ["embedding", "dense"])
@@ -114,11 +114,9 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
     report = {"backends": ["shm"], "unavailable": {"verbs": "no RDMA device"},
               "workloads": {w: combined(w) for w in bench_tf.WORKLOADS}}
-    text = bench_tf.render(report)
-    assert "verbs: unavailable: no RDMA device" in text
-    assert "     200 x 4 KiB      8.00      2.00     4.00" in text
-    assert "         50 hops     200.0      80.0     2.50" in text
-    assert "           dense       6.0      12.0     2.00" in text
-    assert "the most any transport can give): dense 20.0 (3.33x)" in text
-    bench_tf.plot(report, tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    check_table_and_plot(bench_tf, report, ["verbs: unavailable: no RDMA device",
+                                            "     200 x 4 KiB      8.00      2.00     4.00",
+                                            "         50 hops     200.0      80.0     2.50",
+                                            "           dense       6.0      12.0     2.00",
+                                            "the most any transport can give): dense 20.0 (3.33x)"],
+                         tmp_path / "plot.png")
