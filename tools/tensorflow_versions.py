@@ -8,9 +8,11 @@ TensorFlow wheel from the package index).
                                                    built into it; prints the venv's python
 
 The venvs live in TF_RDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
-reused between runs on the same machine, as far as the disk allows: before a venv is made, the least
-recently used others are deleted until VENV_SPACE is free (seven venvs take 11 GiB, and a machine
-whose disk filled up half way through the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt into them each time, through ccache
+reused between runs on the same machine, as far as the disk allows: before a venv is made, the
+half-made ones of interrupted runs and then the least recently used others are deleted until
+VENV_SPACE is free (seven venvs take 11 GiB, and a machine whose disk filled up half way through
+the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt into them each
+time, through ccache
 when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
 tests/tensorflow_versions/ runs the matrix; the README's support table lists exactly SUPPORTED.
 """
@@ -81,9 +83,16 @@ def ensure_venv(wheel):
 
 
 def make_room(venv):
-    """Deletes cached venvs other than `venv`, least recently used first, until VENV_SPACE is free."""
-    others = sorted((v for v in cache_root().iterdir() if v != venv and (v / ".tensorflow-installed").exists()),
-                    key=lambda v: (v / ".tensorflow-installed").stat().st_mtime)
+    """Deletes cached venvs other than `venv` until VENV_SPACE is free: first those an interrupted run
+    left half made (no marker: never reused, as ensure_venv makes them again), then the least
+    recently used."""
+
+    def last_used(v):
+        marker = v / ".tensorflow-installed"
+        return marker.stat().st_mtime if marker.exists() else float("-inf")
+
+    others = sorted((v for v in cache_root().iterdir() if v != venv and (v / "pyvenv.cfg").exists()),
+                    key=last_used)
     while shutil.disk_usage(cache_root()).free < VENV_SPACE and others:
         shutil.rmtree(others.pop(0), ignore_errors=True)
     free = shutil.disk_usage(cache_root()).free

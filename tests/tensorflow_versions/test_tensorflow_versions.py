@@ -98,13 +98,14 @@ def test_the_readme_lists_exactly_the_versions_ci_runs():
 
 def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_room(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
-    venvs = []
     for age, name in enumerate(["old", "recent", "newest"]):
         marker = tmp_path / name / ".tensorflow-installed"
         marker.parent.mkdir()
+        (tmp_path / name / "pyvenv.cfg").write_text("")
         marker.write_text(name)
         os.utime(marker, (1000 + age, 1000 + age))
-        venvs.append(tmp_path / name)
+    (tmp_path / "interrupted").mkdir()  # a venv whose install never finished: the first to go
+    (tmp_path / "interrupted" / "pyvenv.cfg").write_text("")
     (tmp_path / "ccache").mkdir()  # not a venv: never deleted
     free = {"bytes": tensorflow_versions.VENV_SPACE - 1}
 
@@ -118,6 +119,9 @@ def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_roo
     real_rmtree = shutil.rmtree
     monkeypatch.setattr(shutil, "disk_usage", disk_usage)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
+    tensorflow_versions.make_room(tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache", "newest", "old", "recent"]
+    free["bytes"] = tensorflow_versions.VENV_SPACE - 1
     tensorflow_versions.make_room(tmp_path / "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache", "newest", "recent"]
     tensorflow_versions.make_room(tmp_path / "new")  # enough room now: nothing more goes
