@@ -59,15 +59,14 @@ def namespaces():
     return {line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()}
 
 
-def _undo(error, made):
-    """Deletes the namespaces a failed construction made while `error` propagates: what cannot be
-    deleted is noted on it, not raised over it (the first failure is the one to fix)."""
-    for namespace in made:
-        try:
-            if namespace in namespaces():  # a failed `ip netns add` may or may not have made it
-                _run("ip", "netns", "del", namespace)
-        except RuntimeError as e:
-            error.add_note(f"{namespace} may be left behind (ip netns del {namespace}): {e}")
+def _undo(error, namespace):
+    """Deletes the namespace a failed construction made while `error` propagates: if it cannot be
+    deleted, that is noted on the error, not raised over it (the first failure is the one to fix)."""
+    try:
+        if namespace in namespaces():  # a failed `ip netns add` may or may not have made it
+            _run("ip", "netns", "del", namespace)
+    except RuntimeError as e:
+        error.add_note(f"{namespace} may be left behind (ip netns del {namespace}): {e}")
 
 
 class Network:
@@ -84,7 +83,7 @@ class Network:
             self._nft("add table bridge faults\n"
                       "add chain bridge faults forward { type filter hook forward priority 0; policy accept; }\n")
         except BaseException as e:  # ^C too: no caller gets an object to close
-            _undo(e, [self.switch])
+            _undo(e, self.switch)
             raise
 
     def _in_switch(self, *command):
@@ -113,7 +112,7 @@ class Network:
         except BaseException as e:
             # Half a host is none: its namespace goes, its veth (and so the bridge's end) with it;
             # the hosts made before stay, and close() deletes them.
-            _undo(e, [namespace])
+            _undo(e, namespace)
             raise
         self.hosts[name] = (namespace, address)
         return address
