@@ -34,16 +34,19 @@ def _sources(*patterns):
 
 TRANSPORT_CORE = _sources("cc/transport/*.cc", "cc/transport/stream/*.cc", "cc/transport/tcp/*.cc",
                           "cc/transport/shm/*.cc")
+# The transport core is one shared library in the package that both extensions link (found next to
+# them through an $ORIGIN rpath), so a process holds one copy of it: its process-wide state (the
+# fork guard, the verbs unmap monitor and registration cache, the backends' counters) is shared by
+# the Python bindings and the TensorFlow side.
+TRANSPORT_LIBRARY = "tf_rdma_transport"
+TRANSPORT_LIBRARY_MODULE = f"tf_rdma.lib{TRANSPORT_LIBRARY}"
 # The transport layer for Python (tests, CLI, bench); no TensorFlow headers, so it builds fast.
-TRANSPORT_MODULE = TRANSPORT_CORE + _sources("cc/bench/*.cc") + ["cc/python/transport_module.cc"]
-# The TensorFlow side: the server protocol, its rendezvous and collective transports, the runtime,
-# with its own copy of the transport objects. It subclasses TensorFlow's distributed runtime, which
-# lives in libtensorflow_cc and whose headers include gRPC's and protobuf's.
-TENSORFLOW_MODULE = TRANSPORT_CORE + [s for s in _sources("cc/tf/*/*.cc") if not s.startswith("cc/tf/data/")] + [
+TRANSPORT_MODULE = _sources("cc/bench/*.cc") + ["cc/python/transport_module.cc"]
+# The TensorFlow side: the server protocol, its rendezvous and collective transports, the runtime.
+# It subclasses TensorFlow's distributed runtime, which lives in libtensorflow_cc and whose headers
+# include gRPC's and protobuf's.
+TENSORFLOW_MODULE = [s for s in _sources("cc/tf/*/*.cc") if not s.startswith("cc/tf/data/")] + [
     "cc/python/tensorflow_module.cc"]
-# The tf.data service protocol (cc/tf/data/) declares TensorFlow internals whose headers the wheel
-# does not ship (data_transfer_api.h), as the releases listed here build them; it is compiled only
-# against those, and elsewhere tf_rdma.DATA_TRANSFER_PROTOCOL says which releases have it.
 DATA_SERVICE_TENSORFLOW = {(2, 21)}
 DATA_SERVICE_SOURCES = _sources("cc/tf/data/*.cc")
 TENSORFLOW_INCLUDES = ["com_github_grpc_grpc/include", "com_google_protobuf/src", "farmhash_archive/src"]
@@ -110,13 +113,36 @@ def pybind11_include():
     return pybind11.get_include()
 
 
+def extensions():
+    """What the build makes: the transport library first, as the extensions link it."""
+    return [Extension(TRANSPORT_LIBRARY_MODULE, TRANSPORT_CORE),
+            Extension("tf_rdma._transport", TRANSPORT_MODULE, libraries=[TRANSPORT_LIBRARY]),
+            Extension("tf_rdma._tensorflow", TENSORFLOW_MODULE, libraries=[TRANSPORT_LIBRARY])]
+
+
 class IncrementalBuildExt(build_ext):
+    def get_ext_filename(self, fullname):
+        # The transport library is named as the linker looks for it, not as a Python module.
+        if fullname in (TRANSPORT_LIBRARY_MODULE, TRANSPORT_LIBRARY_MODULE.rpartition(".")[2]):
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
+
+    def build_extensions(self):
+        self.check_extensions_list(self.extensions)
+        # One at a time even with --parallel: the extensions link the library, so it comes first.
+        for ext in sorted(self.extensions, key=lambda ext: ext.name != TRANSPORT_LIBRARY_MODULE):
+            self.build_extension(ext)
+
     def build_extension(self, ext):
         tf = installed_tensorflow()
         include = next(f[2:] for f in tf["cflags"] if f.startswith("-I"))
+        is_library = ext.name == TRANSPORT_LIBRARY_MODULE
+        links_library = TRANSPORT_LIBRARY in ext.libraries
+        # The library exports the transport core; an extension exports its module's init function only.
+        visibility = [] if is_library else ["-fvisibility=hidden"]
         cflags = tf["cflags"] + [f"-I{include}/external/{folder}" for folder in TENSORFLOW_INCLUDES] + [
             "-DNDEBUG",  # required: without it TensorFlow's Graph/Node layouts differ from the wheel's
-            "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare",
+            "-O2", "-fPIC", *visibility, "-Wall", "-Wno-sign-compare",
             f"-DTF_RDMA_VERSION=\"{VERSION}\"", f"-DTF_RDMA_BUILT_WITH_TENSORFLOW=\"{tf['version']}\"",
             f"-I{ROOT}", f"-I{pybind11_include()}", f"-I{sysconfig.get_paths()['include']}",
         ] + shlex.split(os.environ.get("CXXFLAGS", ""))  # e.g. -fsanitize=address for a checked build
@@ -132,12 +158,14 @@ class IncrementalBuildExt(build_ext):
             if tensorflow_release(tf["version"]) in DATA_SERVICE_TENSORFLOW:
                 sources += DATA_SERVICE_SOURCES
                 cflags.append("-DTF_RDMA_HAVE_DATA_SERVICE")
-        # verbs is a backend of the transport core: built into the extensions that carry the core.
-        carries_transport = set(TRANSPORT_CORE) <= set(sources)
-        if carries_transport and verbs_headers_present(compiler):
-            sources += VERBS_SOURCES
+        # verbs is a backend of the transport core, built into the library; the extensions that link
+        # it are told so too (the Python bindings expose verbs' own functions then).
+        with_verbs = (is_library or links_library) and verbs_headers_present(compiler)
+        if with_verbs:
             cflags.append("-DTF_RDMA_HAVE_VERBS")
-        elif carries_transport:
+        if is_library and with_verbs:
+            sources += VERBS_SOURCES
+        elif is_library:
             print(NO_VERBS_WARNING, file=sys.stderr, flush=True)
         key = sha256(json.dumps([" ".join(compiler), cflags]).encode()).hexdigest()[:12]
         obj_dir = ROOT / "build" / "obj" / key
@@ -151,6 +179,12 @@ class IncrementalBuildExt(build_ext):
                     raise BuildError(error)
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
+        if is_library:
+            libraries = [f"-Wl,-soname,{output.name}", *libraries]
+        if links_library:
+            # The library is in the same package folder, in the build tree as where it is installed.
+            library = Path(self.get_ext_fullpath(TRANSPORT_LIBRARY_MODULE))
+            libraries = [f"-L{library.parent}", f"-l{TRANSPORT_LIBRARY}", "-Wl,-rpath,$ORIGIN", *libraries]
         if ext.name.endswith("_tensorflow"):
             libraries = [*libraries, "-l:libtensorflow_cc.so.2"]
         link = [*compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
@@ -256,8 +290,7 @@ if __name__ == "__main__":
         description="Moves TensorFlow's cross-task tensors with one-sided RDMA writes instead of gRPC",
         packages=find_packages(include=["tf_rdma", "tf_rdma.*"]),
         python_requires=">=3.9",
-        ext_modules=[Extension("tf_rdma._transport", TRANSPORT_MODULE),
-                     Extension("tf_rdma._tensorflow", TENSORFLOW_MODULE)],
+        ext_modules=extensions(),
         cmdclass={"build_ext": IncrementalBuildExt},
         zip_safe=False,
     )

@@ -18,6 +18,7 @@
 #include "cc/transport/config.h"
 #include "cc/transport/fork_guard.h"
 #include "cc/transport/handshake.h"
+#include "cc/transport/stream/stream_transport.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
 #ifdef TF_RDMA_HAVE_VERBS
@@ -380,6 +381,9 @@ PYBIND11_MODULE(_transport, m) {
     for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));
     return out;
   });
+  m.def("stream_stats", &StreamStatistics,
+        "Connections the tcp and shm backends started in this process (TensorFlow's too), connected "
+        "and accepted alike.");
   m.def("verbs_stats", [] {
     // Counters of the verbs backend (registration cache, grant tables); empty when it is not built in.
     std::map<std::string, uint64_t> stats;

@@ -7,10 +7,8 @@
 #ifndef TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 #define TF_RDMA_CC_TRANSPORT_FORK_GUARD_H_
 
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <string_view>
 #include <utility>
 
@@ -19,20 +17,11 @@
 
 namespace tf_rdma {
 
-namespace fork_guard_internal {
-inline std::atomic<pid_t>& Pid() {
-  static std::atomic<pid_t> pid{getpid()};
-  return pid;
-}
-inline void RefreshPid() { Pid().store(getpid(), std::memory_order_relaxed); }
-}  // namespace fork_guard_internal
-
 // This process's id. getpid() is a syscall (about 190 ns on the development machine) and the
 // Python bindings ask on every call, so the id is kept, and a fork handler renews it in the child.
-inline pid_t CurrentPid() {
-  static const bool renewed_on_fork = pthread_atfork(nullptr, nullptr, &fork_guard_internal::RefreshPid) == 0;
-  return renewed_on_fork ? fork_guard_internal::Pid().load(std::memory_order_relaxed) : getpid();
-}
+// Defined in fork_guard.cc, so the process has one such id and one fork handler, in the transport
+// library, whichever extension asks.
+pid_t CurrentPid();
 
 class OwningProcess {
  public:

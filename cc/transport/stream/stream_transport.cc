@@ -286,6 +286,13 @@ std::string DescribePeer(int fd) {
   return "an unknown address";
 }
 
+std::atomic<uint64_t> tcp_connections_started{0};
+std::atomic<uint64_t> shm_connections_started{0};
+
+std::atomic<uint64_t>& ConnectionsStarted(Backend backend) {
+  return backend == Backend::kShm ? shm_connections_started : tcp_connections_started;
+}
+
 }  // namespace
 
 StreamTransport::StreamTransport(Backend backend, const TransportOptions& options)
@@ -335,6 +342,7 @@ absl::StatusOr<std::shared_ptr<StreamConnection>> StreamTransport::StartConnecti
                                     [](const auto& weak) { return weak.expired(); }),
                      connections_.end());
   connections_.push_back(connection);
+  ConnectionsStarted(backend_).fetch_add(1, std::memory_order_relaxed);
   return connection;
 }
 
@@ -409,6 +417,11 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     if (!connection.ok()) return {connection.status()};
     return {std::shared_ptr<Connection>(*std::move(connection))};
   });
+}
+
+std::map<std::string, uint64_t> StreamStatistics() {
+  return {{"tcp_connections", tcp_connections_started.load(std::memory_order_relaxed)},
+          {"shm_connections", shm_connections_started.load(std::memory_order_relaxed)}};
 }
 
 }  // namespace tf_rdma

@@ -7,6 +7,8 @@
 #ifndef TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 #define TF_RDMA_CC_TRANSPORT_STREAM_STREAM_TRANSPORT_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +53,11 @@ class StreamTransport : public Transport {
   // Last: its threads stop, after every connection was closed, before the rest goes.
   IoLoops loops_;
 };
+
+// Connections the tcp and shm backends started in this process, connected and accepted alike
+// ("tcp_connections", "shm_connections"): counted across every transport, the Python bindings' and
+// TensorFlow's.
+std::map<std::string, uint64_t> StreamStatistics();
 
 }  // namespace tf_rdma
 

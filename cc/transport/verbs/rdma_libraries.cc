@@ -164,7 +164,7 @@ absl::Status LoadRdmaLibraries() {
 }  // namespace tf_rdma
 
 // The forwarders: the names the verbs code (and verbs.h's inline functions) call, defined here with
-// hidden visibility so calls bind to them inside this extension. The parentheses around the name
+// hidden visibility so calls bind to them inside the transport library. The parentheses around the name
 // keep verbs.h's function-like macros of the same name (ibv_query_port) from expanding.
 #define TF_RDMA_FORWARD(library, ret, name, params, args) \
   extern "C" __attribute__((visibility("hidden"))) ret(name) params { return (tf_rdma::verbs::resolved.name)args; }
