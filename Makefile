@@ -23,7 +23,8 @@ test: softroce-prereqs test-prereqs env cc-tests
 	.venv/bin/python -m pytest tests
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
-	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors
+	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors \
+	tests/tf/test_in_process.py::test_the_python_bindings_count_tensorflows_connections
 
 check: test-prereqs env cc-tests
 	.venv/bin/python -m pytest -q $(CHECK_TESTS)

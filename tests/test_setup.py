@@ -80,7 +80,7 @@ def test_tensorflow_older_than_2_16_stops_the_build_naming_both_versions(setup_p
 
 
 def test_a_build_without_rdma_core_headers_says_so_loudly_and_verbs_then_says_how_to_rebuild(setup_py, tmp_path):
-    # The transport extension only (the TensorFlow one is built the same way and costs minutes),
+    # The transport library and extension only (the TensorFlow one is built the same way and costs minutes),
     # into tmp_path, from a mount namespace where rdma-core's header folders are empty. Its objects
     # are cached in build/obj under their own flags, as any build's, so a rerun links only.
     if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -89,12 +89,12 @@ def test_a_build_without_rdma_core_headers_says_so_loudly_and_verbs_then_says_ho
                    if Path(folder).is_dir())
     build = textwrap.dedent(f"""
         import importlib.util
-        from setuptools import Distribution, Extension
+        from setuptools import Distribution
         spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", {str(ROOT / "setup.py")!r})
         setup_py = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(setup_py)
         dist = Distribution({{"name": "tf_rdma", "cmdclass": {{"build_ext": setup_py.IncrementalBuildExt}},
-                              "ext_modules": [Extension("tf_rdma._transport", setup_py.TRANSPORT_MODULE)]}})
+                              "ext_modules": [e for e in setup_py.extensions() if e.name != "tf_rdma._tensorflow"]}})
         command = dist.get_command_obj("build_ext")
         command.build_lib, command.build_temp = {str(tmp_path / "lib")!r}, {str(tmp_path / "temp")!r}
         command.ensure_finalized()
@@ -154,7 +154,42 @@ def test_a_symbol_no_library_exports_fails_the_build_naming_it_and_the_tensorflo
     assert "= tf_rdma_test::NowhereDefined(unsigned short)" in message, message
 
 
+def built(setup_py):
+    """This checkout's built transport library and extensions."""
+    package = ROOT / "tf_rdma"
+    library = package / f"lib{setup_py.TRANSPORT_LIBRARY}.so"
+    extensions = sorted(package.glob("_*.so"))
+    assert library.exists() and {e.name.split(".")[0] for e in extensions} == {"_transport", "_tensorflow"}
+    return library, extensions
+
+
 def test_the_built_extensions_need_no_symbol_their_libraries_lack(setup_py):
     # What the build checks, checked on this checkout's own build (the suite's TensorFlow).
-    for extension in (ROOT / "tf_rdma").glob("_*.so"):
-        assert setup_py.undefined_symbols_nothing_exports(extension) == [], extension
+    library, extensions = built(setup_py)
+    for built_file in (library, *extensions):
+        assert setup_py.undefined_symbols_nothing_exports(built_file) == [], built_file
+
+
+def tf_rdma_data(path):
+    """Demangled names of the variables (static or not) in tf_rdma's namespace that `path` defines."""
+    listed = subprocess.run(["nm", "-C", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+    names = set()
+    for line in listed.stdout.splitlines():
+        _, kind, name = line.split(" ", 2)
+        # bss, data, small data, unique and weak objects; not a library's constant tables that
+        # instantiate with tf_rdma's types (std::variant's dispatch tables, pybind11's signatures).
+        if kind in "bBdDgGsSuV" and name.startswith(("tf_rdma::", "guard variable for tf_rdma::")):
+            names.add(name)
+    return names
+
+
+def test_the_process_wide_state_of_the_transport_is_in_its_library_only(setup_py):
+    # Both extensions link the one transport library: a variable of the core that an extension
+    # defined too (a header's inline function with a static, built into it) would be a second copy.
+    library, extensions = built(setup_py)
+    core = tf_rdma_data(library)
+    assert "tf_rdma::(anonymous namespace)::tcp_connections_started" in core, sorted(core)
+    for extension in extensions:
+        needed = subprocess.run(["readelf", "-d", str(extension)], capture_output=True, text=True, check=True).stdout
+        assert f"[{library.name}]" in needed and "$ORIGIN" in needed, needed
+        assert not core & tf_rdma_data(extension), (extension.name, sorted(core & tf_rdma_data(extension)))

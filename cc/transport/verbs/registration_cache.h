@@ -41,7 +41,8 @@ class Registration {
   const OwningProcess owner_;
 };
 
-// Process-wide counters, for tests and `python -m tf_rdma info`.
+// Counters of every registration cache in the process (TensorFlow's servers' and the Python
+// bindings' transports share the one transport library), for tests and `python -m tf_rdma info`.
 struct RegistrationCacheStats {
   uint64_t hits = 0;
   uint64_t misses = 0;

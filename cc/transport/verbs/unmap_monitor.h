@@ -23,7 +23,8 @@ struct AddressRange {
 
 class UnmapMonitor {
  public:
-  // The process-wide monitor, or nullptr when the kernel does not let us watch (see why_unavailable).
+  // The process's one monitor (both extensions use the one transport library, setup.py), or
+  // nullptr when the kernel does not let us watch (see why_unavailable).
   static UnmapMonitor* Get();
   static std::string why_unavailable();
 

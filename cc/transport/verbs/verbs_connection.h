@@ -111,7 +111,8 @@ class VerbsRegion : public MemoryRegion {
   const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
 };
 
-// Process-wide counts of grants carried by writes into grant tables, for verbs_stats().
+// Counts of grants carried by writes into grant tables, for verbs_stats(): process-wide, TensorFlow's
+// servers and the Python bindings alike, as both use the one transport library (setup.py).
 struct GrantTableStats {
   uint64_t written = 0;  // grants this process wrote into a peer's table
   uint64_t read = 0;     // grants this process read from its own tables
