@@ -1,37 +1,23 @@
 #include "cc/transport/verbs/verbs_connection.h"
 
-#include "cc/transport/peer_errors.h"
-
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/peer_errors.h"
 
 namespace tf_rdma::verbs {
 namespace {
 
-constexpr int kReceiveDepth = 128;     // receive buffers kept posted: control messages in flight
-constexpr int kSendSlots = 64;         // control messages being sent at once
-constexpr int kSendDepth = 256;        // send queue work requests
-constexpr size_t kSlotSize = 4160;     // >= kMaxMessageLength
+constexpr int kReceiveDepth = QueuePair::kReceiveDepth;
+constexpr int kSendSlots = QueuePair::kSendSlots;
+constexpr int kSendDepth = QueuePair::kSendDepth;
+constexpr size_t kSlotSize = QueuePair::kSlotSize;
 constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
-// Slots of a grant table: grants outstanding towards the peer at once; more wait for a slot. A slot
-// frees only when the peer resolves its grant, so if an application sent the data of an outstanding
-// grant only after a waiting grant completed, neither would ever move. The table is sized far above
-// what is outstanding in practice (the TF runtime keeps two grants per pending receive op, the bench
-// four) so that no grant waits; it costs 256 KiB of registered memory per connection.
-constexpr uint32_t kGrantSlots = 4096;
-// The most slots a peer's table may claim: bounds what announcing it makes us allocate.
-constexpr uint32_t kMaxPeerGrantSlots = 1 << 16;
 // One WRITE_WITH_IMM carries messages up to this size; beyond, WRITEs of this size and a DATA message.
 constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;
 // Bigger messages go in WRITEs of this size.
@@ -55,92 +41,7 @@ constexpr absl::Duration kCloseTick = absl::Milliseconds(50);
 constexpr int kPollBatchSize = 32;
 constexpr int kPollBatches = 16;
 
-static_assert(kSlotSize >= kMaxMessageLength);
-
-std::atomic<uint64_t> grants_written{0};
-std::atomic<uint64_t> grants_read{0};
-
-char* MapPages(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
-}
-
-void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
-bool HasQueuePairWindows(ibv_context* context) {
-  ibv_device_attr attr{};
-  if (ibv_query_device(context, &attr) != 0) return false;
-  return (attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
-}
-
 }  // namespace
-
-GrantTableStats GetGrantTableStats() {
-  return {grants_written.load(), grants_read.load()};
-}
-
-DeviceContext::DeviceContext(ibv_context* context, ibv_pd* pd)
-    : context(context),
-      pd(pd),
-      name(DeviceName(context)),
-      memory_windows(HasQueuePairWindows(context)),
-      send_cache(std::make_unique<RegistrationCache>(pd, DeviceName(context), /*max_entries=*/1024,
-                                                     /*max_bytes=*/size_t{4} << 30)) {
-  if (!memory_windows) {
-    LOG(WARNING) << "tf_rdma: RDMA device " << name << " has no type 2 memory windows: the keys of the "
-                 << "receive regions granted to one peer are valid on every connection of the device, "
-                 << "so a cluster member that guesses another peer's key can write there (README, Security)";
-  }
-}
-
-int DeviceContext::remote_region_access() const {
-  return IBV_ACCESS_LOCAL_WRITE | (memory_windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE);
-}
-
-DeviceContext::~DeviceContext() {
-  send_cache.reset();
-  ibv_dealloc_pd(pd);
-}
-
-VerbsRegion::VerbsRegion(uint32_t id, char* data, size_t size,
-                         std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations,
-                         std::vector<std::shared_ptr<DeviceContext>> devices)
-    : MemoryRegion(id, data, size), registrations_(std::move(registrations)), devices_(std::move(devices)) {}
-
-VerbsRegion::~VerbsRegion() {
-  // Windows first (a registration with windows bound into it cannot go), then deregister while
-  // the pages are still mapped.
-  for (const auto& window : windows_) window->Deallocate();
-  registrations_.clear();
-  munmap(data(), std::max<size_t>(size(), 1));
-}
-
-absl::StatusOr<std::shared_ptr<MemoryWindow>> MemoryWindow::Allocate(ibv_pd* pd) {
-  ibv_mw* mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
-  if (mw == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("ibv_alloc_mw: ", std::strerror(errno)));
-  }
-  return std::make_shared<MemoryWindow>(mw);
-}
-
-absl::StatusOr<std::shared_ptr<MemoryWindow>> VerbsRegion::NewWindow(ibv_pd* pd) {
-  absl::StatusOr<std::shared_ptr<MemoryWindow>> window = MemoryWindow::Allocate(pd);
-  if (!window.ok()) return window;
-  std::lock_guard<std::mutex> lock(windows_mu_);
-  // A pool region outlives many connections: forget the windows their connections freed.
-  windows_.erase(std::remove_if(windows_.begin(), windows_.end(),
-                                [](const auto& old) { return old->get() == nullptr; }),
-                 windows_.end());
-  windows_.push_back(*window);
-  return window;
-}
-
-const Registration* VerbsRegion::RegistrationFor(ibv_pd* pd) const {
-  for (const auto& [domain, registration] : registrations_) {
-    if (domain == pd) return registration.get();
-  }
-  return nullptr;
-}
 
 absl::StatusOr<std::shared_ptr<VerbsConnection>> VerbsConnection::Create(
     rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
@@ -155,13 +56,12 @@ absl::StatusOr<std::shared_ptr<VerbsConnection>> VerbsConnection::Create(
 VerbsConnection::VerbsConnection(rdma_cm_id* id, rdma_event_channel* events,
                                  std::shared_ptr<DeviceContext> device, const TransportOptions& options,
                                  const VerbsSettings& settings, std::string peer_address)
-    : id_(id),
-      events_(events),
-      device_(std::move(device)),
+    : device_(std::move(device)),
       options_(options),
       settings_(settings),
       peer_address_(std::move(peer_address)),
-      peer_name_(peer_address_) {}
+      peer_name_(peer_address_),
+      queue_pair_(id, events) {}
 
 VerbsConnection::~VerbsConnection() {
   // Windows bound to the queue pair go before it, the grant table's before its registration.
@@ -169,120 +69,29 @@ VerbsConnection::~VerbsConnection() {
   for (auto& [id, window] : region_windows_) {
     if (window.mw != nullptr) window.mw->Deallocate();
   }
-  if (qp_ != nullptr) ibv_destroy_qp(qp_);
-  if (cq_ != nullptr) ibv_destroy_cq(cq_);
-  if (completion_channel_ != nullptr) ibv_destroy_comp_channel(completion_channel_);
-  rdma_destroy_id(id_);
-  rdma_destroy_event_channel(events_);
-  if (wake_fd_ >= 0) close(wake_fd_);
-  if (epoll_fd_ >= 0) close(epoll_fd_);
-  recv_registration_.reset();
-  send_registration_.reset();
-  grant_table_registration_.reset();
-  if (recv_buffers_ != nullptr) munmap(recv_buffers_, kReceiveDepth * kSlotSize);
-  if (send_buffers_ != nullptr) munmap(send_buffers_, kSendSlots * kSlotSize);
-  if (grant_table_ != nullptr) munmap(grant_table_, kGrantSlots * kGrantSlotSize);
 }
 
 absl::Status VerbsConnection::Setup() {
-  ibv_context* context = device_->context;
-  const std::string where = absl::StrCat(" on RDMA device ", device_->name, " for peer ", peer_address_);
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  completion_channel_ = ibv_create_comp_channel(context);
-  if (wake_fd_ < 0 || completion_channel_ == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot create a completion channel", where, ": ",
-                                                     std::strerror(errno)));
-  }
-  SetNonBlocking(completion_channel_->fd);
-  SetNonBlocking(events_->fd);
-  // The loop watches one descriptor per connection; this one stands for the three.
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd_ < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot create an epoll descriptor", where, ": ",
-                                                     std::strerror(errno)));
-  }
-  for (int fd : {completion_channel_->fd, events_->fd, wake_fd_}) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot watch the connection's events", where,
-                                                       ": epoll_ctl: ", std::strerror(errno)));
-    }
-  }
-  cq_ = ibv_create_cq(context, kReceiveDepth + kSendDepth + 16, nullptr, completion_channel_, 0);
-  if (cq_ == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot create a completion queue", where, ": ",
-                                                     std::strerror(errno)));
-  }
-  ibv_req_notify_cq(cq_, 0);
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_;
-  init.recv_cq = cq_;
-  init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = kSendDepth;
-  init.cap.max_recv_wr = kReceiveDepth;
-  init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
-  qp_ = ibv_create_qp(device_->pd, &init);
-  if (qp_ == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot create a queue pair", where, ": ",
-                                                     std::strerror(errno)));
-  }
-  recv_buffers_ = MapPages(kReceiveDepth * kSlotSize);
-  send_buffers_ = MapPages(kSendSlots * kSlotSize);
-  grant_table_ = MapPages(kGrantSlots * kGrantSlotSize);
-  if (recv_buffers_ == nullptr || send_buffers_ == nullptr || grant_table_ == nullptr) {
-    return absl::ResourceExhaustedError("cannot allocate message buffers");
-  }
-  // Message buffers are for this host's NIC only: no remote access.
-  auto recv = Registration::Create(device_->pd, recv_buffers_, kReceiveDepth * kSlotSize,
-                                   IBV_ACCESS_LOCAL_WRITE, "receive message buffers");
-  if (!recv.ok()) return recv.status();
-  recv_registration_ = *recv;
-  auto send = Registration::Create(device_->pd, send_buffers_, kSendSlots * kSlotSize, 0,
-                                   "send message buffers");
-  if (!send.ok()) return send.status();
-  send_registration_ = *send;
+  absl::Status opened = queue_pair_.Open(*device_, peer_address_);
+  if (!opened.ok()) return opened;
   // The only memory of ours this peer may write without a grant: pages of its own, in this QP's PD.
-  auto table = Registration::Create(device_->pd, grant_table_, kGrantSlots * kGrantSlotSize,
-                                    device_->remote_region_access(), "grant table");
-  if (!table.ok()) return table.status();
-  grant_table_registration_ = *table;
-  absl::Status window = OpenWindow(grant_table_window_, *grant_table_registration_, grant_table_,
-                                   kGrantSlots * kGrantSlotSize, nullptr);
+  absl::Status table = grant_tables_.Allocate(device_->pd, device_->remote_region_access());
+  if (!table.ok()) return table;
+  absl::Status window = OpenWindow(grant_table_window_, grant_tables_.local_registration(), grant_tables_.local(),
+                                   GrantTables::kBytes, nullptr);
   if (!window.ok()) return window;
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
   ibv_port_attr port{};
   max_single_write_ = kMaxSingleWrite;
-  if (ibv_query_port(context, id_->port_num, &port) == 0 && port.max_msg_sz > 0) {
+  if (ibv_query_port(device_->context, queue_pair_.id()->port_num, &port) == 0 && port.max_msg_sz > 0) {
     max_single_write_ = std::min<uint64_t>(max_single_write_, port.max_msg_sz);
   }
   return absl::OkStatus();
 }
 
 absl::Status VerbsConnection::Transition(ibv_qp_state state) {
-  ibv_qp_attr attr{};
-  int mask = 0;
-  attr.qp_state = state;
-  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) {
-    return absl::InternalError(absl::StrCat("rdma_init_qp_attr: ", std::strerror(errno)));
-  }
-  if (state == IBV_QPS_INIT) {
-    // Peers only ever write into us; reads and atomics stay off.
-    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  }
-  if (state == IBV_QPS_RTR && settings_.gid_index >= 0) {
-    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(settings_.gid_index);
-  }
-  if (ibv_modify_qp(qp_, &attr, mask) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot move the queue pair to ", state == IBV_QPS_INIT ? "INIT" : state == IBV_QPS_RTR ? "RTR" : "RTS",
-        " (device ", device_->name, " port ", static_cast<int>(id_->port_num), ", GID index ",
-        settings_.gid_index >= 0 ? absl::StrCat(settings_.gid_index, " from TF_RDMA_VERBS_GID_INDEX")
-                                 : std::string("chosen by rdma_cm"),
-        "): ", std::strerror(errno)));
-  }
+  absl::Status moved = queue_pair_.Transition(state, settings_.gid_index, device_->name);
+  if (!moved.ok()) return moved;
   if (state == IBV_QPS_INIT) {
     std::lock_guard<std::mutex> lock(mu_);
     for (int slot = 0; slot < kReceiveDepth; ++slot) {
@@ -294,14 +103,14 @@ absl::Status VerbsConnection::Transition(ibv_qp_state state) {
 }
 
 absl::Status VerbsConnection::PostReceive(int slot) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(recv_buffers_ + slot * kSlotSize), kSlotSize,
-              recv_registration_->lkey()};
+  ibv_sge sge{reinterpret_cast<uint64_t>(queue_pair_.receive_buffer(slot)), kSlotSize,
+              queue_pair_.receive_lkey()};
   ibv_recv_wr wr{};
   wr.wr_id = kReceiveBit | static_cast<uint64_t>(slot);
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  const int rc = ibv_post_recv(qp_, &wr, &bad);
+  const int rc = ibv_post_recv(queue_pair_.qp(), &wr, &bad);
   if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_recv: ", std::strerror(rc)));
   posted_receives_++;
   return absl::OkStatus();
@@ -319,7 +128,7 @@ void VerbsConnection::Start(IoLoops& loops) {
   // Without a loop (its thread could not start, the transport shuts down), this peer's connection
   // fails, not the process; its handshake then fails on the closed connection.
   absl::StatusOr<std::shared_ptr<IoLoop>> loop = loops.Next();
-  absl::Status added = loop.ok() ? (*loop)->Add(epoll_fd_, shared_from_this()) : loop.status();
+  absl::Status added = loop.ok() ? (*loop)->Add(queue_pair_.epoll_fd(), shared_from_this()) : loop.status();
   if (!added.ok()) Close(added);
 }
 
@@ -337,17 +146,13 @@ void VerbsConnection::Established(const PeerIdentity& peer) {
     peer_build_ = peer.build;
     established_ = true;
     last_receive_ = last_send_ = absl::Now();
-    EnqueueControlLocked(
-        EncodeGrantTable({kGrantSlots, grant_table_window_.rkey, reinterpret_cast<uint64_t>(grant_table_)}),
-        &grant_table_window_);
+    EnqueueControlLocked(EncodeGrantTable(grant_tables_.Announcement(grant_table_window_.rkey)),
+                         &grant_table_window_);
   }
   Wake();
 }
 
-void VerbsConnection::Wake() {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
-}
+void VerbsConnection::Wake() { queue_pair_.Wake(); }
 
 absl::Status VerbsConnection::health() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -428,7 +233,7 @@ uint64_t VerbsConnection::Grant(const Tag& tag, std::shared_ptr<MemoryRegion> re
     SweepWindowsLocked();
   }
   const uint64_t id = book_.Issue(tag, std::move(region), offset, capacity, std::move(done));
-  unwritten_grants_.push_back(wire::Grant{id, tag, region_id, offset, capacity});
+  grant_tables_.Queue(wire::Grant{id, tag, region_id, offset, capacity});
   PumpLocked();
   return id;
 }
@@ -437,15 +242,12 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return;
-    auto unwritten = std::find_if(unwritten_grants_.begin(), unwritten_grants_.end(),
-                                  [&](const wire::Grant& grant) { return grant.grant_id == grant_id; });
-    if (unwritten == unwritten_grants_.end()) {
+    if (!grant_tables_.Unqueue(grant_id)) {
       if (book_.StartRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoke, wire::Revoke{grant_id}});
       return;
     }
     // The peer never saw it: nothing to ask back. Its callback runs on the loop, never inside
     // Revoke (transport.h).
-    unwritten_grants_.erase(unwritten);
     absl::StatusOr<IssuedGrant> unseen = book_.Withdraw(grant_id);
     if (!unseen.ok()) return;
     loop_callbacks_.push_back(
@@ -567,7 +369,7 @@ absl::Status VerbsConnection::PostBindLocked(Window& window, std::shared_ptr<Mem
   wr.bind_mw.rkey = window.rkey;
   wr.bind_mw.bind_info = window.bind;
   ibv_send_wr* bad = nullptr;
-  const int rc = ibv_post_send(qp_, &wr, &bad);
+  const int rc = ibv_post_send(queue_pair_.qp(), &wr, &bad);
   if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_send (bind a memory window): ", std::strerror(rc)));
   posted_sends_++;
   InFlight flight;
@@ -580,24 +382,24 @@ absl::Status VerbsConnection::PostBindLocked(Window& window, std::shared_ptr<Mem
 absl::Status VerbsConnection::PostControlLocked(const std::string& message, bool is_reject,
                                                 int table_slot) {
   const int slot = free_send_slots_.back();
-  char* buffer = send_buffers_ + slot * kSlotSize;
+  char* buffer = queue_pair_.send_buffer(slot);
   std::memcpy(buffer, message.data(), message.size());
   ibv_sge sge{reinterpret_cast<uint64_t>(buffer), static_cast<uint32_t>(message.size()),
-              send_registration_->lkey()};
+              queue_pair_.send_lkey()};
   ibv_send_wr wr{};
   wr.wr_id = next_wr_id_++;
   wr.opcode = IBV_WR_SEND;
   if (table_slot >= 0) {
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data = htonl(kGrantImmBit | static_cast<uint32_t>(table_slot));
-    wr.wr.rdma.remote_addr = peer_grant_table_->address + table_slot * kGrantSlotSize;
-    wr.wr.rdma.rkey = peer_grant_table_->rkey;
+    wr.wr.rdma.remote_addr = grant_tables_.PeerSlotAddress(static_cast<uint32_t>(table_slot));
+    wr.wr.rdma.rkey = grant_tables_.peer_rkey();
   }
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_send_wr* bad = nullptr;
-  const int rc = ibv_post_send(qp_, &wr, &bad);
+  const int rc = ibv_post_send(queue_pair_.qp(), &wr, &bad);
   if (rc != 0) return absl::InternalError(absl::StrCat("ibv_post_send: ", std::strerror(rc)));
   free_send_slots_.pop_back();
   posted_sends_++;
@@ -631,7 +433,7 @@ bool VerbsConnection::PostDataLocked(Outgoing& item) {
     wr.opcode = single ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
     if (single) wr.imm_data = htonl(static_cast<uint32_t>(grant.grant_id));
     ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(qp_, &wr, &bad) != 0) return false;  // retried on the next completion
+    if (ibv_post_send(queue_pair_.qp(), &wr, &bad) != 0) return false;  // retried on the next completion
     InFlight flight;
     flight.bytes = chunk;
     flight.registration = item.write.registration;
@@ -672,15 +474,11 @@ void VerbsConnection::PumpLocked() {
     control_queue_.pop_front();
   }
   // Once every control message queued before them is out, so a grant's REGION precedes it.
-  while (control_queue_.empty() && !unwritten_grants_.empty() && !free_peer_slots_.empty() &&
-         !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
-    const wire::Grant& grant = unwritten_grants_.front();
-    const uint32_t table_slot = free_peer_slots_.back();
-    if (!PostControlLocked(EncodeGrantRecord(grant), false, static_cast<int>(table_slot)).ok()) break;
-    free_peer_slots_.pop_back();
-    written_slots_.emplace(grant.grant_id, table_slot);
-    unwritten_grants_.pop_front();
-    grants_written++;
+  while (control_queue_.empty() && !free_send_slots_.empty() && posted_sends_ < kSendDepth) {
+    std::optional<GrantTables::SlotWrite> next = grant_tables_.NextWrite();
+    if (!next) break;
+    if (!PostControlLocked(EncodeGrantRecord(next->grant), false, static_cast<int>(next->slot)).ok()) break;
+    grant_tables_.Wrote();
   }
   while (!data_queue_.empty() && PostDataLocked(data_queue_.front())) data_queue_.pop_front();
 }
@@ -716,8 +514,9 @@ absl::Status VerbsConnection::CompletionError(const ibv_wc& wc) const {
   // A port that went down explains most of these: say so.
   ibv_port_attr port{};
   std::string link;
-  if (ibv_query_port(device_->context, id_->port_num, &port) == 0 && port.state != IBV_PORT_ACTIVE) {
-    link = absl::StrCat("; port ", static_cast<int>(id_->port_num), " of ", device_->name,
+  const int port_num = queue_pair_.id()->port_num;
+  if (ibv_query_port(device_->context, port_num, &port) == 0 && port.state != IBV_PORT_ACTIVE) {
+    link = absl::StrCat("; port ", port_num, " of ", device_->name,
                         " is not ACTIVE now: check its link (`ibv_devinfo`, `rdma link`)");
   }
   return PeerError(absl::UnavailableError(absl::StrCat(
@@ -743,7 +542,7 @@ void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
   }
   data_queue_.clear();
   control_queue_.clear();
-  unwritten_grants_.clear();
+  grant_tables_.DropUnwritten();
   if (!reason.ok() && reason.code() != absl::StatusCode::kCancelled) {
     LOG(WARNING) << "tf_rdma: verbs connection to " << peer_name_ << " at " << peer_address_
                  << " closed: " << reason;
@@ -768,12 +567,12 @@ void VerbsConnection::StopQueuePairLocked(std::vector<std::function<void()>>* ca
   // In the error state the QP accepts no more writes: only now are the granted ranges free again.
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
-  ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
-  rdma_disconnect(id_);
+  ibv_modify_qp(queue_pair_.qp(), &attr, IBV_QP_STATE);
+  rdma_disconnect(queue_pair_.id());
   for (auto& grant : book_.TakeAllIssued()) {
     callbacks->push_back([done = std::move(grant.done), status = status_] { done({status, 0}); });
   }
-  written_slots_.clear();
+  grant_tables_.ForgetWritten();
 }
 
 // ---- progress: on the loop's thread ----
@@ -783,18 +582,17 @@ IoHandler::Progress VerbsConnection::OnEvents(uint32_t) {
   // The completion queue first: in a busy exchange its next completion is usually there already.
   bool more = PollCompletions(&callbacks);
   epoll_event ready[3];
-  const int count = epoll_wait(epoll_fd_, ready, 3, 0);
+  const int count = epoll_wait(queue_pair_.epoll_fd(), ready, 3, 0);
   bool cm_events = false;
   for (int i = 0; i < count; ++i) {
-    if (ready[i].data.fd == completion_channel_->fd) {
+    if (ready[i].data.fd == queue_pair_.completion_fd()) {
       // Re-armed, then polled: a completion that came meanwhile is taken now, a later one raises
       // the next event.
-      if (TakeCompletionEvent()) more |= PollCompletions(&callbacks);
-    } else if (ready[i].data.fd == events_->fd) {
+      if (queue_pair_.TakeCompletionEvent()) more |= PollCompletions(&callbacks);
+    } else if (ready[i].data.fd == queue_pair_.events()->fd) {
       cm_events = true;
     } else {
-      uint64_t wakes;
-      [[maybe_unused]] ssize_t n = read(wake_fd_, &wakes, sizeof(wakes));
+      queue_pair_.TakeWakes();
     }
   }
   if (cm_events) HandleCmEvents(&callbacks);
@@ -882,22 +680,13 @@ void VerbsConnection::TakeLoopCallbacksLocked(std::vector<std::function<void()>>
   loop_callbacks_.clear();
 }
 
-bool VerbsConnection::TakeCompletionEvent() {
-  ibv_cq* cq = nullptr;
-  void* context = nullptr;
-  if (ibv_get_cq_event(completion_channel_, &cq, &context) != 0) return false;
-  ibv_ack_cq_events(cq, 1);
-  ibv_req_notify_cq(cq_, 0);
-  return true;
-}
-
 bool VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
   // Brief polling before giving up: a burst of messages is handled without a wakeup each.
   ibv_wc wcs[kPollBatchSize];
   bool any = false;
   int batches = 0;
   for (int empty = 0; empty < 64;) {
-    const int n = ibv_poll_cq(cq_, kPollBatchSize, wcs);
+    const int n = ibv_poll_cq(queue_pair_.cq(), kPollBatchSize, wcs);
     if (n <= 0) {
       if (any) return false;
       ++empty;
@@ -917,7 +706,7 @@ bool VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callba
 
 void VerbsConnection::HandleCmEvents(std::vector<std::function<void()>>* callbacks) {
   rdma_cm_event* event = nullptr;
-  while (rdma_get_cm_event(events_, &event) == 0) {
+  while (rdma_get_cm_event(queue_pair_.events(), &event) == 0) {
     const rdma_cm_event_type type = event->event;
     rdma_ack_cm_event(event);
     if (type != RDMA_CM_EVENT_DISCONNECTED && type != RDMA_CM_EVENT_DEVICE_REMOVAL) continue;
@@ -946,7 +735,7 @@ void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::functi
     const int slot = static_cast<int>(wc.wr_id & ~kReceiveBit);
     absl::Status handled;
     if (wc.opcode == IBV_WC_RECV) {
-      const std::string bytes(recv_buffers_ + slot * kSlotSize, std::min<size_t>(wc.byte_len, kSlotSize));
+      const std::string bytes(queue_pair_.receive_buffer(slot), std::min<size_t>(wc.byte_len, kSlotSize));
       if (!stopped_) {
         absl::Status reposted = PostReceive(slot);
         if (!reposted.ok()) handled = reposted;
@@ -1063,35 +852,16 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
 }
 
 absl::Status VerbsConnection::OnGrantTableLocked(const GrantTableMessage& table) {
-  if (peer_grant_table_) return PeerError(absl::DataLossError("grant table announced twice"));
-  if (table.slots == 0 || table.slots > kMaxPeerGrantSlots) {
-    return PeerError(absl::DataLossError(absl::StrCat("grant table of ", table.slots, " slots")));
-  }
-  const uint64_t size = uint64_t{table.slots} * kGrantSlotSize;
-  if (table.address + size < table.address) {
-    return PeerError(absl::DataLossError("grant table wraps around"));
-  }
-  peer_grant_table_ = RemoteRegion{table.address, size, table.rkey};
-  for (uint32_t slot = table.slots; slot > 0; --slot) free_peer_slots_.push_back(slot - 1);
+  absl::Status announced = grant_tables_.OnPeerTable(table);
+  if (!announced.ok()) return PeerError(announced);
   PumpLocked();
   return absl::OkStatus();
 }
 
 absl::Status VerbsConnection::OnGrantWrittenLocked(uint32_t table_slot, uint32_t length) {
   if (!status_.ok()) return absl::OkStatus();
-  if (table_slot >= kGrantSlots || length > kGrantSlotSize) {
-    return PeerError(absl::DataLossError(absl::StrCat("grant record of ", length, " bytes in slot ",
-                                                      table_slot, " of a grant table of ", kGrantSlots,
-                                                      " slots of ", kGrantSlotSize, " bytes")));
-  }
-  // Copied first: a broken peer may be writing the slot again while it is checked.
-  const std::string record(grant_table_ + table_slot * kGrantSlotSize, length);
-  absl::StatusOr<wire::Grant> grant = DecodeGrantRecord(record);
-  if (!grant.ok()) {
-    return PeerError(
-        absl::DataLossError(absl::StrCat("grant table slot ", table_slot, ": ", grant.status().message())));
-  }
-  grants_read++;
+  absl::StatusOr<wire::Grant> grant = grant_tables_.Read(table_slot, length);
+  if (!grant.ok()) return PeerError(grant.status());
   return OnRemoteGrantLocked(*grant);
 }
 
@@ -1126,28 +896,19 @@ void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
   if (book_.OnPeerRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoked, wire::Revoked{grant_id}});
 }
 
-absl::StatusOr<uint32_t> VerbsConnection::WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const {
-  auto slot = written_slots_.find(grant_id);
-  if (slot == written_slots_.end()) {
-    return PeerError(absl::DataLossError(
-        absl::StrCat(answer, " for grant ", grant_id, ", which is not outstanding")));
-  }
-  return slot->second;
-}
-
-void VerbsConnection::ReleaseSlotLocked(uint64_t grant_id) {
-  // The peer answers a grant only after it read the grant's record: the slot may be written again.
-  free_peer_slots_.push_back(written_slots_.at(grant_id));
-  written_slots_.erase(grant_id);
+absl::Status VerbsConnection::CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const {
+  if (grant_tables_.IsWritten(grant_id)) return absl::OkStatus();
+  return PeerError(
+      absl::DataLossError(absl::StrCat(answer, " for grant ", grant_id, ", which is not outstanding")));
 }
 
 absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
                                            std::vector<std::function<void()>>* callbacks) {
-  absl::StatusOr<uint32_t> written = WrittenSlotLocked(grant_id, "DATA");
-  if (!written.ok()) return written.status();
+  absl::Status written = CheckWrittenLocked(grant_id, "DATA");
+  if (!written.ok()) return written;
   absl::StatusOr<IssuedGrant> grant = book_.TakeFilled(grant_id, length);
   if (!grant.ok()) return PeerError(grant.status());
-  ReleaseSlotLocked(grant_id);
+  grant_tables_.Release(grant_id);
   callbacks->push_back([done = std::move(grant->done), length] { done({absl::OkStatus(), length}); });
   return absl::OkStatus();
 }
@@ -1155,12 +916,12 @@ absl::Status VerbsConnection::OnDataLocked(uint64_t grant_id, uint64_t length,
 absl::Status VerbsConnection::OnGrantReturnedLocked(uint64_t grant_id, GrantResult result,
                                                     bool must_exceed_capacity,
                                                     std::vector<std::function<void()>>* callbacks) {
-  absl::StatusOr<uint32_t> written = WrittenSlotLocked(grant_id, must_exceed_capacity ? "TOO_SMALL" : "REVOKED");
-  if (!written.ok()) return written.status();
+  absl::Status written = CheckWrittenLocked(grant_id, must_exceed_capacity ? "TOO_SMALL" : "REVOKED");
+  if (!written.ok()) return written;
   absl::StatusOr<IssuedGrant> grant =
       book_.TakeReturned(grant_id, must_exceed_capacity ? std::optional<uint64_t>(result.length) : std::nullopt);
   if (!grant.ok()) return PeerError(grant.status());
-  ReleaseSlotLocked(grant_id);
+  grant_tables_.Release(grant_id);
   callbacks->push_back([done = std::move(grant->done), result] { done(result); });
   return absl::OkStatus();
 }

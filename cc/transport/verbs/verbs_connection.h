@@ -29,7 +29,6 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -39,84 +38,18 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cc/transport/fork_guard.h"
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/io_loops.h"
 #include "cc/transport/transport.h"
+#include "cc/transport/verbs/grant_table.h"
+#include "cc/transport/verbs/queue_pair.h"
 #include "cc/transport/verbs/registration_cache.h"
 #include "cc/transport/verbs/verbs_device.h"
+#include "cc/transport/verbs/verbs_memory.h"
 #include "cc/transport/verbs/verbs_messages.h"
 
 namespace tf_rdma::verbs {
-
-// One RDMA device as the transport uses it: a protection domain and the send-buffer cache.
-struct DeviceContext {
-  DeviceContext(ibv_context* context, ibv_pd* pd);
-  ~DeviceContext();
-  ibv_context* const context;  // owned by rdma_cm (rdma_get_devices)
-  ibv_pd* const pd;
-  const std::string name;
-  // Type 2 memory windows: a window is bound to one queue pair, so the key a peer is given works
-  // on its own connection only. Without them a region's key is valid on every queue pair of `pd`.
-  const bool memory_windows;
-  // Access flags of memory peers may write into: remote writes go through windows when the device
-  // has them, so the registration itself grants none.
-  int remote_region_access() const;
-  // Emptied before the protection domain goes: its registrations belong to it.
-  std::unique_ptr<RegistrationCache> send_cache;
-};
-
-// A type 2 memory window, bound to one connection's queue pair and pointing into one region. It
-// is deallocated by whichever goes first: the region (a peer's key dies with the memory) or the
-// connection, before its queue pair (under rxe, destroying a queue pair with a window still
-// bound to it stalled each close for about 51 s).
-class MemoryWindow {
- public:
-  static absl::StatusOr<std::shared_ptr<MemoryWindow>> Allocate(ibv_pd* pd);
-  explicit MemoryWindow(ibv_mw* mw) : mw_(mw) {}
-  ~MemoryWindow() { Deallocate(); }
-  MemoryWindow(const MemoryWindow&) = delete;
-  MemoryWindow& operator=(const MemoryWindow&) = delete;
-  ibv_mw* get() const { return mw_.load(); }
-  void Deallocate() {
-    if (owner_.Inherited()) return;  // the context is the parent's too (fork_guard.h)
-    if (ibv_mw* mw = mw_.exchange(nullptr)) ibv_dealloc_mw(mw);
-  }
-
- private:
-  std::atomic<ibv_mw*> mw_;
-  const OwningProcess owner_;
-};
-
-// A region peers may write into: registered on every device in use, for remote writes through
-// per-connection memory windows (or directly where the device has none).
-class VerbsRegion : public MemoryRegion {
- public:
-  VerbsRegion(uint32_t id, char* data, size_t size,
-              std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations,
-              std::vector<std::shared_ptr<DeviceContext>> devices);
-  ~VerbsRegion() override;
-  // Null when the region is not registered in `pd` (another transport's, or another device's).
-  const Registration* RegistrationFor(ibv_pd* pd) const;
-  // A type 2 memory window for a connection to bind into this region. The region deallocates it
-  // (if its connection has not) before deregistering: a peer's key dies with the memory, however
-  // long the connection it was given on lives.
-  absl::StatusOr<std::shared_ptr<MemoryWindow>> NewWindow(ibv_pd* pd);
-
- private:
-  std::mutex windows_mu_;
-  std::vector<std::shared_ptr<MemoryWindow>> windows_;
-  std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
-  const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
-};
-
-// Process-wide counts of grants carried by writes into grant tables, for verbs_stats().
-struct GrantTableStats {
-  uint64_t written = 0;  // grants this process wrote into a peer's table
-  uint64_t read = 0;     // grants this process read from its own tables
-};
-GrantTableStats GetGrantTableStats();
 
 class VerbsConnection : public Connection,
                         public IoHandler,
@@ -129,7 +62,7 @@ class VerbsConnection : public Connection,
       const TransportOptions& options, const VerbsSettings& settings, std::string peer_address);
   ~VerbsConnection() override;
 
-  uint32_t qp_num() const { return qp_->qp_num; }
+  uint32_t qp_num() const { return queue_pair_.qp()->qp_num; }
   // Moves the QP to `state` with the attributes rdma_cm computed, and the GID/port overrides.
   absl::Status Transition(ibv_qp_state state);
   // How often the transport's loops tick its connections: an eighth of the peer timeout, so a
@@ -223,8 +156,6 @@ class VerbsConnection : public Connection,
   // Handles the completions there are (a burst: until the queue stays empty), at most a bounded
   // number per call; true if it stopped at that bound (completions may be left).
   bool PollCompletions(std::vector<std::function<void()>>* callbacks);
-  // Takes the completion channel's event and re-arms it; true if there was one.
-  bool TakeCompletionEvent();
   void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
   // A closed connection's way out: stops the QP when its REJECT went out or kRejectGrace passed,
   // and once the work requests are flushed (or kFlushLimit passed) completes what they carried.
@@ -246,11 +177,9 @@ class VerbsConnection : public Connection,
   void DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
   // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
-  // The slot of the peer's grant table holding grant `grant_id`, which the peer is answering;
-  // an error when the grant was never written there (so the peer cannot know it).
-  absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
-  // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
-  void ReleaseSlotLocked(uint64_t grant_id);
+  // Checks that grant `grant_id`, which the peer is answering with `answer`, was written to its
+  // grant table (else the peer cannot know it).
+  absl::Status CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const;
   // Fills `window` for [addr, addr + length) of `registration`: a type 2 window (shared with
   // `owner`, else this connection's own) bound later to this queue pair where the device has them, else
   // the registration's own key.
@@ -279,8 +208,6 @@ class VerbsConnection : public Connection,
   // Has the loop serve the connection now (a close, the end of the handshake).
   void Wake();
 
-  rdma_cm_id* const id_;
-  rdma_event_channel* const events_;
   const std::shared_ptr<DeviceContext> device_;
   const TransportOptions options_;
   const VerbsSettings settings_;
@@ -289,18 +216,11 @@ class VerbsConnection : public Connection,
   std::string peer_build_;  // set with peer_name_, before the connection is handed out
   Channel channel_{this};
 
-  ibv_comp_channel* completion_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
-  ibv_qp* qp_ = nullptr;
-  int wake_fd_ = -1;
-  int epoll_fd_ = -1;  // the three descriptors above the loop watches, through this one
+  // Declared first, destroyed last: the queue pair through which the peer writes our grant table
+  // goes first.
+  GrantTables grant_tables_;  // guarded by mu_ once Setup() returned
+  QueuePair queue_pair_;      // immutable once Setup() returned
   uint64_t max_single_write_ = 0;
-  char* recv_buffers_ = nullptr;  // mmap'ed: registered memory gets pages of its own
-  char* send_buffers_ = nullptr;
-  char* grant_table_ = nullptr;   // the peer writes its grants here
-  std::shared_ptr<Registration> recv_registration_;
-  std::shared_ptr<Registration> send_registration_;
-  std::shared_ptr<Registration> grant_table_registration_;
 
   mutable std::mutex mu_;
   std::condition_variable handshake_cv_;
@@ -325,12 +245,6 @@ class VerbsConnection : public Connection,
   std::vector<std::function<void()>> loop_callbacks_;
   // Grant ids travel as immediates below kGrantImmBit.
   GrantBook<PendingWrite> book_{kGrantImmBit - 1, options_.limits.max_grants_per_peer};
-  // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
-  // slot in it, a send buffer, or the control messages queued before them.
-  std::deque<wire::Grant> unwritten_grants_;
-  std::unordered_map<uint64_t, uint32_t> written_slots_;  // grant id -> slot of the peer's table
-  std::optional<RemoteRegion> peer_grant_table_;
-  std::vector<uint32_t> free_peer_slots_;
   Window grant_table_window_;
   std::unordered_map<uint32_t, Window> region_windows_;  // regions announced to the peer, by id
   size_t sweep_at_ = 64;                                 // region_windows_ size of the next sweep
