@@ -49,10 +49,10 @@ void RdmaRemoteRendezvous::WithdrawPendingPushes(const absl::Status& status) {
   // Outside the lock: a withdrawn write's callback runs here and finishes its push.
   for (const PendingPush& push : pending) {
     if (std::shared_ptr<Connection> connection = push.connection.lock()) {
-      connection->Withdraw(push.tags.header);
+      connection->DropWrites(push.tags.header);
       // An inline tensor has no data write; withdrawing its tag would only crowd the
       // connection's bounded memory of withdrawn tags.
-      if (push.has_data_write) connection->Withdraw(push.tags.data);
+      if (push.has_data_write) connection->DropWrites(push.tags.data);
     }
   }
 }
@@ -152,8 +152,8 @@ void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string wha
       });
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
-      (*connection)->Withdraw(tags.header);
-      if (has_data_write) (*connection)->Withdraw(tags.data);
+      (*connection)->DropWrites(tags.header);
+      if (has_data_write) (*connection)->DropWrites(tags.data);
     }
     sent();
   });

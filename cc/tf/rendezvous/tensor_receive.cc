@@ -214,8 +214,8 @@ void TensorReceive::FinishLocked(const absl::Status& status) {
     if (data_grant_ != 0) connection_->Revoke(data_grant_);
     if (!status.ok()) {
       // Without this the sender would keep the tensor until the connection closes.
-      connection_->Discard(tags_.header);
-      connection_->Discard(tags_.data);
+      connection_->DiscardPeerWrites(tags_.header);
+      connection_->DiscardPeerWrites(tags_.data);
     }
   }
   if (!status.ok() && !absl::IsCancelled(status)) {

@@ -192,7 +192,7 @@ void VerbsConnection::Revoke(uint64_t grant_id) {
     }
     // The peer never saw it: nothing to ask back. Its callback runs on the loop, never inside
     // Revoke (transport.h).
-    absl::StatusOr<IssuedGrant> unseen = book_.Withdraw(grant_id);
+    absl::StatusOr<IssuedGrant> unseen = book_.TakeUnseen(grant_id);
     if (!unseen.ok()) return;
     loop_callbacks_.push_back(
         [done = std::move(unseen->done)] { done({absl::CancelledError("grant revoked"), 0}); });
@@ -231,7 +231,7 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
   EnqueuePairingLocked(std::move(pairing));
 }
 
-void VerbsConnection::Withdraw(const Tag& tag) {
+void VerbsConnection::DropWrites(const Tag& tag) {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +240,7 @@ void VerbsConnection::Withdraw(const Tag& tag) {
   for (auto& callback : callbacks) callback();
 }
 
-void VerbsConnection::Discard(const Tag& tag) {
+void VerbsConnection::DiscardPeerWrites(const Tag& tag) {
   std::lock_guard<std::mutex> lock(mu_);
   if (status_.ok()) EnqueueFrameLocked({wire::FrameType::kDiscard, wire::Discard{tag}});
 }

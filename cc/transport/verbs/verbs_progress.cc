@@ -312,7 +312,7 @@ void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
 }
 
 void VerbsConnection::DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
-  for (auto& write : book_.Discard(tag)) {
+  for (auto& write : book_.DropWrites(tag)) {
     callbacks->push_back([done = std::move(write.done)] { done(DiscardedWrite()); });
   }
 }
