@@ -118,7 +118,7 @@ absl::Status SteadyFlow::Stop(absl::Duration timeout) {
   State& state = *state_;
   state.stopping.store(true);
   if (state.side == Side::kSend) {
-    for (auto& peer : state.peers) peer.connection->Withdraw(kSteadyFlowTag);
+    for (auto& peer : state.peers) peer.connection->DropWrites(kSteadyFlowTag);
   }
   std::unique_lock<std::mutex> lock(state.mu);
   if (!state.cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return state.outstanding == 0; })) {

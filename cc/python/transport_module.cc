@@ -290,13 +290,14 @@ PYBIND11_MODULE(_transport, m) {
       .def("discard", [](PyConnection& c, const py::int_& tag) {
              const Tag parsed = TagFromInt(tag);
              InsideConnectionCall inside;
-             c.get().Discard(parsed);
+             c.get().DiscardPeerWrites(parsed);
            },
-           py::arg("tag"), "Writes under `tag`, waiting or to come, complete as cancelled.")
+           py::arg("tag"),
+           "Receiver side: the sender drops its writes under `tag`, waiting or to come; they complete as cancelled.")
       .def("withdraw", [](PyConnection& c, const py::int_& tag) {
              const Tag parsed = TagFromInt(tag);
              InsideConnectionCall inside;
-             c.get().Withdraw(parsed);
+             c.get().DropWrites(parsed);
            },
            py::arg("tag"), "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled.")
       .def("write",

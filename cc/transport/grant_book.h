@@ -109,11 +109,12 @@ class GrantBook {
     }
     return Take(it);
   }
-  // Takes back grant `id`, which the peer has not seen yet (verbs: its grant is not written yet).
-  absl::StatusOr<IssuedGrant> Withdraw(uint64_t id) {
+  // Receiver side: takes back grant `id`, which the peer has not seen yet (verbs: its grant is not
+  // written yet), so no REVOKE is needed.
+  absl::StatusOr<IssuedGrant> TakeUnseen(uint64_t id) {
     auto it = issued_.find(id);
     if (it == issued_.end()) {
-      return absl::InternalError(absl::StrCat("grant ", id, " withdrawn but not outstanding"));
+      return absl::InternalError(absl::StrCat("grant ", id, " taken back unseen but not outstanding"));
     }
     return Take(it);
   }
@@ -187,8 +188,9 @@ class GrantBook {
     }
     return true;
   }
-  // The peer wants nothing more under `tag`: the writes waiting under it, to complete as cancelled.
-  std::vector<Write> Discard(const Tag& tag) {
+  // Sender side: nothing more is sent under `tag` (the peer discarded it, or the sender gave it
+  // up): the writes waiting under it, to complete as cancelled, and those to come, dropped too.
+  std::vector<Write> DropWrites(const Tag& tag) {
     if (discarded_.insert(tag).second) {
       discard_order_.push_back(tag);
       if (discard_order_.size() > kDiscardMemory) {

@@ -85,12 +85,12 @@ using WriteDone = std::function<void(const absl::Status&)>;
 //     arrives or the peer is found silent (TransportOptions::peer_timeout). It runs on the
 //     caller's thread inside Grant only when the grant is refused at once (a bad range, or the
 //     connection failed already), and inside Close (on whichever thread closes) for grants that
-//     were still out. Never inside Revoke, Discard, Write or Withdraw.
+//     were still out. Never inside Revoke, DiscardPeerWrites, Write or DropWrites.
 //   * WriteDone runs inside Write when the write completes at once: its message went onto the
 //     socket whole (tcp and shm send small messages from the caller's thread; this saves a thread
 //     hand-off per message), its tag was discarded or withdrawn, or the connection failed. It runs
-//     inside Grant/Revoke/Discard/Withdraw/Close of the same connection when that call completes it
-//     (a paired write sent from there, a withdrawn one, a close), and else on a transport thread
+//     inside Grant/Revoke/DiscardPeerWrites/DropWrites/Close of the same connection when that call
+//     completes it (a paired write sent from there, a dropped one, a close), and else on a transport thread
 //     (the peer's grant arrived, the socket drained).
 
 class Connection {
@@ -104,20 +104,22 @@ class Connection {
   // Takes a grant back. Its `done` runs with kCancelled once the peer confirmed it will not write,
   // or with OK if the data won the race. Either way the range is free after `done` ran.
   virtual void Revoke(uint64_t grant_id) = 0;
-  // Tells the sender that no message under `tag` is wanted any more (the receiver's step was
-  // cancelled): writes waiting under it, and any that come later, complete with kCancelled
-  // instead of holding their memory until the connection closes. Grants under the tag are not
-  // affected (revoke them first). Senders remember the most recent discarded tags (grant_book.h).
-  virtual void Discard(const Tag& tag) = 0;
+  // Tells the sender (a DISCARD frame) that no message under `tag` is wanted any more (the
+  // receiver's step was cancelled): it drops its writes waiting under the tag, and any that come
+  // later, which complete with kCancelled instead of holding their memory until the connection
+  // closes. Grants under the tag are not affected (revoke them first). Senders remember the most
+  // recent discarded tags (grant_book.h).
+  virtual void DiscardPeerWrites(const Tag& tag) = 0;
 
   // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
   virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;
-  // The sender gives up on `tag` (its step was aborted): writes under it still waiting for a grant,
-  // and any that come later, complete with DiscardedWrite(), as after the receiver's Discard. A
-  // receiver tells only about receives it issued; one whose step ended before it issued a receive
-  // never will, and the write would hold its memory until the connection closes. A write already
-  // paired with a grant goes on. Remembered like discarded tags (grant_book.h).
-  virtual void Withdraw(const Tag& tag) = 0;
+  // The sender gives up on `tag` (its step was aborted) and drops its writes under it: those still
+  // waiting for a grant, and any that come later, complete with DiscardedWrite(), as after the
+  // receiver's DiscardPeerWrites. A receiver tells only about receives it issued; one whose step
+  // ended before it issued a receive never will, and the write would hold its memory until the
+  // connection closes. A write already paired with a grant goes on. Remembered like discarded
+  // tags (grant_book.h).
+  virtual void DropWrites(const Tag& tag) = 0;
 
   // Fails every pending and future operation with `reason` and tells the peer why.
   virtual void Close(const absl::Status& reason) = 0;

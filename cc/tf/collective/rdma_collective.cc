@@ -59,7 +59,7 @@ struct CollectiveTransfers {
       grant = receive->grant;
     }
     if (grant != 0) receive->connection->Revoke(grant);
-    receive->connection->Discard(receive->tag);
+    receive->connection->DiscardPeerWrites(receive->tag);
   }
 
   void Forget(const std::shared_ptr<PendingReceive>& receive) {

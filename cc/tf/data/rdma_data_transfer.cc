@@ -485,8 +485,8 @@ class RdmaDataTransferClient : public DataTransferClient {
     for (const auto& [component, landing] : grants.components) {
       if (landing) connection->Revoke(landing->grant_id);
     }
-    connection->Discard(ResponseTag(client_id_, sequence, 0));
-    for (uint32_t i = 0; i < layout_.size(); ++i) connection->Discard(ResponseTag(client_id_, sequence, i + 1));
+    connection->DiscardPeerWrites(ResponseTag(client_id_, sequence, 0));
+    for (uint32_t i = 0; i < layout_.size(); ++i) connection->DiscardPeerWrites(ResponseTag(client_id_, sequence, i + 1));
     if (absl::IsCancelled(error)) {
       RevokeAllLocked();
       return error;

@@ -122,7 +122,7 @@ void FusedReceive::Abort(const absl::Status& status) {
     if (!landed_ && connection_) {
       connection_->Revoke(grant_id_);
       // Without this the sender would keep the message until the connection closes.
-      connection_->Discard(tag_);
+      connection_->DiscardPeerWrites(tag_);
     }
     landed_.reset();
     failed.swap(waiting_);

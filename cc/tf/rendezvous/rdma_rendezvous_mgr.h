@@ -14,6 +14,8 @@
 
 namespace tf_rdma {
 
+class EndedSteps;  // ended_steps.h
+
 class RdmaRendezvousMgr : public tensorflow::RpcRendezvousMgr {
  public:
   RdmaRendezvousMgr(const tensorflow::WorkerEnv* env, std::shared_ptr<Runtime> runtime);
@@ -29,8 +31,6 @@ class RdmaRendezvousMgr : public tensorflow::RpcRendezvousMgr {
       int64_t step_id, const tensorflow::WorkerEnv* worker_env) override;
 
  private:
-  class EndedSteps;
-
   const std::shared_ptr<Runtime> runtime_;
   const std::shared_ptr<EndedSteps> steps_;
 };

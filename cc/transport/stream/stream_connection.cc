@@ -109,7 +109,7 @@ void StreamConnection::Write(const Tag& tag, const void* src, uint64_t length, W
   FlushLocked(lock);
 }
 
-void StreamConnection::Discard(const Tag& tag) {
+void StreamConnection::DiscardPeerWrites(const Tag& tag) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!status_.ok()) return;
   EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kDiscard, wire::Discard{tag}}}});
@@ -357,7 +357,7 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
       return OnGrantReturned(std::get<wire::Revoked>(frame.body).grant_id,
                              {absl::CancelledError("grant revoked"), 0}, false);
     case wire::FrameType::kDiscard:
-      Withdraw(std::get<wire::Discard>(frame.body).tag);  // the sender drops them alike
+      DropWrites(std::get<wire::Discard>(frame.body).tag);  // the sender drops them alike
       return absl::OkStatus();
     case wire::FrameType::kShmRegion: {
       int fd = -1;
@@ -398,11 +398,11 @@ void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
   FlushLocked(lock);
 }
 
-void StreamConnection::Withdraw(const Tag& tag) {
+void StreamConnection::DropWrites(const Tag& tag) {
   std::vector<PendingWrite> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dropped = book_.Discard(tag);
+    dropped = book_.DropWrites(tag);
   }
   for (auto& write : dropped) write.done(DiscardedWrite());
 }

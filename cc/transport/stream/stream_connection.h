@@ -39,9 +39,9 @@ class StreamConnection : public Connection,
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;
   void Revoke(uint64_t grant_id) override;
-  void Discard(const Tag& tag) override;
+  void DiscardPeerWrites(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
-  void Withdraw(const Tag& tag) override;
+  void DropWrites(const Tag& tag) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }

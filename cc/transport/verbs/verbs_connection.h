@@ -23,13 +23,18 @@
 // connection's completion channel, rdma_cm event channel and wake-up eventfd, and ticks it to send
 // heartbeats, so a dead or silent peer fails every pending operation within
 // TransportOptions::peer_timeout.
+//
+// The parts: QueuePair (queue_pair.h) holds the verbs objects, GrantTables (grant_table.h) the
+// grant-table slots, verbs_memory.h the registered regions and memory windows. The connection's own
+// state is under one mutex, its methods in four files: verbs_connection.cc (creation, the handshake
+// channel, the Connection calls), verbs_posting.cc (work requests), verbs_progress.cc (the loop's
+// side: completions, rdma_cm events, the peer's messages) and verbs_closing.cc (failure and close).
 #ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 #define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_CONNECTION_H_
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -39,85 +44,18 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cc/transport/fork_guard.h"
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/io_loops.h"
 #include "cc/transport/transport.h"
+#include "cc/transport/verbs/grant_table.h"
+#include "cc/transport/verbs/queue_pair.h"
 #include "cc/transport/verbs/registration_cache.h"
 #include "cc/transport/verbs/verbs_device.h"
+#include "cc/transport/verbs/verbs_memory.h"
 #include "cc/transport/verbs/verbs_messages.h"
 
 namespace tf_rdma::verbs {
-
-// One RDMA device as the transport uses it: a protection domain and the send-buffer cache.
-struct DeviceContext {
-  DeviceContext(ibv_context* context, ibv_pd* pd);
-  ~DeviceContext();
-  ibv_context* const context;  // owned by rdma_cm (rdma_get_devices)
-  ibv_pd* const pd;
-  const std::string name;
-  // Type 2 memory windows: a window is bound to one queue pair, so the key a peer is given works
-  // on its own connection only. Without them a region's key is valid on every queue pair of `pd`.
-  const bool memory_windows;
-  // Access flags of memory peers may write into: remote writes go through windows when the device
-  // has them, so the registration itself grants none.
-  int remote_region_access() const;
-  // Emptied before the protection domain goes: its registrations belong to it.
-  std::unique_ptr<RegistrationCache> send_cache;
-};
-
-// A type 2 memory window, bound to one connection's queue pair and pointing into one region. It
-// is deallocated by whichever goes first: the region (a peer's key dies with the memory) or the
-// connection, before its queue pair (under rxe, destroying a queue pair with a window still
-// bound to it stalled each close for about 51 s).
-class MemoryWindow {
- public:
-  static absl::StatusOr<std::shared_ptr<MemoryWindow>> Allocate(ibv_pd* pd);
-  explicit MemoryWindow(ibv_mw* mw) : mw_(mw) {}
-  ~MemoryWindow() { Deallocate(); }
-  MemoryWindow(const MemoryWindow&) = delete;
-  MemoryWindow& operator=(const MemoryWindow&) = delete;
-  ibv_mw* get() const { return mw_.load(); }
-  void Deallocate() {
-    if (owner_.Inherited()) return;  // the context is the parent's too (fork_guard.h)
-    if (ibv_mw* mw = mw_.exchange(nullptr)) ibv_dealloc_mw(mw);
-  }
-
- private:
-  std::atomic<ibv_mw*> mw_;
-  const OwningProcess owner_;
-};
-
-// A region peers may write into: registered on every device in use, for remote writes through
-// per-connection memory windows (or directly where the device has none).
-class VerbsRegion : public MemoryRegion {
- public:
-  VerbsRegion(uint32_t id, char* data, size_t size,
-              std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations,
-              std::vector<std::shared_ptr<DeviceContext>> devices);
-  ~VerbsRegion() override;
-  // Null when the region is not registered in `pd` (another transport's, or another device's).
-  const Registration* RegistrationFor(ibv_pd* pd) const;
-  // A type 2 memory window for a connection to bind into this region. The region deallocates it
-  // (if its connection has not) before deregistering: a peer's key dies with the memory, however
-  // long the connection it was given on lives.
-  absl::StatusOr<std::shared_ptr<MemoryWindow>> NewWindow(ibv_pd* pd);
-
- private:
-  std::mutex windows_mu_;
-  std::vector<std::shared_ptr<MemoryWindow>> windows_;
-  std::vector<std::pair<ibv_pd*, std::shared_ptr<Registration>>> registrations_;
-  const std::vector<std::shared_ptr<DeviceContext>> devices_;  // outlive the registrations
-};
-
-// Counts of grants carried by writes into grant tables, for verbs_stats(): process-wide, TensorFlow's
-// servers and the Python bindings alike, as both use the one transport library (setup.py).
-struct GrantTableStats {
-  uint64_t written = 0;  // grants this process wrote into a peer's table
-  uint64_t read = 0;     // grants this process read from its own tables
-};
-GrantTableStats GetGrantTableStats();
 
 class VerbsConnection : public Connection,
                         public IoHandler,
@@ -130,7 +68,7 @@ class VerbsConnection : public Connection,
       const TransportOptions& options, const VerbsSettings& settings, std::string peer_address);
   ~VerbsConnection() override;
 
-  uint32_t qp_num() const { return qp_->qp_num; }
+  uint32_t qp_num() const { return queue_pair_.qp()->qp_num; }
   // Moves the QP to `state` with the attributes rdma_cm computed, and the GID/port overrides.
   absl::Status Transition(ibv_qp_state state);
   // How often the transport's loops tick its connections: an eighth of the peer timeout, so a
@@ -146,9 +84,9 @@ class VerbsConnection : public Connection,
   uint64_t Grant(const Tag& tag, std::shared_ptr<MemoryRegion> region, uint64_t offset,
                  uint64_t capacity, GrantDone done) override;
   void Revoke(uint64_t grant_id) override;
-  void Discard(const Tag& tag) override;
+  void DiscardPeerWrites(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
-  void Withdraw(const Tag& tag) override;
+  void DropWrites(const Tag& tag) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
@@ -195,8 +133,8 @@ class VerbsConnection : public Connection,
   // Remote-write access this connection gives its peer to one region, or to its grant table.
   struct Window {
     std::shared_ptr<MemoryWindow> mw;  // none where the device has no windows: the key is the registration's
-    ibv_mw_bind_info bind{};
-    uint32_t rkey = 0;     // the key the peer is told
+    ibv_mw_bind_info bind{};  // the registration, range and access the bind gives (ibv_bind_mw(3))
+    uint32_t rkey = 0;     // the key the peer is told: the window's, incremented (ibv_inc_rkey(3))
     bool bound = true;     // false until the bind is posted on this queue pair
     std::weak_ptr<MemoryRegion> region;  // whose window it is; none: the grant table's
   };
@@ -215,43 +153,35 @@ class VerbsConnection : public Connection,
     std::shared_ptr<MemoryRegion> region;  // a window's, while its bind is in flight
   };
 
+  // One WRITE_WITH_IMM carries messages up to this size (or the port's max_msg_sz, if smaller:
+  // ibv_query_port(3)); beyond, WRITEs and a DATA message.
+  static constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;
+  // Bigger messages go in WRITEs of this size.
+  static constexpr uint64_t kMultiPartChunk = uint64_t{4} << 20;
+  // At most this many data bytes are posted and not completed per connection, so a heartbeat or grant
+  // posted behind data waits for at most that much to drain (a slow link must not look like a dead
+  // peer). It admits four messages of the largest single write, as many as a receiver granting four
+  // ahead lets be in flight, so they follow one another on the wire without a round trip between
+  // them. 64 MiB drains in about 5 ms at 100 Gb/s and in 3-4 s on Soft-RoCE under TCG (~20 MB/s),
+  // far inside the default peer timeout (30 s); the price is that a grant queued behind a full window
+  // reaches the peer that much later, while its data towards us waits for it.
+  static constexpr uint64_t kWriteWindow = 4 * kMaxSingleWrite;
+  // In a work request's id (ibv_wc::wr_id): a receive's, whose low bits are its buffer's slot.
+  // Send work requests are numbered from 1 below it.
+  static constexpr uint64_t kReceiveBit = uint64_t{1} << 63;
+
+  // ---- verbs_connection.cc: creation, the handshake, the Connection calls ----
   VerbsConnection(rdma_cm_id* id, rdma_event_channel* events, std::shared_ptr<DeviceContext> device,
                   const TransportOptions& options, const VerbsSettings& settings,
                   std::string peer_address);
   absl::Status Setup();
-  absl::Status PostReceive(int slot);
-
-  // Handles the completions there are (a burst: until the queue stays empty), at most a bounded
-  // number per call; true if it stopped at that bound (completions may be left).
-  bool PollCompletions(std::vector<std::function<void()>>* callbacks);
-  // Takes the completion channel's event and re-arms it; true if there was one.
-  bool TakeCompletionEvent();
-  void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
-  // A closed connection's way out: stops the QP when its REJECT went out or kRejectGrace passed,
-  // and once the work requests are flushed (or kFlushLimit passed) completes what they carried.
-  // True when the connection is finished and its loop may let go of it.
-  bool SettleCloseLocked(absl::Time now, std::vector<std::function<void()>>* callbacks);
-  // Completes the writes whose work requests may still be posted: their buffers are free again.
-  void CompletePostedLocked(std::vector<std::function<void()>>* callbacks);
-  void TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks);
-  void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
-  absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
-  absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
-  absl::Status OnGrantTableLocked(const GrantTableMessage& table);
-  absl::Status OnGrantWrittenLocked(uint32_t table_slot, uint32_t length);
-  absl::Status OnRemoteGrantLocked(const wire::Grant& grant);
-  absl::Status OnDataLocked(uint64_t grant_id, uint64_t length, std::vector<std::function<void()>>* callbacks);
-  absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
-                                     std::vector<std::function<void()>>* callbacks);
-  void OnPeerRevokeLocked(uint64_t grant_id);
-  void DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
   // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
-  // The slot of the peer's grant table holding grant `grant_id`, which the peer is answering;
-  // an error when the grant was never written there (so the peer cannot know it).
-  absl::StatusOr<uint32_t> WrittenSlotLocked(uint64_t grant_id, std::string_view answer) const;
-  // The grant `grant_id` was answered: its slot in the peer's grant table is free again.
-  void ReleaseSlotLocked(uint64_t grant_id);
+  // Has the loop serve the connection now (a close, the end of the handshake).
+  void Wake();
+
+  // ---- verbs_posting.cc: work requests on the queue pair ----
+  absl::Status PostReceive(int slot);
   // Fills `window` for [addr, addr + length) of `registration`: a type 2 window (shared with
   // `owner`, else this connection's own) bound later to this queue pair where the device has them, else
   // the registration's own key.
@@ -270,18 +200,44 @@ class VerbsConnection : public Connection,
   // Posts `message` from a send buffer: as a SEND, or with `table_slot` >= 0 as the WRITE_WITH_IMM
   // of a grant record into that slot of the peer's grant table.
   absl::Status PostControlLocked(const std::string& message, bool is_reject, int table_slot = -1);
+
+  // ---- verbs_progress.cc: completions, rdma_cm events and the peer's messages, on the loop ----
+  // Handles the completions there are (a burst: until the queue stays empty), at most a bounded
+  // number per call; true if it stopped at that bound (completions may be left).
+  bool PollCompletions(std::vector<std::function<void()>>* callbacks);
+  void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
+  void TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks);
+  void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   void DrainInboxLocked(std::vector<std::function<void()>>* callbacks);
+  absl::Status HandleMessageLocked(std::string_view bytes, std::vector<std::function<void()>>* callbacks);
+  absl::Status DispatchLocked(wire::Frame frame, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnGrantTableLocked(const GrantTableMessage& table);
+  absl::Status OnGrantWrittenLocked(uint32_t table_slot, uint32_t length);
+  absl::Status OnRemoteGrantLocked(const wire::Grant& grant);
+  absl::Status OnDataLocked(uint64_t grant_id, uint64_t length, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
+                                     std::vector<std::function<void()>>* callbacks);
+  void OnPeerRevokeLocked(uint64_t grant_id);
+  void DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
+  // Checks that grant `grant_id`, which the peer is answering with `answer`, was written to its
+  // grant table (else the peer cannot know it).
+  absl::Status CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const;
+
+  // ---- verbs_closing.cc: failure and close ----
   // Sets the error; `tell_peer` sends it to the peer first. Callbacks run by the caller, unlocked.
   void FailLocked(const absl::Status& reason, bool tell_peer, std::vector<std::function<void()>>* callbacks);
   // Stops the QP (no write can land any more) and fails the grants; lock held.
   void StopQueuePairLocked(std::vector<std::function<void()>>* callbacks);
+  // A closed connection's way out: stops the QP when its REJECT went out or kRejectGrace passed,
+  // and once the work requests are flushed (or kFlushLimit passed) completes what they carried.
+  // True when the connection is finished and its loop may let go of it.
+  bool SettleCloseLocked(absl::Time now, std::vector<std::function<void()>>* callbacks);
+  // Completes the writes whose work requests may still be posted: their buffers are free again.
+  void CompletePostedLocked(std::vector<std::function<void()>>* callbacks);
   absl::Status PeerError(const absl::Status& cause) const;
+  // Explains a failed work completion (ibv_wc_status_str(3)), and a port no longer ACTIVE.
   absl::Status CompletionError(const ibv_wc& wc) const;
-  // Has the loop serve the connection now (a close, the end of the handshake).
-  void Wake();
 
-  rdma_cm_id* const id_;
-  rdma_event_channel* const events_;
   const std::shared_ptr<DeviceContext> device_;
   const TransportOptions options_;
   const VerbsSettings settings_;
@@ -290,19 +246,13 @@ class VerbsConnection : public Connection,
   std::string peer_build_;  // set with peer_name_, before the connection is handed out
   Channel channel_{this};
 
-  ibv_comp_channel* completion_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
-  ibv_qp* qp_ = nullptr;
-  int wake_fd_ = -1;
-  int epoll_fd_ = -1;  // the three descriptors above the loop watches, through this one
+  // Declared first, destroyed last: the queue pair through which the peer writes our grant table
+  // goes first.
+  GrantTables grant_tables_;  // guarded by mu_ once Setup() returned
+  QueuePair queue_pair_;      // immutable once Setup() returned
   uint64_t max_single_write_ = 0;
-  char* recv_buffers_ = nullptr;  // mmap'ed: registered memory gets pages of its own
-  char* send_buffers_ = nullptr;
-  char* grant_table_ = nullptr;   // the peer writes its grants here
-  std::shared_ptr<Registration> recv_registration_;
-  std::shared_ptr<Registration> send_registration_;
-  std::shared_ptr<Registration> grant_table_registration_;
 
+  // Guards every member below (but last_completion_), and grant_tables_.
   mutable std::mutex mu_;
   std::condition_variable handshake_cv_;
   absl::Status status_;
@@ -312,12 +262,14 @@ class VerbsConnection : public Connection,
   std::condition_variable finished_cv_;
   absl::Time stop_deadline_;          // when a REJECT in flight stops waiting
   std::deque<std::string> handshake_inbox_;
-  std::vector<int> free_send_slots_;
+  std::vector<int> free_send_slots_;  // of QueuePair::send_buffer()
+  // Send work requests posted and not completed: at most QueuePair::kSendDepth, the send queue's
+  // max_send_wr (ibv_create_qp(3)). Binds, SENDs and WRITEs alike.
   int posted_sends_ = 0;
-  int posted_receives_ = 0;
-  uint64_t window_bytes_ = 0;
-  uint64_t next_wr_id_ = 1;
-  std::unordered_map<uint64_t, InFlight> in_flight_;
+  int posted_receives_ = 0;  // receive buffers posted (ibv_post_recv(3)) and not completed
+  uint64_t window_bytes_ = 0;  // data bytes posted and not completed
+  uint64_t next_wr_id_ = 1;    // ibv_send_wr::wr_id of the next send work request
+  std::unordered_map<uint64_t, InFlight> in_flight_;  // by wr_id, until its completion
   // Control messages go first, so a long message does not hold back heartbeats and grants.
   std::deque<QueuedControl> control_queue_;
   std::deque<Outgoing> data_queue_;
@@ -326,16 +278,10 @@ class VerbsConnection : public Connection,
   std::vector<std::function<void()>> loop_callbacks_;
   // Grant ids travel as immediates below kGrantImmBit.
   GrantBook<PendingWrite> book_{kGrantImmBit - 1, options_.limits.max_grants_per_peer};
-  // Issued grants not written to the peer yet, in grant order: waiting for its grant table, a free
-  // slot in it, a send buffer, or the control messages queued before them.
-  std::deque<wire::Grant> unwritten_grants_;
-  std::unordered_map<uint64_t, uint32_t> written_slots_;  // grant id -> slot of the peer's table
-  std::optional<RemoteRegion> peer_grant_table_;
-  std::vector<uint32_t> free_peer_slots_;
   Window grant_table_window_;
   std::unordered_map<uint32_t, Window> region_windows_;  // regions announced to the peer, by id
   size_t sweep_at_ = 64;                                 // region_windows_ size of the next sweep
-  std::unordered_map<uint32_t, RemoteRegion> remote_regions_;
+  std::unordered_map<uint32_t, RemoteRegion> remote_regions_;  // the peer's REGIONs, by id
   absl::Time last_receive_;
   absl::Time last_send_;
   absl::Time last_completion_ = absl::InfinitePast();  // the loop's thread only

@@ -80,7 +80,7 @@ TEST(GrantBookSender, DiscardDropsTheWaitingWritesAndCancelsLaterOnes) {
   Book book(1000, 16);
   const Tag tag{7, 7};
   book.OnWrite(tag, FakeWrite{10, 1});
-  std::vector<FakeWrite> dropped = book.Discard(tag);
+  std::vector<FakeWrite> dropped = book.DropWrites(tag);
   ASSERT_EQ(dropped.size(), 1u);
   EXPECT_EQ(dropped[0].id, 1);
   EXPECT_TRUE(book.OnWrite(tag, FakeWrite{10, 2}).discarded);
@@ -89,7 +89,7 @@ TEST(GrantBookSender, DiscardDropsTheWaitingWritesAndCancelsLaterOnes) {
 
 TEST(GrantBookSender, DiscardedTagsAreForgottenOldestFirstBeyondTheMemory) {
   Book book(1000, 16);
-  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.Discard(Tag{0, i});
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DropWrites(Tag{0, i});
   EXPECT_FALSE(book.OnWrite(Tag{0, 0}, FakeWrite{1, 1}).discarded);
   EXPECT_TRUE(book.OnWrite(Tag{0, kDiscardMemory}, FakeWrite{1, 2}).discarded);
 }
