@@ -18,8 +18,10 @@ namespace tf_rdma {
 
 struct BackendRegistration {
   Backend backend;
-  // Why it cannot work in this process with these options (no device, a device an override names
-  // that does not exist, a missing kernel feature), or OK.
+  // Why it cannot work in this process with these options, or OK: Unimplemented where this host
+  // lacks what it needs (a device, a library, a kernel feature), so Python raises
+  // BackendUnavailableError; InvalidArgument (ConfigError) where a setting names what does not
+  // exist (a device, a port).
   absl::Status (*viable)(const TransportOptions& options);
   // Reaches only peers on this host (it shares memory with them): another host's peer is never
   // its to serve, so auto passes over it without a reason, and asking for it explicitly is an error.

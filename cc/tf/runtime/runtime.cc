@@ -206,9 +206,10 @@ absl::Status Runtime::Listen() {
   const TaskAddress self = peers_.at(options_.local_task).address;
   // Peers know one port per task: with port 0, the first listener's free port is every backend's.
   uint16_t port = self.rdma_port;
+  const TransportOptions transport_options = TransportOptionsFrom(options_.config);
   for (const BackendRegistration& registration : RegisteredBackends()) {
     const Backend backend = registration.backend;
-    if (!registration.viable(TransportOptionsFrom(options_.config)).ok()) continue;
+    if (!registration.viable(transport_options).ok()) continue;
     absl::StatusOr<Transport*> transport = TransportFor(backend);
     if (!transport.ok()) return transport.status();
     absl::StatusOr<std::unique_ptr<Listener>> listener = (*transport)->Listen(

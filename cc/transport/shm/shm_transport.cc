@@ -269,7 +269,7 @@ std::string ShmSocketName(uint16_t port) { return absl::StrCat("tf_rdma-shm-", p
 
 absl::Status ShmAvailable() {
   const int fd = memfd_create("tf_rdma-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create fails: ", std::strerror(errno)));
+  if (fd < 0) return absl::UnimplementedError(absl::StrCat("memfd_create fails: ", std::strerror(errno)));
   close(fd);
   return absl::OkStatus();
 }
