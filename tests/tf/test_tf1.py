@@ -184,13 +184,14 @@ NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of 
 def test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error(tmp_path):
     # The step fails with the status choose_backend() and connect() raise as ConfigError
     # (tests/transport/test_backend_selection.py), InvalidArgument: TensorFlow's InvalidArgumentError.
+    # The ps reads the worker's variable: the task with the smaller name connects, so the ps's own
+    # part of the step chooses the backend for the worker's host.
     output = str(tmp_path / "outcome.json")
     with netns.Network() as net, \
             NamespacedCluster(tmp_path, net, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "shm"}) as cluster:
         cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "slow_ps_worker", transport="rdma", output=output)
+        cluster.start("worker", 0, "cross_once", transport="rdma", output=output, reader="ps")
         assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
-        # The ps connects (the task with the smaller name does), to the worker's host.
         worker_host = net.address("worker0")
     with open(output) as f:
         outcome = json.load(f)
