@@ -1,8 +1,9 @@
 // Every backend, registered once (backend_registry.cc): whether it can work in this process, which
 // peers it reaches, and how to create it (after TensorPipe's Context::isViable and
 // canCommunicateWithRemote). Transport creation, backend selection, the TensorFlow runtime's
-// listeners and the Python bindings ask the registry rather than name backends, so a new backend
-// is its folder plus one registration.
+// listeners, the configuration and the Python bindings (and through them the tests) ask the
+// registry rather than name backends, so a new backend is its folder, its enumerator and name
+// (transport.h, backend_names.cc) and one registration.
 #ifndef TF_RDMA_CC_TRANSPORT_BACKEND_REGISTRY_H_
 #define TF_RDMA_CC_TRANSPORT_BACKEND_REGISTRY_H_
 
@@ -41,8 +42,9 @@ struct BackendRegistration {
   bool stream_wire;
 };
 
-// Every backend Backend names, in its order, which is also the order a runtime's listeners bind: tcp first, since with port 0 the free TCP port it gets
-// becomes every backend's (shm's abstract socket names and rdma_cm's ports follow it).
+// Every backend, in Backend's order, which is also the order a runtime's listeners bind: tcp
+// first, since with port 0 the free TCP port it gets becomes every backend's (shm's abstract socket
+// names and rdma_cm's ports follow it).
 absl::Span<const BackendRegistration> RegisteredBackends();
 const BackendRegistration& RegistrationOf(Backend backend);
 

@@ -16,8 +16,8 @@
 
 namespace tf_rdma::verbs {
 
-// OK when some device (the one named by the settings (TransportOptions::verbs), if any) has an active port; otherwise why
-// not, listing what ibv_get_device_list returned.
+// OK when some device (the one the settings name, if any) has an active port; otherwise why not,
+// listing what ibv_get_device_list returned.
 absl::Status CheckVerbsUsable(const VerbsSettings& settings);
 
 // Checks that `context` (an open device) fits the overrides: the port exists and is active, the GID
