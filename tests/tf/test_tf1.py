@@ -181,22 +181,25 @@ NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of 
 
 
 @pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
-def test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error(tmp_path):
+@pytest.mark.parametrize("reader", ["ps", "worker"])
+def test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error(tmp_path, reader):
     # The step fails with the status choose_backend() and connect() raise as ConfigError
     # (tests/transport/test_backend_selection.py), InvalidArgument: TensorFlow's InvalidArgumentError.
-    # The ps reads the worker's variable: the task with the smaller name connects, so the ps's own
-    # part of the step chooses the backend for the worker's host.
+    # The `reader` task reads the other's variable. The task with the smaller name (the ps)
+    # connects: when it reads, its own part of the step meets the error; when the worker reads, the
+    # worker, which would wait for the ps, says it at once rather than after the connect timeout.
     output = str(tmp_path / "outcome.json")
     with netns.Network() as net, \
             NamespacedCluster(tmp_path, net, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "shm"}) as cluster:
         cluster.start("ps", 0, "serve", transport="rdma")
-        cluster.start("worker", 0, "cross_once", transport="rdma", output=output, reader="ps")
+        cluster.start("worker", 0, "cross_once", transport="rdma", output=output, reader=reader)
         assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
-        worker_host = net.address("worker0")
+        other_host = net.address("worker0" if reader == "ps" else "ps0")
     with open(output) as f:
         outcome = json.load(f)
     assert outcome["error"] == "InvalidArgumentError", outcome
-    assert f"TF_RDMA_BACKEND=shm but peer {worker_host} is on another host" in outcome["message"], outcome
+    assert f"TF_RDMA_BACKEND=shm but peer {other_host} is on another host" in outcome["message"], outcome
+    assert outcome["seconds"] < 20, outcome
 
 
 class ClosingListener:

@@ -405,19 +405,28 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::Dial(const Endpoint& addres
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   bool identity_checked = false;
-  // With a backend that does not reach every address (verbs: the peer dials this task's address
-  // through its RDMA device; if that address is on no RDMA device of this host, 127.0.0.1, it
-  // never arrives), the peer's own connect fails at once, but its step may have finished already:
-  // say it here too rather than wait out the timeout.
+  // An explicit backend that cannot join the two tasks (shm with the peer on another host; verbs
+  // when this task's address is on no RDMA device of this host, 127.0.0.1, so the peer's dial
+  // through its RDMA device never arrives) fails the peer's connect at once, but its step may
+  // have finished already: say it here too rather than wait out the timeout. Every task has the
+  // same TF_RDMA_BACKEND, so the peer's choice for this host fails as this task's for the peer's.
   absl::StatusOr<Backend> requested = ParseBackend(options_.config.backend);  // not for auto
   if (requested.ok()) {
+    const TransportOptions transport_options = TransportOptionsFrom(options_.config);
+    std::string host, peer_host;
+    bool peer_address_known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      host = peers_.at(options_.local_task).address.host;
+      peer_host = peers_.at(peer_task).address.host;
+      peer_address_known = peers_.at(peer_task).address_known;
+    }
+    if (peer_address_known) {
+      absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer_host, transport_options);
+      if (!choice.ok()) return choice.status();
+    }
     const BackendRegistration& registration = RegistrationOf(*requested);
-    if (registration.reaches != nullptr && registration.viable(TransportOptionsFrom(options_.config)).ok()) {
-      std::string host;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        host = peers_.at(options_.local_task).address.host;
-      }
+    if (registration.reaches != nullptr && registration.viable(transport_options).ok()) {
       absl::Status reachable = registration.reaches(host);
       if (!reachable.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
