@@ -10,6 +10,7 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/addresses.h"
 #include "cc/transport/backend_registry.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/connect_retry.h"
@@ -421,7 +422,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
       peer_host = peers_.at(peer_task).address.host;
       peer_address_known = peers_.at(peer_task).address_known;
     }
-    if (peer_address_known) {
+    // A peer whose name this host cannot resolve may still connect: only it needs to resolve ours.
+    if (peer_address_known && IsLocalHost(peer_host).ok()) {
       absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer_host, transport_options);
       if (!choice.ok()) return choice.status();
     }
