@@ -50,9 +50,7 @@ def test_explicit_shm_to_another_host_is_a_configuration_error():
 
 
 def test_every_registered_backend_says_whether_it_works_here_and_why_not():
-    # The extension's registry is the one list: the Python side takes its names from it.
-    assert BACKENDS == tuple(name for name, _ in _transport.backends())
-    assert {"tcp", "shm"} <= set(STREAM_BACKENDS) <= set(BACKENDS)
+    assert {"tcp", "shm"} <= set(STREAM_BACKENDS) < set(BACKENDS)
     for name, why_not in available_backends().items():
         assert why_not is None or why_not, f"{name} is unusable without saying why"
     assert available_backends()["tcp"] is None
