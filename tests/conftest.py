@@ -3,28 +3,31 @@ from pathlib import Path
 
 import pytest
 
+from tf_rdma.transport import BACKENDS, STREAM_BACKENDS
+
 # Shared test helpers (helpers.py, wire_client.py) import by name from every test folder.
 sys.path.insert(0, str(Path(__file__).parent / "transport"))
 
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--backends", default="tcp,shm",
-        help="comma-separated backends for the backend-independent suites (default tcp,shm; "
-             "the Soft-RoCE run passes verbs)")
+        "--backends", default=",".join(STREAM_BACKENDS),
+        help=f"comma-separated backends for the backend-independent suites, of {', '.join(BACKENDS)} "
+             f"(default {','.join(STREAM_BACKENDS)}, those every Linux host runs; the Soft-RoCE run "
+             "passes verbs)")
 
 
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
         backends = [b for b in metafunc.config.getoption("backends").split(",") if b]
-        stream = [b for b in backends if b in ("tcp", "shm")]
+        stream = [b for b in backends if b in STREAM_BACKENDS]
         # Suites that speak the socket wire format directly apply to stream backends only.
         marker = metafunc.definition.get_closest_marker("stream_backends_only")
         metafunc.parametrize("backend", stream if marker else backends)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "stream_backends_only: raw-socket tests (tcp, shm)")
+    config.addinivalue_line("markers", f"stream_backends_only: raw-socket tests ({', '.join(STREAM_BACKENDS)})")
     config.addinivalue_line("markers", "without_rdma_core: runs with rdma-core hidden, so it uses no RDMA "
                                        "device: the host's run has it")
     config.addinivalue_line("markers", "peer_process: the peer runs in a process of its own (helpers."
@@ -38,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
     # hides rdma-core has nothing to gain from an RDMA device (and costs a TensorFlow import, minutes
     # under the Soft-RoCE guest's emulation): they are left out, not reported skipped (the Soft-RoCE
     # suite allows no skip).
-    if not any(b in ("tcp", "shm") for b in config.getoption("backends").split(",")):
+    if not any(b in STREAM_BACKENDS for b in config.getoption("backends").split(",")):
         items[:] = [item for item in items if item.get_closest_marker("stream_backends_only") is None
                     and item.get_closest_marker("without_rdma_core") is None]
     # After a link flap with live connections, rdma_cm on Soft-RoCE connects nothing more in the

@@ -10,11 +10,15 @@ Transport = _transport.Transport
 Connection = _transport.Connection
 Region = _transport.Region
 
-BACKENDS = ("verbs", "tcp", "shm")
+# Every backend this build has, as the extension registers them (cc/transport/backend_registry.h).
+BACKENDS = tuple(name for name, _ in _transport.backends())
+# Those carrying the stream wire format over a socket, which run on every Linux host.
+STREAM_BACKENDS = tuple(name for name, stream_wire in _transport.backends() if stream_wire)
 
 
 def available_backends():
-    """{backend: reason it is unusable, or None if usable} for this process."""
+    """{backend: reason it is unusable here, or None if usable} for this process, as the extension's
+    registry says."""
     result = {}
     for name in BACKENDS:
         usable, reason = _transport.backend_available(name)

@@ -14,6 +14,7 @@
 #include "cc/bench/transport_bench.h"
 #include "cc/python/build_info.h"
 #include "cc/python/status_exception.h"
+#include "cc/transport/backend_registry.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/config.h"
 #include "cc/transport/fork_guard.h"
@@ -196,6 +197,8 @@ TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_k
                              const TransportLimits& limits = {},
                              size_t io_threads = TransportOptions{}.io_threads) {
   TransportOptions options;
+  // The verbs settings as the environment has them now (tests set TF_RDMA_VERBS_* after import).
+  options.verbs = ValueOrThrow(LoadConfigFromEnvironment()).verbs;
   options.io_threads = io_threads;
   options.limits = limits;
   options.local_name = name;
@@ -213,10 +216,10 @@ py::dict ConfigToDict(const Config& config) {
   d["connect_timeout"] = absl::ToDoubleSeconds(config.connect_timeout);
   d["secret"] = py::bytes(config.secret);
   d["port_offset"] = config.port_offset;
-  d["verbs_device"] = config.verbs_device;
-  d["verbs_port"] = config.verbs_port;
-  d["verbs_gid_index"] = config.verbs_gid_index;
-  d["verbs_poll_us"] = absl::ToInt64Microseconds(config.verbs_poll_window);
+  d["verbs_device"] = config.verbs.device;
+  d["verbs_port"] = config.verbs.port;
+  d["verbs_gid_index"] = config.verbs.gid_index;
+  d["verbs_poll_us"] = absl::ToInt64Microseconds(config.verbs.poll_window);
   d["io_threads"] = config.io_threads;
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;
@@ -362,12 +365,22 @@ PYBIND11_MODULE(_transport, m) {
              return std::make_unique<PyConnection>(std::move(connection));
            });
 
+  m.def("backends", [] {
+    py::list out;
+    for (const BackendRegistration& registration : RegisteredBackends()) {
+      out.append(py::make_tuple(BackendName(registration.backend), registration.stream_wire));
+    }
+    return out;
+  }, "(name, carries the stream wire format) of every backend this build has, in listening order.");
+  // Both with the TF_RDMA_* settings the environment has now, as a transport created now would.
   m.def("backend_available", [](const std::string& name) {
-    absl::Status status = BackendAvailable(ValueOrThrow(ParseBackend(name)));
+    absl::Status status = BackendAvailable(
+        ValueOrThrow(ParseBackend(name)), TransportOptionsFrom(ValueOrThrow(LoadConfigFromEnvironment())));
     return py::make_tuple(status.ok(), std::string(status.message()));
   });
   m.def("choose_backend", [](const std::string& requested, const std::string& host) {
-    BackendChoice choice = ValueOrThrow(ChooseBackend(requested, host));
+    BackendChoice choice = ValueOrThrow(
+        ChooseBackend(requested, host, TransportOptionsFrom(ValueOrThrow(LoadConfigFromEnvironment()))));
     return py::make_tuple(BackendName(choice.backend), choice.reason);
   });
   m.def("load_config", [] { return ConfigToDict(ValueOrThrow(LoadConfigFromEnvironment())); });

@@ -241,9 +241,9 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
   for (const auto& [name, value] : environment) {
     if (name.rfind(kPrefix, 0) != 0) continue;
     if (name == "TF_RDMA_BACKEND") {
-      if (value != "auto" && value != "verbs" && value != "tcp" && value != "shm") {
+      if (value != "auto" && !ParseBackend(value).ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_BACKEND='", value, "' is not a backend; use one of auto, verbs, tcp, shm"));
+            "TF_RDMA_BACKEND='", value, "' is not a backend; use one of auto, ", BackendNames()));
       }
       config.backend = value;
     } else if (name == "TF_RDMA_PEER_TIMEOUT_MS") {
@@ -292,7 +292,7 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "TF_RDMA_VERBS_DEVICE='", value, "' is not an RDMA device name; use a name that "
             "`ibv_devices` lists (e.g. mlx5_0, rxe0) or unset it"));
       }
-      config.verbs_device = value;
+      config.verbs.device = value;
     } else if (name == "TF_RDMA_VERBS_PORT") {
       int port = 0;
       if (!absl::SimpleAtoi(value, &port) || port < 1 || port > 255) {
@@ -300,7 +300,7 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "TF_RDMA_VERBS_PORT='", value, "' is not a port number between 1 and 255 (ports count "
             "from 1, see `ibv_devinfo`); set it to e.g. 1 or unset it"));
       }
-      config.verbs_port = port;
+      config.verbs.port = port;
     } else if (name == "TF_RDMA_VERBS_GID_INDEX") {
       int index = -1;
       if (!absl::SimpleAtoi(value, &index) || index < 0 || index > 65535) {
@@ -308,13 +308,13 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "TF_RDMA_VERBS_GID_INDEX='", value, "' is not a GID table index between 0 and 65535 "
             "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
       }
-      config.verbs_gid_index = index;
+      config.verbs.gid_index = index;
     } else if (name == "TF_RDMA_VERBS_POLL_US") {
       int64_t micros = 0;
       absl::Status parsed = ParseLimit(name, value, 0, 1000000, false,
                                        "100 (0 sleeps on completion events at once)", &micros);
       if (!parsed.ok()) return parsed;
-      config.verbs_poll_window = absl::Microseconds(micros);
+      config.verbs.poll_window = absl::Microseconds(micros);
     } else if (name == "TF_RDMA_IO_THREADS") {
       absl::Status parsed = ParseLimit(name, value, 1, 64, false, "2", &config.io_threads);
       if (!parsed.ok()) return parsed;
@@ -362,6 +362,16 @@ absl::StatusOr<Config> LoadConfigFromEnvironment() {
     environment[text.substr(0, equals)] = text.substr(equals + 1);
   }
   return ParseConfig(environment);
+}
+
+TransportOptions TransportOptionsFrom(const Config& config) {
+  TransportOptions options;
+  options.peer_timeout = config.peer_timeout;
+  options.connect_timeout = config.connect_timeout;
+  options.io_threads = config.io_threads;
+  options.limits = config.limits;
+  options.verbs = config.verbs;
+  return options;
 }
 
 }  // namespace tf_rdma

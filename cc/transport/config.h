@@ -16,23 +16,15 @@
 namespace tf_rdma {
 
 struct Config {
-  std::string backend = "auto";  // auto | verbs | tcp | shm
+  std::string backend = "auto";  // auto or a registered backend's name (backend_registry.h)
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(60);
   // TF_RDMA_SECRET, or the contents of TF_RDMA_SECRET_FILE; empty: no secret.
   std::string secret;
   // A task's tf_rdma port is its TensorFlow server port plus this.
   int port_offset = 1000;
-  // verbs backend overrides; empty / 0 / -1 mean "choose automatically" (the device and port that
-  // carry the peer's IP address, and the RoCE v2 GID of that address, as rdma_cm resolves them).
-  std::string verbs_device;
-  int verbs_port = 0;
-  int verbs_gid_index = -1;
-  // How long the I/O thread serving a verbs connection keeps polling its completion queue after
-  // the last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US). 100 us
-  // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
-  // little more there for a whole core (README, Performance).
-  absl::Duration verbs_poll_window = absl::Microseconds(100);
+  // TF_RDMA_VERBS_DEVICE, TF_RDMA_VERBS_PORT, TF_RDMA_VERBS_GID_INDEX, TF_RDMA_VERBS_POLL_US.
+  VerbsSettings verbs;
   // The I/O threads each transport serves all its connections from (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
   // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
@@ -54,6 +46,10 @@ const std::vector<ConfigVariable>& ConfigVariables();
 // Parses `environment` (name -> value, typically the process environment's TF_RDMA_* entries).
 absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment);
 absl::StatusOr<Config> LoadConfigFromEnvironment();
+
+// The options a transport of this configuration is created with, but for what only its creator
+// knows: local_name and cluster_key.
+TransportOptions TransportOptionsFrom(const Config& config);
 
 // A secret must be worth at least this many bits: a task's handshake proof reaches whoever answers
 // at the address it dials, who can test guesses of the secret offline; 2^128 guesses are out of reach.

@@ -27,8 +27,12 @@
 
 namespace tf_rdma {
 
+// A backend is its folder (tcp/, shm/, verbs/), its enumerator and name here and in backend_names.cc,
+// and its registration (backend_registry.cc), which says where it works and creates it.
 enum class Backend { kTcp, kShm, kVerbs };
 const char* BackendName(Backend backend);
+// Every backend's name, ", "-separated, for messages that list the choices.
+std::string BackendNames();
 absl::StatusOr<Backend> ParseBackend(const std::string& name);
 
 // Identifies one message between two peers; both sides must derive the same value.
@@ -166,11 +170,25 @@ struct TransportLimits {
   size_t max_connections_per_peer_name = 16;
 };
 
+// The verbs backend's overrides (TF_RDMA_VERBS_*, config.h); empty / 0 / -1 mean "whatever rdma_cm
+// resolves for the peer's IP address" (the device and port that carry it, the RoCE v2 GID of the
+// local address).
+struct VerbsSettings {
+  std::string device;
+  int port = 0;
+  int gid_index = -1;
+  // How long the I/O thread serving a verbs connection keeps polling its completion queue after
+  // the last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US). 100 us
+  // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
+  // little more there for a whole core (README, Performance).
+  absl::Duration poll_window = absl::Microseconds(100);
+};
+
 struct TransportOptions {
   // Who this process is, for the peer's error messages (e.g. "/job:worker/replica:0/task:1").
   std::string local_name;
-  // Peers prove they hold the same key in the handshake; see handshake.h. Derived by callers from
-  // the cluster spec and TF_RDMA_SECRET.
+  // Peers prove they hold the same key in the handshake; see handshake.h. Callers derive it from
+  // TF_RDMA_SECRET alone, not from the cluster's shape (ClusterKey, config.h).
   std::string cluster_key;
   // A peer that sends nothing (not even a heartbeat) for this long is declared dead.
   absl::Duration peer_timeout = absl::Seconds(30);
@@ -181,6 +199,7 @@ struct TransportOptions {
   // mismatch between two builds is reported.
   uint32_t protocol_version_override = 0;
   TransportLimits limits;
+  VerbsSettings verbs;
 };
 
 // One backend's view of this process: the memory it can grant, and its connections.
@@ -194,14 +213,9 @@ class Transport {
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) = 0;
 };
 
+// Fails, naming the backend and why, where it cannot work (BackendAvailable, backend_registry.h).
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
                                                            const TransportOptions& options);
-
-// Whether `backend` can work in this process, and if not, why (e.g. "no RDMA device found").
-absl::Status BackendAvailable(Backend backend);
-// Whether some RDMA device reaches `host` (the interface this host sends to it from is an RDMA
-// device's), and if not, why, naming the devices and their addresses. Call once verbs is available.
-absl::Status RdmaReaches(const std::string& host);
 
 }  // namespace tf_rdma
 

@@ -24,7 +24,7 @@ from tf_rdma import netns
 from helpers import socket_inodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
-from cluster import Cluster, digest  # noqa: E402
+from cluster import NamespacedCluster, digest  # noqa: E402
 
 PROGRAM = Path(__file__).with_name("wire_programs.py")
 PS = "/job:ps/replica:0/task:0"
@@ -48,28 +48,6 @@ LOSS_PERCENT = 1
 
 NEEDS = netns.unavailable_reason("each task runs in its own network namespace, faults are nftables rules")
 pytestmark = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
-
-
-class NamespacedCluster(Cluster):
-    """Cluster whose tasks run in hosts of `net`: each in its own, named after the task, or with
-    `one_host`, all in that one (shm's case: a wire between them is not shm's)."""
-
-    def __init__(self, tmp_path, net, jobs, env=None, one_host=None):
-        super().__init__(tmp_path, jobs, env)
-        self.net = net
-        self.one_host = one_host
-        for job, addresses in self.spec.items():
-            for index, address in enumerate(addresses):
-                host = self.host(job, index)
-                if host not in net.hosts:
-                    net.add_host(host)
-                addresses[index] = f"{net.address(host)}:{address.rsplit(':', 1)[1]}"
-
-    def host(self, job, index):
-        return self.one_host or f"{job}{index}"
-
-    def command(self, job, index, argv):
-        return ["ip", "netns", "exec", self.net.namespace(self.host(job, index)), *argv]
 
 
 class Driver:

@@ -104,3 +104,26 @@ class Cluster:
                     pass
                 process.kill()
             process.wait()
+
+
+class NamespacedCluster(Cluster):
+    """Cluster whose tasks run in hosts of `net` (tf_rdma.netns.Network): each in its own, named
+    after the task, or with `one_host`, all in that one (shm's case: a wire between them is not
+    shm's)."""
+
+    def __init__(self, tmp_path, net, jobs, env=None, one_host=None):
+        super().__init__(tmp_path, jobs, env)
+        self.net = net
+        self.one_host = one_host
+        for job, addresses in self.spec.items():
+            for index, address in enumerate(addresses):
+                host = self.host(job, index)
+                if host not in net.hosts:
+                    net.add_host(host)
+                addresses[index] = f"{net.address(host)}:{address.rsplit(':', 1)[1]}"
+
+    def host(self, job, index):
+        return self.one_host or f"{job}{index}"
+
+    def command(self, job, index, argv):
+        return ["ip", "netns", "exec", self.net.namespace(self.host(job, index)), *argv]

@@ -439,15 +439,16 @@ def fused_stall_worker(cluster, job, index, transport, output, steps=3):
     os._exit(0)
 
 
-def cross_once(cluster, job, index, transport, output, **server_options):
-    """One step that reads a ps variable on this worker: records the outcome, the value's sum and
-    tf_rdma's stats."""
+def cross_once(cluster, job, index, transport, output, reader="worker", **server_options):
+    """One step, run by this worker, in which the `reader` task reads the other task's variable
+    (a ps variable on the worker, or with reader="ps" the worker's on the ps): records the outcome,
+    the value's sum and tf_rdma's stats."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     server = _server(cluster, job, index, transport, **server_options)
-    with tf.device("/job:ps/task:0"):
+    with tf.device("/job:ps/task:0" if reader == "worker" else "/job:worker/task:0"):
         variable = tf.compat.v1.Variable(np.arange(1000, dtype=np.float32))
-    with tf.device("/job:worker/task:0"):
+    with tf.device(f"/job:{reader}/task:0"):
         doubled = variable * 2.0
     started = time.monotonic()
     try:

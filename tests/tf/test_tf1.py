@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from cluster import Cluster
+from tf_rdma import netns
+
+from cluster import Cluster, NamespacedCluster
 from programs import DERIVED_DTYPES, STRINGS
 
 TRANSPORTS = [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")]
@@ -173,6 +175,33 @@ def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
     assert outcome["error"] == "FailedPreconditionError", outcome
     assert "task /job:worker/replica:0/task:0 runs TensorFlow without tf_rdma" in outcome["message"]
     assert outcome["seconds"] < 20
+
+
+NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")
+
+
+@pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
+@pytest.mark.parametrize("reader", ["ps", "worker"])
+def test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error(tmp_path, reader):
+    # The step fails with the status choose_backend() and connect() raise as ConfigError
+    # (tests/transport/test_backend_selection.py), InvalidArgument: TensorFlow's InvalidArgumentError.
+    # The `reader` task reads the other's variable. The task with the smaller name (the ps)
+    # connects and meets the error choosing the backend; the worker, which waits for it, says it
+    # too, at once rather than after the connect timeout. Whichever part of the step fails first
+    # names the other task's host.
+    output = str(tmp_path / "outcome.json")
+    with netns.Network() as net, \
+            NamespacedCluster(tmp_path, net, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "shm"}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("worker", 0, "cross_once", transport="rdma", output=output, reader=reader)
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+        hosts = {net.address("ps0"), net.address("worker0")}
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["error"] == "InvalidArgumentError", outcome
+    assert any(f"TF_RDMA_BACKEND=shm but peer {host} is on another host" in outcome["message"]
+               for host in hosts), outcome
+    assert outcome["seconds"] < 20, outcome
 
 
 class ClosingListener:

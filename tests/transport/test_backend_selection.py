@@ -7,7 +7,7 @@ import pytest
 
 from helpers import HOST, transport
 from tf_rdma import _transport, errors
-from tf_rdma.transport import choose_backend
+from tf_rdma.transport import BACKENDS, STREAM_BACKENDS, available_backends, choose_backend
 
 # TEST-NET-2 (RFC 5737): never an address of this host, and no packet is sent to it.
 ANOTHER_HOST = "198.51.100.7"
@@ -39,12 +39,26 @@ def test_an_explicit_backend_is_taken_as_said(backend):
     assert _transport.choose_backend(backend, HOST) == (backend, "TF_RDMA_BACKEND says so")
 
 
-def test_explicit_shm_to_another_host_is_an_error():
-    with pytest.raises(errors.TransportError, match=f"TF_RDMA_BACKEND=shm but peer {ANOTHER_HOST} is on another host"):
+def test_explicit_shm_to_another_host_is_a_configuration_error():
+    # What TensorFlow's runtime asks (Runtime::ConnectTo), and so what a TensorFlow step raises
+    # (tests/tf/test_tf1.py: test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error).
+    with pytest.raises(errors.ConfigError, match=f"TF_RDMA_BACKEND=shm but peer {ANOTHER_HOST} is on another host"):
         _transport.choose_backend("shm", ANOTHER_HOST)
     # The transport itself refuses too, at once rather than after the connect timeout.
     with pytest.raises(errors.ConfigError, match="shm backend reaches only peers on this host"):
         transport("shm", connect_timeout=30).connect(f"{ANOTHER_HOST}:5")
+
+
+def test_every_registered_backend_says_whether_it_works_here_and_why_not():
+    assert {"tcp", "shm"} <= set(STREAM_BACKENDS) < set(BACKENDS)
+    for name, why_not in available_backends().items():
+        assert why_not is None or why_not, f"{name} is unusable without saying why"
+    assert available_backends()["tcp"] is None
+
+
+def test_an_unknown_backend_is_refused_naming_the_registered_ones():
+    with pytest.raises(errors.ConfigError, match=f"unknown backend 'rdma'; expected one of: {', '.join(BACKENDS)}"):
+        _transport.backend_available("rdma")
 
 
 @pytest.mark.parametrize("requested", ["tcp", "shm", "auto"])

@@ -76,8 +76,12 @@ def test_bad_limits_are_errors_naming_the_variable(name, value):
     ("TF_RDMA_PEER_TIMEOUT_MS", "50", "TF_RDMA_PEER_TIMEOUT_MS='50' is not a whole number of milliseconds between 100"),
     ("TF_RDMA_PORT_OFFSET", "0", "TF_RDMA_PORT_OFFSET='0' is not a non-zero whole number"),
     ("TF_RDMA_PORT_OFFSET", "70000", "TF_RDMA_PORT_OFFSET='70000'"),
-    ("TF_RDMA_BACKEND", "rdma", "TF_RDMA_BACKEND='rdma' is not a backend"),
+    ("TF_RDMA_BACKEND", "rdma", "TF_RDMA_BACKEND='rdma' is not a backend; use one of auto, tcp, shm, verbs"),
+    # The verbs backend's settings too, on any host: they reach it in the transport's options.
+    ("TF_RDMA_VERBS_DEVICE", "mlx5/0", "TF_RDMA_VERBS_DEVICE='mlx5/0' is not an RDMA device name"),
     ("TF_RDMA_VERBS_PORT", "0", "TF_RDMA_VERBS_PORT='0' is not a port number"),
+    ("TF_RDMA_VERBS_GID_INDEX", "-2", "TF_RDMA_VERBS_GID_INDEX='-2' is not a GID table index"),
+    ("TF_RDMA_VERBS_POLL_US", "soon", "TF_RDMA_VERBS_POLL_US='soon' is not a whole number"),
 ])
 def test_importing_tf_rdma_fails_on_a_bad_variable_and_names_it(name, value, message):
     # The import itself, in a fresh process: a typo must not silently leave a default in place.

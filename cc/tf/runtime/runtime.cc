@@ -10,6 +10,8 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/transport/addresses.h"
+#include "cc/transport/backend_registry.h"
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/crypto.h"
@@ -152,14 +154,11 @@ absl::StatusOr<Transport*> Runtime::TransportFor(Backend backend) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = transports_.find(backend);
   if (it != transports_.end()) return it->second.get();
-  TransportOptions transport_options;
+  TransportOptions transport_options = TransportOptionsFrom(options_.config);
   transport_options.local_name = options_.local_task;
   absl::StatusOr<std::string> cluster_key = ClusterKey(options_.config.secret);
   if (!cluster_key.ok()) return cluster_key.status();
   transport_options.cluster_key = *std::move(cluster_key);
-  transport_options.limits = options_.config.limits;
-  transport_options.peer_timeout = options_.config.peer_timeout;
-  transport_options.io_threads = options_.config.io_threads;
   transport_options.connect_timeout = std::min(kAttempt, options_.config.connect_timeout);
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(backend, transport_options);
   if (!transport.ok()) return transport.status();
@@ -208,8 +207,10 @@ absl::Status Runtime::Listen() {
   const TaskAddress self = peers_.at(options_.local_task).address;
   // Peers know one port per task: with port 0, the first listener's free port is every backend's.
   uint16_t port = self.rdma_port;
-  for (Backend backend : {Backend::kTcp, Backend::kShm, Backend::kVerbs}) {
-    if (!BackendAvailable(backend).ok()) continue;
+  const TransportOptions transport_options = TransportOptionsFrom(options_.config);
+  for (const BackendRegistration& registration : RegisteredBackends()) {
+    const Backend backend = registration.backend;
+    if (!registration.viable(transport_options).ok()) continue;
     absl::StatusOr<Transport*> transport = TransportFor(backend);
     if (!transport.ok()) return transport.status();
     absl::StatusOr<std::unique_ptr<Listener>> listener = (*transport)->Listen(
@@ -336,7 +337,8 @@ void Runtime::Establish(const std::string& peer_task) {
 }
 
 absl::StatusOr<std::pair<Transport*, BackendChoice>> Runtime::TransportTo(const TaskAddress& peer) {
-  absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer.host);
+  absl::StatusOr<BackendChoice> choice =
+      ChooseBackend(options_.config.backend, peer.host, TransportOptionsFrom(options_.config));
   if (!choice.ok()) return choice.status();
   absl::StatusOr<Transport*> transport = TransportFor(choice->backend);
   if (!transport.ok()) return transport.status();
@@ -404,20 +406,36 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::Dial(const Endpoint& addres
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   bool identity_checked = false;
-  // Over verbs the peer dials this task's address through its RDMA device; if that address is on
-  // no RDMA device of this host (127.0.0.1), it never arrives. The peer's own connect fails at
-  // once, but its step may have finished already: say it here too rather than wait out the timeout.
-  if (options_.config.backend == "verbs" && BackendAvailable(Backend::kVerbs).ok()) {
-    std::string host;
+  // An explicit backend that cannot join the two tasks (shm with the peer on another host; verbs
+  // when this task's address is on no RDMA device of this host, 127.0.0.1, so the peer's dial
+  // through its RDMA device never arrives) fails the peer's connect at once, but its step may
+  // have finished already: say it here too rather than wait out the timeout. Every task has the
+  // same TF_RDMA_BACKEND, so the peer's choice for this host fails as this task's for the peer's.
+  absl::StatusOr<Backend> requested = ParseBackend(options_.config.backend);  // not for auto
+  if (requested.ok()) {
+    const TransportOptions transport_options = TransportOptionsFrom(options_.config);
+    std::string host, peer_host;
+    bool peer_address_known;
     {
       std::lock_guard<std::mutex> lock(mu_);
       host = peers_.at(options_.local_task).address.host;
+      peer_host = peers_.at(peer_task).address.host;
+      peer_address_known = peers_.at(peer_task).address_known;
     }
-    absl::Status reachable = RdmaReaches(host);
-    if (!reachable.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "task ", peer_task, " cannot connect to this task (", options_.local_task, ") over verbs at ", host,
-          ", the address the cluster gives it: ", reachable.message()));
+    // A peer whose name this host cannot resolve may still connect: only it needs to resolve ours.
+    if (peer_address_known && IsLocalHost(peer_host).ok()) {
+      absl::StatusOr<BackendChoice> choice = ChooseBackend(options_.config.backend, peer_host, transport_options);
+      if (!choice.ok()) return choice.status();
+    }
+    const BackendRegistration& registration = RegistrationOf(*requested);
+    if (registration.reaches != nullptr && registration.viable(transport_options).ok()) {
+      absl::Status reachable = registration.reaches(host);
+      if (!reachable.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "task ", peer_task, " cannot connect to this task (", options_.local_task, ") over ",
+            options_.config.backend, " at ", host, ", the address the cluster gives it: ",
+            reachable.message()));
+      }
     }
   }
   std::unique_lock<std::mutex> lock(mu_);

@@ -40,6 +40,8 @@ struct RuntimeOptions {
   uint64_t max_slab_bytes = 64ull << 20;
   // Set for a server that anyone holding the cluster key may use (a tf.data service worker): every
   // accepted connection goes to it, whatever name its peer claims, instead of the task pairing rules.
+  // The key comes from TF_RDMA_SECRET alone (TransportOptions::cluster_key), so any process given
+  // that secret may, whether or not the cluster names it.
   AcceptCallback serve_any_peer;
 };
 

@@ -267,6 +267,13 @@ class ShmTransport : public StreamTransport {
 
 std::string ShmSocketName(uint16_t port) { return absl::StrCat("tf_rdma-shm-", port); }
 
+absl::Status ShmAvailable() {
+  const int fd = memfd_create("tf_rdma-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::UnimplementedError(absl::StrCat("memfd_create fails: ", std::strerror(errno)));
+  close(fd);
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Transport> CreateShmTransport(const TransportOptions& options) {
   return std::make_unique<ShmTransport>(options);
 }

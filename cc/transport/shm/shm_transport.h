@@ -11,6 +11,8 @@
 
 namespace tf_rdma {
 
+// OK where this kernel gives shm its sealed memfd files; else why not.
+absl::Status ShmAvailable();
 std::unique_ptr<Transport> CreateShmTransport(const TransportOptions& options);
 
 // The abstract Unix socket name a shm listener for `port` binds.

@@ -5,8 +5,8 @@
 // rdma_libraries.cc defines every libibverbs/librdmacm function the verbs backend calls, under the
 // same names with hidden visibility, forwarding to the functions resolved here; the verbs code
 // calls them as usual and the transport library keeps no undefined ibv_/rdma_ symbol for the dynamic
-// linker to fail on. A forwarder may run only after LoadRdmaLibraries() returned OK:
-// BackendAvailable(Backend::kVerbs), the gate of every entry into the verbs backend, checks it.
+// linker to fail on. A forwarder may run only after LoadRdmaLibraries() returned OK: VerbsAvailable
+// and VerbsReaches, the gates of every entry into the verbs backend (backend_registry.h), check it.
 #ifndef TF_RDMA_CC_TRANSPORT_VERBS_RDMA_LIBRARIES_H_
 #define TF_RDMA_CC_TRANSPORT_VERBS_RDMA_LIBRARIES_H_
 

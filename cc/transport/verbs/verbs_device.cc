@@ -20,7 +20,6 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cc/transport/config.h"
 
 namespace tf_rdma::verbs {
 namespace {
@@ -234,13 +233,6 @@ std::string MemlockAdvice(const std::string& what, size_t bytes, const std::stri
 }
 
 }  // namespace
-
-absl::StatusOr<VerbsSettings> LoadVerbsSettings() {
-  absl::StatusOr<Config> config = LoadConfigFromEnvironment();
-  if (!config.ok()) return config.status();
-  return VerbsSettings{config->verbs_device, config->verbs_port, config->verbs_gid_index,
-                       config->verbs_poll_window};
-}
 
 std::string DeviceName(ibv_context* context) {
   return context && context->device ? ibv_get_device_name(context->device) : "(none)";

@@ -12,21 +12,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
+#include "cc/transport/transport.h"
 
 namespace tf_rdma::verbs {
 
-// TF_RDMA_VERBS_* overrides; empty / 0 / -1 mean "whatever rdma_cm resolves for the peer's IP".
-struct VerbsSettings {
-  std::string device;
-  int port = 0;
-  int gid_index = -1;
-  absl::Duration poll_window;  // TF_RDMA_VERBS_POLL_US
-};
-absl::StatusOr<VerbsSettings> LoadVerbsSettings();
-
-// OK when some device (the one named by the settings, if any) has an active port; otherwise why
-// not, listing what ibv_get_device_list returned.
+// OK when some device (the one the settings name, if any) has an active port; otherwise why not,
+// listing what ibv_get_device_list returned.
 absl::Status CheckVerbsUsable(const VerbsSettings& settings);
 
 // Checks that `context` (an open device) fits the overrides: the port exists and is active, the GID

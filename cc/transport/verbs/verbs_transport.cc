@@ -20,6 +20,7 @@
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/io_loops.h"
+#include "cc/transport/verbs/rdma_libraries.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
 namespace tf_rdma {
@@ -27,7 +28,6 @@ namespace {
 
 using verbs::DeviceContext;
 using verbs::VerbsConnection;
-using verbs::VerbsSettings;
 
 // rdma_cm ids and event channels not yet owned by a connection.
 struct CmId {
@@ -156,10 +156,8 @@ class VerbsListener : public Listener {
 
 class VerbsTransport : public Transport {
  public:
-  VerbsTransport(const TransportOptions& options, VerbsSettings settings,
-                 std::vector<std::shared_ptr<DeviceContext>> devices)
+  VerbsTransport(const TransportOptions& options, std::vector<std::shared_ptr<DeviceContext>> devices)
       : options_(options),
-        settings_(std::move(settings)),
         devices_(std::move(devices)),
         loops_(std::max<size_t>(options.io_threads, 1), VerbsConnection::LoopTick(options)) {
     // Threads short now: connections try again when they come (IoLoops::Next).
@@ -273,13 +271,13 @@ class VerbsTransport : public Transport {
           ". RDMA devices here: ", verbs::DescribeDevices(), ". Name the peer by an IP address that ",
           absl::StrJoin(names, ", "), " reaches, or unset TF_RDMA_VERBS_DEVICE"));
     }
-    if (settings_.port != 0 && id->port_num != settings_.port) {
+    if (options_.verbs.port != 0 && id->port_num != options_.verbs.port) {
       return absl::FailedPreconditionError(absl::StrCat(
           address, " is reached through port ", static_cast<int>(id->port_num), " of ", device->name,
-          ", but TF_RDMA_VERBS_PORT=", settings_.port, ". Use the IP address of port ", settings_.port,
+          ", but TF_RDMA_VERBS_PORT=", options_.verbs.port, ". Use the IP address of port ", options_.verbs.port,
           "'s interface, or unset TF_RDMA_VERBS_PORT"));
     }
-    absl::Status port = verbs::CheckPortAndGid(id->verbs, id->port_num, settings_.gid_index);
+    absl::Status port = verbs::CheckPortAndGid(id->verbs, id->port_num, options_.verbs.gid_index);
     if (!port.ok()) return port;
     return device;
   }
@@ -293,7 +291,6 @@ class VerbsTransport : public Transport {
   }
 
   const TransportOptions& options() const { return options_; }
-  const VerbsSettings& settings() const { return settings_; }
   IoLoops& loops() { return loops_; }
 
  private:
@@ -332,7 +329,7 @@ class VerbsTransport : public Transport {
     absl::StatusOr<std::shared_ptr<DeviceContext>> device = DeviceFor(cm.id, address);
     if (!device.ok()) return device.status();
     absl::StatusOr<std::shared_ptr<VerbsConnection>> created =
-        VerbsConnection::Create(cm.id, cm.channel, *device, options_, settings_, address);
+        VerbsConnection::Create(cm.id, cm.channel, *device, options_, options_.verbs, address);
     rdma_cm_id* id = cm.id;
     rdma_event_channel* events = cm.channel;
     if (!created.ok()) return created.status();
@@ -371,7 +368,6 @@ class VerbsTransport : public Transport {
   }
 
   const TransportOptions options_;
-  const VerbsSettings settings_;
   const std::vector<std::shared_ptr<DeviceContext>> devices_;
   std::atomic<uint32_t> next_region_id_{1};
   std::mutex mu_;
@@ -427,7 +423,7 @@ void VerbsListener::Accept(rdma_cm_id* child) {
     return refuse(device.status());
   }
   absl::StatusOr<std::shared_ptr<VerbsConnection>> created =
-      VerbsConnection::Create(child, cm.channel, *device, options, transport_->settings(), address);
+      VerbsConnection::Create(child, cm.channel, *device, options, options.verbs, address);
   if (!created.ok()) {
     rdma_reject(child, nullptr, 0);
     return refuse(created.status());
@@ -464,20 +460,23 @@ void VerbsListener::Accept(rdma_cm_id* child) {
 
 }  // namespace
 
-absl::Status VerbsBackendAvailable() {
-  absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
-  if (!settings.ok()) return settings.status();
-  return verbs::CheckVerbsUsable(*settings);
+absl::Status VerbsAvailable(const TransportOptions& options) {
+  // First, since every verbs call goes through the libraries this loads (rdma_libraries.h).
+  absl::Status libraries = verbs::LoadRdmaLibraries();
+  if (!libraries.ok()) return libraries;
+  return verbs::CheckVerbsUsable(options.verbs);
 }
 
 absl::Status VerbsReaches(const std::string& host) {
+  // Its route check calls into rdma-core, which must be loaded first (rdma_libraries.h).
+  absl::Status libraries = verbs::LoadRdmaLibraries();
+  if (!libraries.ok()) return libraries;
   // The port plays no part in routing; resolving needs one.
   return RouteTo(Endpoint{host, 1}, host);
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options) {
-  absl::StatusOr<VerbsSettings> settings = verbs::LoadVerbsSettings();
-  if (!settings.ok()) return settings.status();
+  const VerbsSettings& settings = options.verbs;
   // Before anything is registered, as rdma-core requires.
   verbs::EnsureForkSafety();
   int count = 0;
@@ -491,10 +490,10 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   absl::Status problem;
   for (int i = 0; i < count; ++i) {
     const std::string name = verbs::DeviceName(contexts[i]);
-    if (!settings->device.empty() && name != settings->device) continue;
-    if (!settings->device.empty() && settings->port != 0) {
+    if (!settings.device.empty() && name != settings.device) continue;
+    if (!settings.device.empty() && settings.port != 0) {
       // With both named, a bad port or GID index is reported now rather than at the first connect.
-      problem = verbs::CheckPortAndGid(contexts[i], settings->port, settings->gid_index);
+      problem = verbs::CheckPortAndGid(contexts[i], settings.port, settings.gid_index);
       if (!problem.ok()) break;
     }
     ibv_pd* pd = ibv_alloc_pd(contexts[i]);
@@ -507,11 +506,11 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   rdma_free_devices(contexts);
   if (!problem.ok()) return problem;
   if (devices.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings->device,
+    return absl::InvalidArgumentError(absl::StrCat("TF_RDMA_VERBS_DEVICE=", settings.device,
                                             " does not exist; devices found: ", verbs::DescribeDevices(),
                                             ". Use one of those names or unset it"));
   }
-  return std::make_unique<VerbsTransport>(options, *std::move(settings), std::move(devices));
+  return std::make_unique<VerbsTransport>(options, std::move(devices));
 }
 
 std::map<std::string, uint64_t> VerbsStatistics() {

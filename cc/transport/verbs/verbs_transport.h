@@ -1,7 +1,7 @@
 // The verbs backend: reliable-connected queue pairs set up through librdmacm (which picks the
 // device, port and RoCE v2 GID from the peer's IP address), overridable with TF_RDMA_VERBS_DEVICE,
-// TF_RDMA_VERBS_PORT and TF_RDMA_VERBS_GID_INDEX. Compiled only when rdma-core's headers exist
-// (TF_RDMA_HAVE_VERBS).
+// TF_RDMA_VERBS_PORT and TF_RDMA_VERBS_GID_INDEX (TransportOptions::verbs). Compiled only when
+// rdma-core's headers exist (TF_RDMA_HAVE_VERBS).
 #ifndef TF_RDMA_CC_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
 #define TF_RDMA_CC_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
 
@@ -14,9 +14,11 @@
 
 namespace tf_rdma {
 
-// Why verbs cannot work here (no device, no active port, a bad override), or OK.
-absl::Status VerbsBackendAvailable();
-// Whether an RDMA device reaches `host` (see verbs::CheckRdmaRoute); `host` names it in the error.
+// Why verbs cannot work here (rdma-core missing, no device, no active port, a device or port
+// options.verbs names that does not exist), or OK.
+absl::Status VerbsAvailable(const TransportOptions& options);
+// Whether some RDMA device reaches `host` (the interface this host sends to it from is an RDMA
+// device's, see verbs::CheckRdmaRoute), and if not, why, naming the devices and their addresses.
 absl::Status VerbsReaches(const std::string& host);
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options);
 // Registration cache counters (hits, misses, evictions, invalidations, uncached), pinned bytes, and

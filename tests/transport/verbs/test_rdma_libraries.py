@@ -117,7 +117,8 @@ def test_without_rdma_core_tcp_and_shm_work_and_verbs_says_what_to_install():
     assert report["auto_local"] == ["shm", "peer is on this host"], report
     assert report["create"] == f"BackendUnavailableError: the verbs backend is not available: {why}", report
     code, last_line = report["explicit"]
-    assert code != 0 and f"TF_RDMA_BACKEND=verbs but that backend is not available: {why}" in last_line, last_line
+    assert code != 0 and last_line.startswith("tf_rdma.errors.BackendUnavailableError: "), last_line
+    assert f"TF_RDMA_BACKEND=verbs but that backend is not available: {why}" in last_line, last_line
     code, text = report["info"]
     assert code == 0 and f"  verbs  unavailable: {why}\n" in text and "  tcp    available\n" in text, text
     assert report["mapped"] == [], report["mapped"]
