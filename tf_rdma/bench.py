@@ -50,6 +50,7 @@ from pathlib import Path
 
 from tf_rdma import _transport
 from tf_rdma.config import load_config
+from tf_rdma.sizes import format_size, parse_sizes
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 20, 64 << 20)
@@ -63,27 +64,6 @@ SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 # The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
 # minutes on a loaded or emulated host.
 PEER_START_SECONDS = 300
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 1 << 10,
-          "M": 1 << 20, "MI": 1 << 20, "MIB": 1 << 20, "MB": 1 << 20,
-          "G": 1 << 30, "GI": 1 << 30, "GIB": 1 << 30, "GB": 1 << 30}
-
-
-def parse_size(text):
-    """8, "4096", "4K", "1M", "16MiB", "1 GB" -> bytes (binary units, as the CLI's --sizes)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 8, 4K, 1M, 16M)")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
-
-
-def parse_sizes(text):
-    """"1M,16M" (or a list of sizes) -> [1048576, 16777216]."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    return [parse_size(item) for item in items if str(item).strip()]
-
 
 def bench_host(host=None):
     return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
@@ -148,7 +128,7 @@ def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
 
 
-def _endpoint(host, port):
+def endpoint(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -198,7 +178,7 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
         with _environment(settings):
             report = _transport.bench_drive(
                 backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
-                _endpoint(host, ports[0]), _endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
+                endpoint(host, ports[0]), endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
@@ -592,13 +572,6 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
     return results
 
 
-def _size(n):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
 def _figure(value, width, digits=2):
     return f"{value:{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
 
@@ -619,7 +592,7 @@ def render(results):
         header = f"  {'size':>8} {'tf_rdma':>8} {'tcp sock':>9} {'memcpy':>8} {'vs sock':>8} {'vs memcpy':>9}"
         lines.append(header + (f" {'ib_write_bw':>11} {'vs ib_bw':>8}" if perftest else ""))
         for r in report["throughput"]:
-            line = (f"  {_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
+            line = (f"  {format_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
                     f"{r['memcpy_gbps']:8.2f} {r['vs_tcp_socket']:8.2f} {r['vs_memcpy']:9.2f}")
             if perftest:
                 line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
@@ -627,7 +600,7 @@ def render(results):
             lines.append(line)
         lines.append(f"{backend}: one-way latency (us), cores {report['cores']}")
         for r in report["latency"]:
-            line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f}"
+            line = (f"  {format_size(r['size']):>8} {r['transport_us']:8.1f}"
                     + (f" polling {r['poll_us']} us" if r.get("poll_us") is not None else "")
                     + f", CPU {r['transport_cpu_percent']:.0f}%; vs tcp socket "
                     f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")
