@@ -1,10 +1,12 @@
-import sys
-from pathlib import Path
+import os
 
 import pytest
 
-# Shared test helpers (helpers.py, wire_client.py) import by name from every test folder.
-sys.path.insert(0, str(Path(__file__).parent / "transport"))
+from tests import REPO
+
+# The programs the tests start (`python -m tests.…`) import the shared helpers as the tests do.
+# tests/tensorflow_versions takes it off again: its venvs' own tf_rdma must not be shadowed.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def pytest_addoption(parser):

@@ -126,11 +126,11 @@ class Receiver:
 
 class ReceiverProcess:
     """The driver's side of a receiver process: `python -m tf_rdma.bench_scale receiver BACKEND`, or
-    `program` (a script serving a Receiver, with the same command line). Its stderr goes to a
+    `python -m module BACKEND` (a module serving a Receiver). Its stderr goes to a
     file, whose tail an error gives."""
 
-    def __init__(self, backend, key, host, program=None):
-        command = [str(program)] if program else ["-m", "tf_rdma.bench_scale", "receiver"]
+    def __init__(self, backend, key, host, module=None):
+        command = ["-m", module] if module else ["-m", "tf_rdma.bench_scale", "receiver"]
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True,

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from cluster import Cluster
-from programs import DERIVED_DTYPES, STRINGS
+from tests.tf.programs.cluster import Cluster
+from tests.tf.programs.tasks import DERIVED_DTYPES, STRINGS
 
 TRANSPORTS = [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")]
 
