@@ -62,7 +62,7 @@ build/write_notify: tools/bench/write_notify.cc
 	g++ -O2 -std=c++17 -Wall -Wextra -o $@ $< -lrdmacm -libverbs
 
 bench-notify: build/write_notify
-	@if python3 -c 'import sys; sys.path.insert(0, "tools/softroce"); import guest; sys.exit(0 if guest.native_rdma_available() else 1)'; then \
+	@if python3 -c 'import sys; from tools.softroce import guest; sys.exit(0 if guest.native_rdma_available() else 1)'; then \
 		build/write_notify $(BENCH_NOTIFY_ARGS); \
 	else \
 		python3 tools/softroce/guest.py run --timeout 600 --cwd $(CURDIR) -- $(CURDIR)/build/write_notify $(BENCH_NOTIFY_ARGS); \

@@ -1,12 +1,13 @@
-import sys
-from pathlib import Path
+import os
 
 import pytest
 
+from tests import REPO
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS
 
-# Shared test helpers (helpers.py, wire_client.py) import by name from every test folder.
-sys.path.insert(0, str(Path(__file__).parent / "transport"))
+# The programs the tests start (`python -m tests.…`) import the shared helpers as the tests do.
+# tests/tensorflow_versions takes it off again: its venvs' own tf_rdma must not be shadowed.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def pytest_addoption(parser):

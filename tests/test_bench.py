@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tf_rdma import bench
+from tf_rdma.sizes import format_size, parse_size, parse_sizes
 
 IB_WRITE_BW = """\
 ---------------------------------------------------------------------------------------
@@ -36,6 +37,15 @@ IB_WRITE_LAT = """\
  8       50          20.12          150.33       25.50              30.25           10.10           150.33                 150.33
 ---------------------------------------------------------------------------------------
 """
+
+
+def test_sizes_are_read_in_binary_units_and_printed_in_the_largest_whole_one():
+    assert parse_sizes("8, 4K,1M,16MiB") == [8, 4 << 10, 1 << 20, 16 << 20]
+    assert parse_size("1 GB") == parse_size("1g") == 1 << 30
+    with pytest.raises(ValueError, match="not a size: '4X'"):
+        parse_size("4X")
+    assert [format_size(n) for n in (8, 4096, 1536, 64 << 20, 2 << 30)] == [
+        "8 B", "4 KiB", "1536 B", "64 MiB", "2 GiB"]
 
 
 def test_perftest_result_row_is_read_by_column_name():

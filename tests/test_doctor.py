@@ -6,15 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "tf"))
-from cluster import Cluster, free_ports  # noqa: E402
+from tests.tf.programs.cluster import Cluster, free_ports
 
-from tf_rdma import _transport  # noqa: E402
-from tf_rdma.config import load_config  # noqa: E402
+from tf_rdma import _transport
+from tf_rdma.config import load_config
 
 SECRET = "3f8a0c6e1d2b4f5a6c7e8d9f0a1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3"
 OTHER_SECRET = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a29180716f5e4d3c2b1a0f9e8d7c6b5"

@@ -7,12 +7,16 @@ import pytest
 
 from tf_rdma.config import load_config, variables
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+TESTING = REPO / "docs" / "testing.md"
+# tf_rdma neither reads nor refuses these (cc/transport/config.cc): the test harness's.
+TEST_HARNESS_PREFIXES = ("TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_")
 
 
-def documented_defaults():
-    """{variable: its default cell, backticks removed} from the README's configuration table."""
-    rows = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \| ([^|]+) \|", README.read_text(), re.MULTILINE)
+def documented_defaults(page=README):
+    """[(variable, its default cell, backticks removed)] from the variables table of `page`."""
+    rows = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \| ([^|]+) \|", page.read_text(), re.MULTILINE)
     return [(name, default.strip().strip("`")) for name, default in rows]
 
 
@@ -22,15 +26,28 @@ def test_every_variable_is_documented_once_and_nothing_else():
     assert len(documented) == len(set(documented))
 
 
+def test_the_test_harness_variables_are_documented_in_testing_md_not_in_the_product():
+    # Every harness variable the code names, but in the tests of the prefix rule, which make some up.
+    rule_tests = {REPO / "tests" / "test_readme.py", REPO / "tests" / "transport" / "test_config.py"}
+    read = set()
+    for folder in ("tests", "tools", "tf_rdma", "cc"):
+        for path in (REPO / folder).rglob("*"):
+            if path.suffix in (".py", ".cc", ".h", ".sh") and path.is_file() and path not in rule_tests:
+                read |= set(re.findall(r"\b((?:TF_RDMA_TEST_|TF_RDMA_SOFTROCE_)[A-Z0-9_]*[A-Z0-9])\b",
+                                       path.read_text(errors="replace")))
+    documented = [name for name, _ in documented_defaults(TESTING)]
+    assert sorted(documented) == sorted(read)
+    assert len(documented) == len(set(documented))
+    assert not [name for name, _, _ in variables() if name.startswith(TEST_HARNESS_PREFIXES)]
+
+
 def test_documented_defaults_are_the_codes_defaults():
     assert dict(documented_defaults()) == {name: default for name, default, _ in variables()}
 
 
 # Defaults written as a value (not "(auto)", "(unset)"): setting the variable to it must change
 # nothing, or the table promises a default the code does not apply.
-@pytest.mark.parametrize("name, default", [(n, d) for n, d in documented_defaults()
-                                           if not d.startswith("(") and not n.startswith(
-                                               ("TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_"))])
+@pytest.mark.parametrize("name, default", [(n, d) for n, d in documented_defaults() if not d.startswith("(")])
 def test_setting_a_variable_to_its_documented_default_changes_nothing(name, default):
     assert load_config({name: default}) == load_config({})
 

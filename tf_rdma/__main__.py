@@ -6,7 +6,7 @@ import logging
 import secrets
 import sys
 
-from tf_rdma.bench import parse_size, parse_sizes
+from tf_rdma.sizes import parse_size, parse_sizes
 
 
 def _progress(text):

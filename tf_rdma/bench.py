@@ -15,9 +15,9 @@ ib_write_lat's, lower is better). What makes the two comparable:
   perftest's default of 128;
 - both figures are averages over the whole run, taken at the sender (ib_write_bw's "BW average",
   ib_write_lat's "t_avg", which is half the round trip, as tf_rdma's latency is);
-- the device, port and GID index are those the verbs backend uses: TF_RDMA_VERBS_DEVICE, _PORT and
-  _GID_INDEX when set, else the RoCE v2 GID of the bench host's IP address (what rdma_cm picks),
-  else the first ACTIVE port.
+- the device, port and GID index are those the verbs backend uses, as it chooses them
+  (`verbs_device`): the device and port of the bench host's IP address as rdma_cm resolves them,
+  its RoCE v2 GID, or TF_RDMA_VERBS_DEVICE, _PORT and _GID_INDEX when set.
 Not the same: ib_write_lat busy-polls the landing buffer; tf_rdma polls its completion queue for
 TF_RDMA_VERBS_POLL_US after each completion, then sleeps on completion events.
 `verbs_poll_windows` (`--verbs-poll-us 0,50`) runs the latency sizes once per value in each round.
@@ -35,7 +35,6 @@ The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.
 address of the RDMA netdev there, since rdma_cm picks the device by IP address.
 """
 import contextlib
-import ipaddress
 import os
 import re
 import secrets
@@ -46,10 +45,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from tf_rdma import _transport
 from tf_rdma.config import load_config
+from tf_rdma.errors import TransportError
+from tf_rdma.sizes import format_size, parse_sizes
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 20, 64 << 20)
@@ -59,31 +59,9 @@ DEFAULT_HOST = "127.0.0.1"
 # Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
 # transport_bench.cc, reads it).
 HOST_ENV = "TF_RDMA_TEST_HOST"
-SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 # The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
 # minutes on a loaded or emulated host.
 PEER_START_SECONDS = 300
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KI": 1 << 10, "KIB": 1 << 10, "KB": 1 << 10,
-          "M": 1 << 20, "MI": 1 << 20, "MIB": 1 << 20, "MB": 1 << 20,
-          "G": 1 << 30, "GI": 1 << 30, "GIB": 1 << 30, "GB": 1 << 30}
-
-
-def parse_size(text):
-    """8, "4096", "4K", "1M", "16MiB", "1 GB" -> bytes (binary units, as the CLI's --sizes)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 8, 4K, 1M, 16M)")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
-
-
-def parse_sizes(text):
-    """"1M,16M" (or a list of sizes) -> [1048576, 16777216]."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    return [parse_size(item) for item in items if str(item).strip()]
-
 
 def bench_host(host=None):
     return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
@@ -148,7 +126,7 @@ def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
 
 
-def _endpoint(host, port):
+def endpoint(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -198,7 +176,7 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
         with _environment(settings):
             report = _transport.bench_drive(
                 backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
-                _endpoint(host, ports[0]), _endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
+                endpoint(host, ports[0]), endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
@@ -224,76 +202,11 @@ class PerftestError(RuntimeError):
     pass
 
 
-def _read(path):
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _mapped_gid(host):
-    """The RoCE GID of an IPv4 address as sysfs spells it (::ffff:a.b.c.d), or None."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            address = ipaddress.ip_address(socket.gethostbyname(host))
-        except (OSError, ValueError):
-            return None
-    if address.version == 4:
-        address = ipaddress.IPv6Address(f"::ffff:{address}")
-    return ":".join(f"{b:02x}{c:02x}" for b, c in zip(address.packed[::2], address.packed[1::2]))
-
-
-def _gids(port_dir):
-    """[(index, gid, type)] of a port's populated GID entries, by index."""
-    out = []
-    gids = port_dir / "gids"
-    names = sorted((n for n in os.listdir(gids) if n.isdigit()), key=int) if gids.is_dir() else []
-    for name in names:
-        gid = _read(gids / name)
-        if not gid or set(gid) <= {"0", ":"}:
-            continue
-        out.append((int(name), gid, _read(port_dir / "gid_attrs" / "types" / name)))
-    return out
-
-
-def verbs_device(host, environ=None, root=SYSFS_INFINIBAND):
-    """(device, port, gid_index, how it was chosen) for perftest, as the verbs backend picks them."""
+def verbs_device(host, environ=None):
+    """(device, port, gid_index, how the GID was chosen) for perftest: those of the verbs backend's
+    connections from `host`, under the TF_RDMA_* settings of `environ` (default: this process's)."""
     environ = os.environ if environ is None else environ
-    want_device = environ.get("TF_RDMA_VERBS_DEVICE", "").strip()
-    want_port = environ.get("TF_RDMA_VERBS_PORT", "").strip()
-    want_gid = environ.get("TF_RDMA_VERBS_GID_INDEX", "").strip()
-    active = []
-    for device in sorted(os.listdir(root)) if root.is_dir() else []:
-        if want_device and device != want_device:
-            continue
-        ports_dir = root / device / "ports"
-        for port in sorted((p for p in os.listdir(ports_dir) if p.isdigit()), key=int) \
-                if ports_dir.is_dir() else []:
-            if want_port and port != want_port:
-                continue
-            if "ACTIVE" in _read(ports_dir / port / "state"):
-                active.append((device, int(port), ports_dir / port))
-    if not active:
-        restriction = " matching TF_RDMA_VERBS_DEVICE/PORT" if want_device or want_port else ""
-        raise PerftestError(f"no ACTIVE RDMA port{restriction} under {root}")
-    if want_gid:
-        device, port, _ = active[0]
-        return device, port, int(want_gid), "TF_RDMA_VERBS_GID_INDEX"
-    mapped = _mapped_gid(host)
-    matches = [(("v2" not in kind), device, port, index)
-               for device, port, port_dir in active for index, gid, kind in _gids(port_dir)
-               if mapped and gid == mapped]
-    if matches:
-        _, device, port, index = min(matches)
-        return device, port, index, f"the GID of {host}, as rdma_cm resolves it"
-    device, port, port_dir = active[0]
-    gids = _gids(port_dir)
-    if _read(port_dir / "link_layer") == "InfiniBand" or not gids:
-        return device, port, 0, "the first ACTIVE port"
-    usable = [(("v2" not in kind), index) for index, gid, kind in gids if not gid.startswith("fe80:")]
-    return device, port, (min(usable)[1] if usable else gids[0][0]), "the first ACTIVE port"
+    return _transport.verbs_local_port(host, {k: v for k, v in environ.items() if k.startswith("TF_RDMA_")})
 
 
 _HEADER_NAME = re.compile(r"#\w+|(?:[\w.%]+ )?[\w.%]+\[[^\]]*\]")
@@ -395,7 +308,7 @@ def run_perftest(sizes, latency_sizes, bytes_per_size, round_trips, host, depth)
                           "install the perftest package to compare against it"}
     try:
         device, port, gid_index, chosen = verbs_device(host)
-    except (PerftestError, OSError, ValueError) as e:
+    except TransportError as e:
         return {"available": False, "reason": f"no device for perftest: {e}"}
     common = ["-d", device, "-i", str(port), "-x", str(gid_index), "-F"]
     result = {"available": True, "device": device, "port": port, "gid_index": gid_index,
@@ -592,13 +505,6 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
     return results
 
 
-def _size(n):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
 def _figure(value, width, digits=2):
     return f"{value:{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
 
@@ -619,7 +525,7 @@ def render(results):
         header = f"  {'size':>8} {'tf_rdma':>8} {'tcp sock':>9} {'memcpy':>8} {'vs sock':>8} {'vs memcpy':>9}"
         lines.append(header + (f" {'ib_write_bw':>11} {'vs ib_bw':>8}" if perftest else ""))
         for r in report["throughput"]:
-            line = (f"  {_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
+            line = (f"  {format_size(r['size']):>8} {r['transport_gbps']:8.2f} {r['tcp_socket_gbps']:9.2f} "
                     f"{r['memcpy_gbps']:8.2f} {r['vs_tcp_socket']:8.2f} {r['vs_memcpy']:9.2f}")
             if perftest:
                 line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
@@ -627,7 +533,7 @@ def render(results):
             lines.append(line)
         lines.append(f"{backend}: one-way latency (us), cores {report['cores']}")
         for r in report["latency"]:
-            line = (f"  {_size(r['size']):>8} {r['transport_us']:8.1f}"
+            line = (f"  {format_size(r['size']):>8} {r['transport_us']:8.1f}"
                     + (f" polling {r['poll_us']} us" if r.get("poll_us") is not None else "")
                     + f", CPU {r['transport_cpu_percent']:.0f}%; vs tcp socket "
                     f"{r['tcp_socket_us']:.1f} (ratio {r['vs_tcp_socket']:.2f})")

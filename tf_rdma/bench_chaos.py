@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from tf_rdma.bench_soak import SETTLE, TASK_ENVIRONMENT, _Task, judge, process_sample
+from tf_rdma.bench_soak import SETTLE, TASK_ENVIRONMENT, Task, judge, process_sample
 
 log = logging.getLogger("tf_rdma")
 
@@ -140,8 +140,8 @@ def _coordinate(spec):
 def task(spec):
     if spec["job"] == "chief":
         _coordinate(spec)
-    from tf_rdma.bench_tf import _server
-    _server(spec).join()
+    from tf_rdma.bench_cluster import start_server
+    start_server(spec).join()
 
 
 # ---- the schedule ----
@@ -174,7 +174,7 @@ def schedule(seed, seconds, peer_timeout_s):
 def _task(net, name, spec, log, env):
     """One task's process in its namespace, its stderr appended to the file `log` (a restarted
     worker's after its predecessor's)."""
-    return _Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)), stderr=open(log, "a"))
+    return Task(spec, MODULE, env, prefix=("ip", "netns", "exec", net.namespace(name)), stderr=open(log, "a"))
 
 
 class _Faults:

@@ -11,17 +11,15 @@ tf_rdma's (higher is better).
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from tf_rdma import config
-from tf_rdma.ports import free_ports
+from tf_rdma.bench_cluster import RESULT_PREFIX, local_cluster, ratios, start_task
+from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
 DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)
 DEFAULT_WORKERS = (2, 3)
-RESULT_PREFIX = "@@result "
 
 
 def memcpy_seconds(size, budget=0.3):
@@ -80,16 +78,11 @@ def worker(spec):
 
 def run_cluster(transport, workers, sizes, budget, min_iterations, timeout=600):
     """[{size, seconds, iterations}] measured by worker 0 of a fresh cluster."""
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(workers, also_free_at_offset=config.port_offset)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    if transport != "grpc":
-        env["TF_RDMA_BACKEND"] = transport
-    processes = []
-    for index in range(workers):
-        spec = {"addresses": addresses, "index": index, "transport": transport, "sizes": list(sizes),
-                "budget": budget, "min_iterations": min_iterations}
-        processes.append(subprocess.Popen([sys.executable, "-m", "tf_rdma.bench_collective", json.dumps(spec)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    addresses = local_cluster({"worker": workers})["worker"]
+    processes = [start_task("tf_rdma.bench_collective",
+                            {"addresses": addresses, "index": index, "transport": transport, "sizes": list(sizes),
+                             "budget": budget, "min_iterations": min_iterations})
+                 for index in range(workers)]
     try:
         outputs = [p.communicate(timeout=timeout) for p in processes]
     finally:
@@ -102,10 +95,6 @@ def run_cluster(transport, workers, sizes, budget, min_iterations, timeout=600):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
     raise RuntimeError(f"{transport} all-reduce worker 0 reported nothing:\n{outputs[0][1][-3000:]}")
-
-
-def ratios(grpc_seconds, seconds):
-    return grpc_seconds / seconds if seconds > 0 else None
 
 
 def run(backends, sizes=DEFAULT_SIZES, worker_counts=DEFAULT_WORKERS, budget=1.0, min_iterations=3,
@@ -135,7 +124,6 @@ def run(backends, sizes=DEFAULT_SIZES, worker_counts=DEFAULT_WORKERS, budget=1.0
 
 
 def render(report):
-    from tf_rdma.bench import _size
     lines = [f"{backend}: unavailable: {reason}" for backend, reason in report["unavailable"].items()]
     rows = report["rows"]
     if not rows:
@@ -149,7 +137,7 @@ def render(report):
         header += f" {backend:>8} {'x':>6}"
     lines.append(header)
     for r in rows:
-        line = (f"  {r['workers']:>7} {_size(r['size']):>8} {r['memcpy_seconds'] * 1e3:8.3f} "
+        line = (f"  {r['workers']:>7} {format_size(r['size']):>8} {r['memcpy_seconds'] * 1e3:8.3f} "
                 f"{r['grpc_seconds'] * 1e3:8.2f}")
         for backend in backends:
             line += f" {r[f'{backend}_seconds'] * 1e3:8.2f} {r[f'vs_grpc_{backend}']:6.2f}"

@@ -20,10 +20,11 @@ import sys
 import tempfile
 import time
 
-from tf_rdma.bench import PEER_START_SECONDS, _size, line_within
-from tf_rdma.bench_collective import ratios
-from tf_rdma.bench_tf import RESULT_PREFIX, limits, start_task, task_result
+from tf_rdma.bench import PEER_START_SECONDS, line_within
+from tf_rdma.bench_cluster import RESULT_PREFIX, ratios, start_task, task_result
+from tf_rdma.bench_tf import limits
 from tf_rdma.ports import free_ports
+from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
 SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
@@ -167,7 +168,7 @@ def check_arrived(transport, rows, plan, workers, log=None):
             log.seek(0)
             tail = f"\nthe dispatcher's and workers' log ends:\n{log.read()[-3000:]}"
         raise ElementsLost(
-            f"bench data over {transport}, {_size(size)} elements from {workers} worker(s): the trainer "
+            f"bench data over {transport}, {format_size(size)} elements from {workers} worker(s): the trainer "
             f"received {row['elements']} elements, {row['bytes']} bytes in all, not {expected} "
             f"({per_worker} per worker), {expected * size} bytes; the first "
             f"{'byte-exact' if row['first_exact'] else 'NOT byte-exact'}. Elements were lost, repeated or "
@@ -242,7 +243,7 @@ def render(report):
         lines.append(f"  {'size':>8}" + "".join(f" {t:>9}" for t in columns)
                      + ("".join(f" {'x ' + b:>8}" for b in backends) if ratios_too else ""))
         for row in report["rows"]:
-            line = f"  {_size(row['size']):>8}" + "".join(
+            line = f"  {format_size(row['size']):>8}" + "".join(
                 f" {row[f'{t}_{figure}'] * scale:9.{digits}f}" for t in columns)
             if ratios_too:
                 line += "".join(f" {row[f'vs_grpc_{b}']:8.2f}" for b in backends)
@@ -252,7 +253,7 @@ def render(report):
     table("GB/s (machine limits below)", "gbps", 1, 2)
     table("trainer CPU per element (us)", "cpu_us_per_element", 1, 1)
     lines.append("  machine limits, same run: " + ", ".join(
-        f"{_size(r['size'])} memcpy {r['memcpy_gbps']:.2f} socket {r['tcp_socket_gbps']:.2f} GB/s"
+        f"{format_size(r['size'])} memcpy {r['memcpy_gbps']:.2f} socket {r['tcp_socket_gbps']:.2f} GB/s"
         for r in report["rows"]))
     return "\n".join(lines)
 
@@ -263,7 +264,7 @@ def plot(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = report["rows"]
-    labels = [_size(r["size"]) for r in rows]
+    labels = [format_size(r["size"]) for r in rows]
     figure, (rate, gbps) = plt.subplots(1, 2, figsize=(10, 4))
     for transport in ["grpc", *report["backends"]]:
         name = "gRPC" if transport == "grpc" else f"tf_rdma {transport}"

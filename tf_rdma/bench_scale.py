@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 
-from tf_rdma import _transport, bench, bench_tf
+from tf_rdma import _transport, bench, bench_cluster, bench_tf
 from tf_rdma.config import load_config
+from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
 # --peers and --workers, when given, take the place of either's.
@@ -39,7 +40,7 @@ FLOW_WARM_UP_SECONDS = 0.5
 TABLE_FLOATS = 64 << 10
 EXTRAPOLATE_TO = (1000, 10000)
 CONNECT_THREADS = 64
-RESULT_PREFIX = bench_tf.RESULT_PREFIX
+RESULT_PREFIX = bench_cluster.RESULT_PREFIX
 # The longest the receiver may take over a command: its start, `accept` (peers already connected),
 # `flow` (FULL's seconds, then up to 60 s to stop granting), with room for a loaded host.
 RECEIVER_ANSWER_SECONDS = 300
@@ -90,7 +91,7 @@ class Receiver:
 
     def __init__(self, transport, host):
         self.transport = transport
-        self.listener = transport.listen(bench._endpoint(host, 0))
+        self.listener = transport.listen(bench.endpoint(host, 0))
         self.connections = []
 
     def accept(self, count):
@@ -125,11 +126,11 @@ class Receiver:
 
 class ReceiverProcess:
     """The driver's side of a receiver process: `python -m tf_rdma.bench_scale receiver BACKEND`, or
-    `program` (a script serving a Receiver, with the same command line). Its stderr goes to a
+    `python -m module BACKEND` (a module serving a Receiver). Its stderr goes to a
     file, whose tail an error gives."""
 
-    def __init__(self, backend, key, host, program=None):
-        command = [str(program)] if program else ["-m", "tf_rdma.bench_scale", "receiver"]
+    def __init__(self, backend, key, host, module=None):
+        command = ["-m", module] if module else ["-m", "tf_rdma.bench_scale", "receiver"]
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -229,7 +230,7 @@ def tf_workers(spec):
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     count = len(spec["cluster"]["worker"])
-    servers = [bench_tf._server({**spec, "job": "worker", "index": i}) for i in range(count)]
+    servers = [bench_cluster.start_server({**spec, "job": "worker", "index": i}) for i in range(count)]
     with tf.device("/job:ps/task:0"):
         table = tf.compat.v1.Variable(tf.ones([TABLE_FLOATS], tf.float32), name="table")
     partials = []
@@ -238,14 +239,14 @@ def tf_workers(spec):
             partials.append(tf.reduce_sum(tf.identity(table.read_value()) * float(i + 1)))
     with tf.device("/job:ps/task:0"):
         totals = {w: tf.add_n(partials[:w]) for w in range(1, count + 1)}
-    with bench_tf._session(servers[0]) as session:
+    with bench_cluster.open_session(servers[0]) as session:
         session.run(table.initializer)
         for line in sys.stdin:
             workers = int(line)
             got, expected = session.run(totals[workers]), TABLE_FLOATS * workers * (workers + 1) / 2
             if got != expected:
                 raise RuntimeError(f"a step over {workers} workers summed {got}, not {expected}")
-            seconds, steps = bench_tf._timed(lambda: session.run(totals[workers]), spec["budget"])
+            seconds, steps = bench_cluster.timed(lambda: session.run(totals[workers]), spec["budget"])
             print(RESULT_PREFIX + json.dumps({"workers": workers, "steps_per_second": 1 / seconds,
                                               "steps": steps}), flush=True)
     os._exit(0)  # closing would wait for the ps to deregister the graphs
@@ -254,11 +255,11 @@ def tf_workers(spec):
 def run_tf(transport, worker_counts, budget, timeout=600):
     """1 ps and max(worker_counts) workers over `transport` ("grpc" or a backend), stepping with
     each count of workers in turn: [{workers, ps_threads, ps_rss, steps_per_second}]."""
-    cluster = bench_tf.local_cluster({"ps": 1, "worker": max(worker_counts)})
-    ps = bench_tf.start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": "ps", "index": 0,
+    cluster = bench_cluster.local_cluster({"ps": 1, "worker": max(worker_counts)})
+    ps = bench_cluster.start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": "ps", "index": 0,
                                                   "transport": transport}, stderr=subprocess.DEVNULL)
     log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while they run
-    workers = bench_tf.start_task("tf_rdma.bench_scale", {"cluster": cluster, "transport": transport,
+    workers = bench_cluster.start_task("tf_rdma.bench_scale", {"cluster": cluster, "transport": transport,
                                                           "budget": budget}, stdin=subprocess.PIPE, stderr=log)
     rows = []
     try:
@@ -297,7 +298,7 @@ def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, pro
               "unavailable": {b: usable.get(b, "unknown backend") for b in backends if b not in carried},
               "transport": [], "tf": {}, "extrapolated": {}}
     if progress:
-        progress(f"machine limits for {bench._size(FLOW_SIZE)} (memcpy, TCP socket)")
+        progress(f"machine limits for {format_size(FLOW_SIZE)} (memcpy, TCP socket)")
     report["limits"] = bench_tf.limits([FLOW_SIZE])[FLOW_SIZE]
     for backend in carried:
         for count in params["peers"]:
@@ -333,7 +334,7 @@ def render(report):
     lines = [f"{backend}: unavailable: {reason}" for backend, reason in report["unavailable"].items()]
     if report["transport"]:
         lines.append(f"transport: one receiver, N peers connected at once, then all writing "
-                     f"{bench._size(report['flow_size'])} messages (per peer: the receiver's growth / N)")
+                     f"{format_size(report['flow_size'])} messages (per peer: the receiver's growth / N)")
         lines.append(f"  {'backend':>7} {'peers':>6} {'connect s':>9} {'threads':>11} {'fds/peer':>8} "
                      f"{'RSS KiB/peer':>12} {'after traffic':>13} {'mapped KiB/peer':>15} {'VM KiB/peer':>11} "
                      f"{'GB/s':>6} {'fairness':>8}")
@@ -344,7 +345,7 @@ def render(report):
                          f"{_kib(idle['rss']):>12} {_kib(after['rss']):>13} {_kib(after['mapped']):>15} "
                          f"{_kib(idle['vm']):>11} {r['throughput_gbps']:6.2f} {r['fairness']:8.2f}")
         limits = report["limits"]
-        lines.append(f"  machine limits, same run, {bench._size(report['flow_size'])}: memcpy "
+        lines.append(f"  machine limits, same run, {format_size(report['flow_size'])}: memcpy "
                      f"{limits['memcpy_gbps']:.2f} GB/s, TCP socket {limits['tcp_socket_gbps']:.2f} GB/s")
     for transport, rows in report["tf"].items():
         lines.append(f"TensorFlow over {transport}: 1 ps + W workers (the ps's threads and RSS)")

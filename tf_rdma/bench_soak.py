@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from tf_rdma.bench_tf import _server, _session, local_cluster, start_task
+from tf_rdma.bench_cluster import local_cluster, open_session, start_server, start_task
 from tf_rdma.transport import available_backends
 
 log = logging.getLogger("tf_rdma")
@@ -77,7 +77,7 @@ def _stats_sample(stats):
 def _serve(spec):
     """A ps: serves, and prints its tf_rdma stats every half second for the driver to sample."""
     import tf_rdma
-    server = _server(spec)  # noqa: F841 (held: the server stops when collected)
+    server = start_server(spec)  # noqa: F841 (held: the server stops when collected)
     while True:  # until the driver kills the task
         print(STATS_PREFIX + json.dumps(tf_rdma.stats()), flush=True)
         time.sleep(0.5)
@@ -158,9 +158,9 @@ def _train(spec):
     # TF1 control flow: its while loop is partitioned per device, so each task runs its iterations
     # on its own (v2's While is one op on one device).
     tf.compat.v1.disable_control_flow_v2()
-    server = _server(spec)
+    server = start_server(spec)
     model = _Model(tf)
-    session = _session(server)
+    session = open_session(server)
     session.run(model.initialize)
     params = spec["params"]
     step_deadline = tf.compat.v1.RunOptions(timeout_in_ms=params["step_timeout_ms"])
@@ -185,7 +185,7 @@ def _train(spec):
             log.info("soak: step failed (%s: %s); reopening the session", type(e).__name__,
                      str(e).splitlines()[0][:200])
             session.close()
-            session = _session(server)
+            session = open_session(server)
             session.run(model.initialize_peer)
             counts["sessions"] += 1
             continue
@@ -255,10 +255,10 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processe
 
 # ---- the driver ----
 
-class _Task:
+class Task:
     """A task's process, its stdout lines on a queue (read by a thread so a pipe never fills), its
     stderr in a file for the error message when it fails (`stderr`, or a temporary one). `module`
-    and `prefix`: bench_tf.start_task's."""
+    and `prefix`: bench_cluster.start_task's."""
 
     def __init__(self, spec, module=MODULE, env=TASK_ENVIRONMENT, prefix=(), stderr=None):
         self.stderr = stderr or tempfile.TemporaryFile("w+")
@@ -304,8 +304,8 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
     def spec(job, index):
         return {"cluster": cluster, "job": job, "index": index, "transport": backend,
                 "seconds": seconds, "params": PARAMS}
-    ps, peer = _Task(spec("ps", 0)), _Task(spec("ps", 1))
-    worker = _Task(spec("worker", 0))
+    ps, peer = Task(spec("ps", 0)), Task(spec("ps", 1))
+    worker = Task(spec("worker", 0))
     tasks = {"ps": ps, "peer": peer, "worker": worker}
     samples, restarts, ps_stats, done = [], 0, None, None
     started = last_restart = None  # the worker's first round: its session is up
@@ -347,7 +347,7 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
             if now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:
                 peer.process.send_signal(signal.SIGKILL)
                 peer.stop()
-                peer = tasks["peer"] = _Task(spec("ps", 1))
+                peer = tasks["peer"] = Task(spec("ps", 1))
                 restarts += 1
                 last_restart = now
     finally:

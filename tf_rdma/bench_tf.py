@@ -18,18 +18,15 @@ gRPC's step time over tf_rdma's (higher is better).
 """
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
-from tf_rdma import config
-from tf_rdma.bench_collective import ratios
-from tf_rdma.ports import free_ports
+from tf_rdma.bench_cluster import (RESULT_PREFIX, local_cluster, open_session, ratios, start_server, start_task,
+                                   task_result, timed)
+from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
 WORKLOADS = ("transfer", "many", "hops", "ps-train")
-RESULT_PREFIX = "@@result "
 
 FULL = {
     "transfer_sizes": [4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20],
@@ -49,35 +46,7 @@ QUICK = {
 }
 
 
-def _timed(run, budget, warmup=3, min_steps=5, max_steps=2000):
-    """Median seconds of `run()` over as many calls as fit `budget`, after `warmup` calls."""
-    for _ in range(warmup):
-        run()
-    times, deadline = [], time.perf_counter() + budget
-    while len(times) < min_steps or (time.perf_counter() < deadline and len(times) < max_steps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), len(times)
-
-
 # ---- the tasks of a bench cluster ----
-
-def _server(spec):
-    import tensorflow as tf
-    cluster = tf.train.ClusterSpec(spec["cluster"])
-    if spec["transport"] == "grpc":
-        return tf.distribute.Server(cluster, job_name=spec["job"], task_index=spec["index"])
-    import tf_rdma
-    return tf_rdma.Server(cluster, job_name=spec["job"], task_index=spec["index"])
-
-
-def _session(server):
-    import tensorflow as tf
-    config = tf.compat.v1.ConfigProto()
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    return tf.compat.v1.Session(server.target, config=config)
-
 
 def _transfer(tf, session, params, budget):
     rows = []
@@ -87,7 +56,7 @@ def _transfer(tf, session, params, budget):
         with tf.device("/job:worker/task:0"):
             step = tf.group(tf.identity(variable.read_value()))
         session.run(variable.initializer)
-        seconds, steps = _timed(lambda: session.run(step), budget)
+        seconds, steps = timed(lambda: session.run(step), budget)
         rows.append({"size": size, "seconds": seconds, "steps": steps})
     return rows
 
@@ -100,7 +69,7 @@ def _many(tf, session, params, budget):
         with tf.device("/job:worker/task:0"):
             step = tf.group(*[tf.identity(v.read_value()) for v in variables])
         session.run([v.initializer for v in variables])
-        seconds, steps = _timed(lambda: session.run(step), budget)
+        seconds, steps = timed(lambda: session.run(step), budget)
         rows.append({"tensors": count, "size": size, "seconds": seconds, "steps": steps})
     return rows
 
@@ -116,7 +85,7 @@ def _hops(tf, session, params, budget):
     with tf.device("/job:ps/task:0"):
         step = tf.reduce_sum(value)
     session.run(start.initializer)
-    seconds, steps = _timed(lambda: session.run(step), budget)
+    seconds, steps = timed(lambda: session.run(step), budget)
     return [{"hops": hops, "seconds": seconds, "steps": steps}]
 
 
@@ -161,7 +130,7 @@ def _ps_train(tf, session, spec, params, budget):
                 tf.compat.v1.global_variables(scope=model)))
         while not session.run(initialized):
             time.sleep(0.05)
-        seconds, steps = _timed(lambda: session.run(train), budget)
+        seconds, steps = timed(lambda: session.run(train), budget)
         rows.append({"model": model, "seconds": seconds, "steps": steps})
     return rows
 
@@ -171,13 +140,13 @@ def task(spec):
     workloads, then every worker ps-train; each worker prints its figures on one line."""
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
-    server = _server(spec)
+    server = start_server(spec)
     if spec["job"] == "ps":
         server.join()
     params, budget = spec["params"], spec["params"]["budget"]
     one_worker = {"transfer": _transfer, "many": _many, "hops": _hops}
     result = {"workloads": {}}
-    with _session(server) as session:
+    with open_session(server) as session:
         for workload in spec["workloads"]:
             if workload == "ps-train":
                 result["workloads"][workload] = _ps_train(tf, session, spec, params, budget)
@@ -188,37 +157,6 @@ def task(spec):
             result["fallback"] = tf_rdma.stats().get("fallback", {})
         print(RESULT_PREFIX + json.dumps(result), flush=True)
     os._exit(0)  # closing would wait for the ps to deregister the graphs
-
-
-def local_cluster(jobs):
-    """A cluster spec of `jobs` ({"ps": 1, "worker": 2}) on free ports of this host, each with its
-    tf_rdma port (+ TF_RDMA_PORT_OFFSET) free too."""
-    ports = iter(free_ports(sum(jobs.values()), also_free_at_offset=config.port_offset))
-    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(count)] for job, count in jobs.items()}
-
-
-def start_task(module, spec, stderr=subprocess.PIPE, env=None, prefix=(), stdin=None):
-    """`python -m module SPEC_JSON`: one task of a bench cluster in its own process, on tf_rdma's
-    `spec["transport"]` backend (or stock gRPC), its result lines on a pipe; `env` adds variables
-    (TF_CPP_MIN_LOG_LEVEL too, 2 unless given); `prefix` runs it elsewhere (e.g. `ip netns exec
-    NAMESPACE`, which keeps the process's id)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    if spec["transport"] != "grpc":
-        env["TF_RDMA_BACKEND"] = spec["transport"]
-    return subprocess.Popen([*prefix, sys.executable, "-m", module, json.dumps(spec)],
-                            stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-
-
-def task_result(process, out, err, who):
-    """What a finished bench task printed on its result line. Raises naming `who` if it failed, or
-    if anything it moved stayed on gRPC (its "fallback")."""
-    lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{who} failed ({process.returncode}):\n{err[-3000:]}")
-    result = json.loads(lines[0][len(RESULT_PREFIX):])
-    if result.get("fallback"):
-        raise RuntimeError(f"{who}: transfers stayed on gRPC: {result['fallback']}")
-    return result
 
 
 def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
@@ -322,7 +260,6 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
 
 
 def render(report):
-    from tf_rdma.bench import _size
     lines = [f"{backend}: unavailable: {reason}" for backend, reason in report["unavailable"].items()]
     backends = report["backends"]
     columns = ["grpc", *backends]
@@ -341,13 +278,13 @@ def render(report):
     w = report["workloads"]
     if "transfer" in w:
         table("transfer: one tensor per step (GB/s; x = gRPC's step time / tf_rdma's)", w["transfer"],
-              lambda r: _size(r["size"]), lambda t: f"{t}_gbps", 1, 2)
+              lambda r: format_size(r["size"]), lambda t: f"{t}_gbps", 1, 2)
         lines.append("  machine limits: " + ", ".join(
-            f"{_size(r['size'])} memcpy {r['memcpy_gbps']:.2f} socket {r['tcp_socket_gbps']:.2f}"
+            f"{format_size(r['size'])} memcpy {r['memcpy_gbps']:.2f} socket {r['tcp_socket_gbps']:.2f}"
             for r in w["transfer"]))
     if "many" in w:
         table("many: N tensors per step (ms per step)", w["many"],
-              lambda r: f"{r['tensors']} x {_size(r['size'])}", lambda t: f"{t}_seconds", 1e3, 2)
+              lambda r: f"{r['tensors']} x {format_size(r['size'])}", lambda t: f"{t}_seconds", 1e3, 2)
     if "hops" in w:
         table("hops: dependent cross-task hops (us per hop)", w["hops"],
               lambda r: f"{r['hops']} hops", lambda t: f"{t}_us_per_hop", 1, 1)
@@ -367,13 +304,12 @@ def plot(report, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tf_rdma.bench import _size
     workloads = report["workloads"]
     figure, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     transports = ["grpc", *report["backends"]]
     panels = {
-        "transfer": ("GB/s (higher is better)", lambda r: _size(r["size"]), lambda r, t: r[f"{t}_gbps"]),
-        "many": ("ms per step (lower is better)", lambda r: f"{r['tensors']} x {_size(r['size'])}",
+        "transfer": ("GB/s (higher is better)", lambda r: format_size(r["size"]), lambda r, t: r[f"{t}_gbps"]),
+        "many": ("ms per step (lower is better)", lambda r: f"{r['tensors']} x {format_size(r['size'])}",
                  lambda r, t: r[f"{t}_seconds"] * 1e3),
         "hops": ("us per hop (lower is better)", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
         "ps-train": ("steps/s (higher is better)", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),

@@ -398,6 +398,21 @@ PYBIND11_MODULE(_transport, m) {
   m.def("stream_stats", &StreamStatistics,
         "Connections the tcp and shm backends started in this process (TensorFlow's too), connected "
         "and accepted alike.");
+  m.def("verbs_local_port", [](const std::string& host, const std::map<std::string, std::string>& environment) {
+    // (device, port, GID index, what chose the GID) of the verbs backend's connections from `host`
+    // under the TF_RDMA_* settings of `environment`.
+#ifdef TF_RDMA_HAVE_VERBS
+    const Config config = ValueOrThrow(ParseConfig(environment));
+    VerbsLocalPort chosen;
+    {
+      py::gil_scoped_release release;
+      chosen = ValueOrThrow(ResolveVerbsLocalPort(host, config));
+    }
+    return py::make_tuple(chosen.device, chosen.port, chosen.gid_index, chosen.gid_chosen_by);
+#else
+    return ValueOrThrow(absl::StatusOr<py::tuple>(absl::UnimplementedError("this tf_rdma build has no verbs backend")));
+#endif
+  });
   m.def("verbs_stats", [] {
     // Counters of the verbs backend (registration cache, grant tables); empty when it is not built in.
     std::map<std::string, uint64_t> stats;

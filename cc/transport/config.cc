@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <map>
 #include <cerrno>
@@ -21,6 +22,14 @@ namespace tf_rdma {
 namespace {
 
 constexpr char kPrefix[] = "TF_RDMA_";
+// Reserved for the test harness (tests/, tools/; docs/testing.md), which reads its own variables:
+// tf_rdma neither reads nor refuses them.
+constexpr const char* kTestHarnessPrefixes[] = {"TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_"};
+
+bool IsTestHarnessVariable(const std::string& name) {
+  return std::any_of(std::begin(kTestHarnessPrefixes), std::end(kTestHarnessPrefixes),
+                     [&](const char* prefix) { return name.rfind(prefix, 0) == 0; });
+}
 
 absl::StatusOr<absl::Duration> ParseMilliseconds(const std::string& name, const std::string& value,
                                                  int64_t minimum) {
@@ -221,17 +230,6 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "closes the connection that shared it."},
       {"TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "16",
        "Live connections (per backend) with peers claiming one task name; more are refused."},
-      {"TF_RDMA_TEST_HOST", "127.0.0.1",
-       "Test suite only: the address the transport tests listen on (10.77.0.1 in the Soft-RoCE guest)."},
-      {"TF_RDMA_SOFTROCE_KEEP_JOB", "(unset)",
-       "Test harness only: 1 keeps each Soft-RoCE guest run's job directory (console log, script)."},
-      {"TF_RDMA_SOFTROCE_APPEND", "(empty)",
-       "Test harness only: extra kernel arguments for the Soft-RoCE guest."},
-      {"TF_RDMA_SOFTROCE_CACHE", "build/softroce",
-       "Test harness only: where the Soft-RoCE guest's kernel and initramfs are cached."},
-      {"TF_RDMA_TEST_VERSIONS_CACHE", "~/.cache/tf_rdma/tensorflow-versions",
-       "Test suite only: where tools/tensorflow_versions.py keeps a venv per supported TensorFlow; before it "
-       "makes one, the least recently used others are deleted until 4 GiB is free."},
   };
   return *variables;
 }
@@ -339,10 +337,10 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "16",
                                        &config.limits.max_connections_per_peer_name);
       if (!parsed.ok()) return parsed;
-    } else if (std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
+    } else if (!IsTestHarnessVariable(name) &&
+               std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&](const ConfigVariable& v) { return name == v.name; })) {
-      // The tools' and tests' variables in the table are read where they are used; any other
-      // TF_RDMA_* name is a typo.
+      // Any other TF_RDMA_* name is a typo.
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);
       return absl::InvalidArgumentError(absl::StrCat(

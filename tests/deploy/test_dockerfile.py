@@ -2,7 +2,6 @@
 is a TensorFlow release tf_rdma supports, what the build needs installed before tf_rdma, the
 install without build isolation, `tf_rdma info` as the build's last step, and every file the
 manifests run is one the image has."""
-import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -13,20 +12,13 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 
-from deploy_manifests import DEPLOY, IMAGE_SOURCE, ROOT, pod_templates
+from tests.deploy.deploy_manifests import DEPLOY, IMAGE_SOURCE, ROOT, pod_templates
+from tools import tensorflow_versions
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 STOCK_IMAGE = "tensorflow/tensorflow"
 
 
-def _tensorflow_versions():
-    spec = importlib.util.spec_from_file_location("tensorflow_versions", ROOT / "tools" / "tensorflow_versions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tensorflow_versions = _tensorflow_versions()
 
 
 @pytest.fixture(scope="module")

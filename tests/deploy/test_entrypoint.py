@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from deploy_manifests import DEPLOY, load_entrypoint
+from tests.deploy.deploy_manifests import DEPLOY, load_entrypoint
 
 entrypoint = load_entrypoint()
 POD_ENVIRONMENT = {"POD_NAME": "tf-rdma-1", "POD_NAMESPACE": "ml", "TF_CONFIG_SERVICE": "tf-rdma",

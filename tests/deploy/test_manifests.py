@@ -27,7 +27,7 @@ from kubernetes.utils import parse_quantity
 from packaging.version import Version
 
 import tf_rdma
-from deploy_manifests import MANIFESTS, load_entrypoint, manifest, pod_templates
+from tests.deploy.deploy_manifests import MANIFESTS, load_entrypoint, manifest, pod_templates
 from tf_rdma.config import load_config
 from tf_rdma.errors import ConfigError
 

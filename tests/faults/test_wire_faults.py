@@ -14,17 +14,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.tf.programs.cluster import PROGRAMS, NamespacedCluster, digest
+from tests.transport.helpers import socket_inodes
 from tf_rdma import netns
-from helpers import socket_inodes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
-from cluster import NamespacedCluster, digest  # noqa: E402
 
 PROGRAM = Path(__file__).with_name("wire_programs.py")
 PS = "/job:ps/replica:0/task:0"
@@ -316,7 +313,7 @@ def test_a_dead_connection_releases_its_descriptor_within_the_peer_timeout(sched
     assert run["old_connection_released_after_failure_s"] is not None, run
 
 
-MWMS_PROGRAM = Path(__file__).resolve().parents[1] / "tf" / "collective_programs.py"
+MWMS_PROGRAM = PROGRAMS / "collective.py"
 MWMS_STEPS, MWMS_ELEMENTS = 40, 1 << 20
 
 

@@ -1,17 +1,15 @@
 """Task programs for the fault tests: `python wire_programs.py FUNCTION JSON_ARGS`, as
-tests/tf/programs.py (whose `serve` runs the ps). The worker is driven line by line on its stdin,
+tests/tf/programs/tasks.py (whose `serve` runs the ps). The worker is driven line by line on its stdin,
 so the test applies and lifts faults between and during its steps, and answers with one JSON
 object per line on stdout."""
 import hashlib
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
-from programs import _server, digits, serve  # noqa: E402,F401  (serve: the ps's program)
+from tests.tf.programs.tasks import _server, digits, serve  # noqa: F401  (serve: the ps's program)
 
 BATCH = 64
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 import pytest
 
-from guest_loader import REPO, guest, in_ci
+from tests.softroce.guest_loader import REPO, guest, in_ci
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import next_line, pattern, start_peer, transport, wait_for_line
+from tests.transport.helpers import next_line, pattern, start_peer, transport, wait_for_line
 from tf_rdma import errors
 
 PEER_IP = os.environ["SOFTROCE_PEER_IP"]

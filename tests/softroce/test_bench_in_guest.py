@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from guest_loader import PYTHON, REPO
+from tests.softroce.guest_loader import PYTHON, REPO
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs.

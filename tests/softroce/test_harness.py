@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_loader import GUEST_PY, guest
+from tests.softroce.guest_loader import GUEST_PY, guest
 
 
 def _qemu_pids_for(job_dir: str) -> list[int]:

@@ -10,20 +10,15 @@ once, naming the devices, in the transport's verbs tests in the guest
 TensorFlow without tf_rdma comes from a TCP probe that is the same for every backend
 (tests/tf/test_tf1.py)."""
 import json
-from pathlib import Path
-
-import sys
 
 import pytest
 
-from guest_loader import PYTHON, REPO
-
-sys.path.insert(0, str(REPO / "tests" / "tf"))
-from cluster import Cluster, digest  # noqa: E402
+from tests.softroce.guest_loader import PYTHON
+from tests.tf.programs.cluster import PROGRAMS, Cluster, digest
 
 BIG_MIB = 1  # rxe under qemu TCG moves ~20 MB/s: the 256 MiB case runs on tcp and shm instead
 STEPS, ELEMENTS = 3, 1 << 16  # all-reduces of 256 KiB
-COLLECTIVE_PROGRAM = REPO / "tests" / "tf" / "collective_programs.py"
+COLLECTIVE_PROGRAM = PROGRAMS / "collective.py"
 
 
 def grpc_references(tmp_path):
@@ -46,7 +41,7 @@ def grpc_references(tmp_path):
 def test_tf1_session_and_all_reduce_over_verbs_are_bit_identical_to_grpc(on_rdma, tmp_path):
     session, all_reduce = grpc_references(tmp_path)
 
-    code, output = on_rdma([PYTHON, str(Path(__file__).with_name("tf_over_verbs.py")), "10.77.0.1",
+    code, output = on_rdma([PYTHON, "-m", "tests.softroce.tf_over_verbs", "10.77.0.1",
                             str(BIG_MIB), str(STEPS), str(ELEMENTS)], timeout=1800)
     assert code == 0, output[-6000:]
     result = json.loads(next(l for l in output.splitlines() if l.startswith("RESULT "))[len("RESULT "):])

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from guest_loader import PYTHON, REPO, guest
+from tests.softroce.guest_loader import PYTHON, REPO, guest
 
 AGENT_PORT = 7700
 
@@ -42,7 +42,7 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
          "-m", "peer_process", "tests/transport/test_transport.py",
          "tests/softroce/device_choice_across_hosts.py"],
         {"TF_RDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
-        [PYTHON, "tests/transport/remote_process.py", "serve", peer_ip, str(AGENT_PORT),
+        [PYTHON, "-m", "tests.transport.remote_process", "serve", peer_ip, str(AGENT_PORT),
          "--until", f"{guest.SHARED_MOUNT}/guest-a.exit"], {},
         timeout=600)
     summary = a.output.strip().splitlines()[-1] if a.output.strip() else ""

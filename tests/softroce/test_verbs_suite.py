@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from guest_loader import PYTHON
+from tests.softroce.guest_loader import PYTHON
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs.

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from guest_loader import REPO
+from tests.softroce.guest_loader import REPO
 
 SOURCE = REPO / "tools" / "bench" / "write_notify.cc"
 

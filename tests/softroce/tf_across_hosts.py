@@ -5,7 +5,7 @@ TF_RDMA_BACKEND=auto.
 Each guest runs ONE process holding both its gRPC server and its tf_rdma server (of two clusters
 on different ports): `import tensorflow` under emulation costs minutes of CPU, and two imports per
 guest on a 2-core host more than doubled the run (measured: 531 s with four processes running
-tests/tf/programs.py's compare_worker, against the ~5 minutes CI can spare for the two-host tests).
+tests/tf/programs/tasks.py's compare_worker, against the ~5 minutes CI can spare for the two-host tests).
 For the same reason the graph is small: a few SGD steps of a linear model whose variables live on
 the ps, a cond whose branches run on the ps (dead tensors cross), and the values read back.
 

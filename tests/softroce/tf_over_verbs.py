@@ -1,17 +1,17 @@
 """Runs in the Soft-RoCE guest, TF_RDMA_BACKEND=verbs over rxe0: a ps and a worker process running
-tests/tf/programs.py's compare_worker (a TF1 session), then two MultiWorkerMirroredStrategy workers
-running tests/tf/collective_programs.py's all-reduces. Prints the results' digests and tf_rdma's
-stats as one JSON line, for tests/softroce/test_tf_over_verbs.py to check."""
+tests/tf/programs/tasks.py's compare_worker (a TF1 session), then two MultiWorkerMirroredStrategy
+workers running tests/tf/programs/collective.py's all-reduces. Prints the results' digests and tf_rdma's
+stats as one JSON line, for tests/softroce/test_tf_over_verbs.py to check. Run from the repository's
+root: `python -m tests.softroce.tf_over_verbs HOST BIG_MIB STEPS ELEMENTS`."""
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tf"))
-from cluster import Cluster, digest  # noqa: E402
+from tests.tf.programs.cluster import PROGRAMS, Cluster, digest
 
-COLLECTIVE_PROGRAM = Path(__file__).resolve().parents[1] / "tf" / "collective_programs.py"
+COLLECTIVE_PROGRAM = PROGRAMS / "collective.py"
 VERBS = {"TF_RDMA_BACKEND": "verbs"}
 TIMEOUT = float(os.environ.get("TF_OVER_VERBS_TIMEOUT", "800"))
 

@@ -8,18 +8,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests" / "tf"))
-import tensorflow_versions  # noqa: E402
-from cluster import Cluster, digest  # noqa: E402
+from tests.tf.programs.cluster import PROGRAMS, Cluster, digest
+from tools import tensorflow_versions
 
-PROGRAMS = ROOT / "tests" / "tf"
 BACKENDS = ("tcp", "shm")
 
 
@@ -44,7 +40,7 @@ def all_reduce_digests(tmp_path, python, transport, backend=None):
     env = {"TF_RDMA_BACKEND": backend} if backend else {}
     with Cluster(tmp_path, {"worker": 2}, env, python=python, base_env=clean_environment()) as cluster:
         for i in range(2):
-            cluster.start("worker", i, "all_reduce_worker", program=PROGRAMS / "collective_programs.py",
+            cluster.start("worker", i, "all_reduce_worker", program=PROGRAMS / "collective.py",
                           transport=transport, output=outputs[i], steps=2, elements=1 << 16)
         for i in range(2):
             assert cluster.wait("worker", i, timeout=180) == 0, cluster.log("worker", i)[-4000:]

@@ -3,7 +3,7 @@ the same run), and the table's arithmetic on canned figures."""
 
 import pytest
 
-from bench_runs import bench_report
+from tests.tf.programs.bench_runs import bench_report
 from tf_rdma import bench_collective
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench_runs import bench_report, check_png, check_table_and_plot
+from tests.tf.programs.bench_runs import bench_report, check_png, check_table_and_plot
 from tf_rdma import bench_scale, bench_tf
 from tf_rdma.__main__ import main
 

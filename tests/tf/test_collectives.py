@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import Cluster, digest
+from tests.tf.programs.cluster import PROGRAMS, Cluster, digest
 
-PROGRAM = Path(__file__).with_name("collective_programs.py")
+PROGRAM = PROGRAMS / "collective.py"
 STEPS, ELEMENTS = 4, 1 << 20
 
 

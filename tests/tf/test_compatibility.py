@@ -4,9 +4,9 @@ import json
 import time
 from pathlib import Path
 
-from cluster import Cluster
+from tests.tf.programs.cluster import PROGRAMS, Cluster
 
-PROGRAM = Path(__file__).with_name("compat_programs.py")
+PROGRAM = PROGRAMS / "compat.py"
 
 
 def run_alone(tmp_path, function, jobs=None):

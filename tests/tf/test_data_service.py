@@ -6,13 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.tf.programs.cluster import PROGRAMS
 from tf_rdma import ports
 
-PROGRAMS = Path(__file__).with_name("data_service_programs.py")
+TRAINERS = PROGRAMS / "data_service.py"
 
 
 class DataService:
@@ -27,7 +27,7 @@ class DataService:
     def start(self, name, function, env=None, **kwargs):
         log = open(self.tmp_path / f"{name}.log", "w")
         self.processes[name] = subprocess.Popen(
-            [sys.executable, str(PROGRAMS), function, json.dumps(kwargs)], stdout=log,
+            [sys.executable, str(TRAINERS), function, json.dumps(kwargs)], stdout=log,
             stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
 
     def log(self, name):

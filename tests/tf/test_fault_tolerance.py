@@ -6,13 +6,12 @@ import json
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from cluster import Cluster
+from tests.tf.programs.cluster import PROGRAMS, Cluster
 
-PROGRAM = Path(__file__).with_name("fault_programs.py")
+PROGRAM = PROGRAMS / "fault.py"
 PS = "/job:ps/replica:0/task:0"
 
 

@@ -5,13 +5,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from cluster import digest
+from tests.tf.programs.cluster import PROGRAMS, digest
 
-PROGRAM = Path(__file__).with_name("in_process_cluster.py")
+PROGRAM = PROGRAMS / "in_process_cluster.py"
 
 
 def run(tmp_path, transport):

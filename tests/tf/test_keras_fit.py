@@ -5,21 +5,20 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from cluster import Cluster
+from tests.tf.programs.cluster import PROGRAMS, Cluster
 
 pytest.importorskip("tf_keras", reason="model.fit under ParameterServerStrategy needs Keras 2: "
                                        "pip install --no-deps tf-keras==2.21.0")
 
-COORDINATOR = Path(__file__).with_name("keras_fit_coordinator.py")
+COORDINATOR = PROGRAMS / "keras_fit_coordinator.py"
 
 
 class KerasFitCluster(Cluster):
     def start_coordinator(self, **kwargs):
-        """The chief, running keras_fit_coordinator.py instead of a function of programs.py."""
+        """The chief, running keras_fit_coordinator.py instead of a function of tasks.py."""
         log = open(self.tmp_path / "chief0.log", "w")
         process = subprocess.Popen(
             [sys.executable, str(COORDINATOR), json.dumps({"cluster": self.spec, **kwargs})],

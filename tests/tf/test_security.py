@@ -6,15 +6,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from cluster import Cluster
+from tests.tf.programs.cluster import PROGRAMS, Cluster
 from tf_rdma import _transport
 from tf_rdma.config import load_config
 
-PROGRAM = Path(__file__).with_name("security_programs.py")
+PROGRAM = PROGRAMS / "security.py"
 
 
 def test_a_key_holder_cannot_take_over_a_live_tasks_connection(tmp_path):

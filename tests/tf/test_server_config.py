@@ -5,7 +5,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from cluster import Cluster, free_ports
+from tests.tf.programs.cluster import Cluster, free_ports
 
 from tf_rdma import ConfigError, Server
 from tf_rdma.server import cluster_tasks

@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from tests.tf.programs.cluster import Cluster, NamespacedCluster
+from tests.tf.programs.tasks import DERIVED_DTYPES, STRINGS
 from tf_rdma import netns
-
-from cluster import Cluster, NamespacedCluster
-from programs import DERIVED_DTYPES, STRINGS
 
 TRANSPORTS = [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")]
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from tests.tf.programs.cluster import Cluster
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs.

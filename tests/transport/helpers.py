@@ -7,14 +7,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-from remote_process import RemoteProcess
+from tests.transport.remote_process import RemoteProcess
 from tf_rdma import _transport
 
 KEY = b"test-cluster-key"
 HOST = os.environ.get("TF_RDMA_TEST_HOST", "127.0.0.1")
-PEER_SCRIPT = Path(__file__).with_name("peer_process.py")
 # Not TF_RDMA_*: tf_rdma refuses TF_RDMA_ variables it does not know (a typo must not pass silently).
 PEER_AGENT = os.environ.get("TRANSPORT_TEST_PEER_AGENT", "")
 
@@ -55,7 +53,7 @@ def raw_peer_connected(backend, name="local", **options):
     """A tf_rdma listener (transport `options` as given) with a raw wire peer (wire_client.RawPeer)
     handshaken into it: (transport, listener, raw_peer, connection). The caller keeps the
     transport and listener alive while it uses the connection."""
-    import wire_client
+    from tests.transport import wire_client
     local = transport(backend, name, **options)
     listener = local.listen(f"{HOST}:0")
     raw = wire_client.RawPeer(backend, listener.endpoint)
@@ -82,7 +80,7 @@ def start_peer(backend, endpoint, *actions, key=KEY, peer_timeout=30.0):
     """A sender in another process; `actions` as peer_process.py takes them. With
     TRANSPORT_TEST_PEER_AGENT=HOST:PORT, the process runs on that other host (remote_process.py),
     with that host's environment: the suite across two hosts."""
-    argv = [sys.executable, str(PEER_SCRIPT), backend, endpoint, key.hex(), str(peer_timeout), *actions]
+    argv = [sys.executable, "-m", "tests.transport.peer_process", backend, endpoint, key.hex(), str(peer_timeout), *actions]
     if PEER_AGENT:
         return RemoteProcess(PEER_AGENT, argv)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -15,8 +15,8 @@ import socket
 import struct
 import threading
 
-import wire_client as w
-from victim_process import CANARY, GRANTS, REGION_SIZE, WRITES, write_payload
+from tests.transport import wire_client as w
+from tests.transport.victim_process import CANARY, GRANTS, REGION_SIZE, WRITES, write_payload
 
 U64 = 2**64 - 1
 U32 = 2**32 - 1

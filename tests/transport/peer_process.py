@@ -1,6 +1,6 @@
 """A tf_rdma peer in its own process, for tests that kill, stop or restart it.
 
-usage: peer_process.py BACKEND ENDPOINT KEY_HEX PEER_TIMEOUT ACTION...
+usage: python -m tests.transport.peer_process BACKEND ENDPOINT KEY_HEX PEER_TIMEOUT ACTION...
 With ENDPOINT listen:HOST:PORT, it listens there instead, prints "listening ENDPOINT" and takes the
 first connection.
 actions: write:TAG:SIZE:SEED (write a pattern and wait for it to land), grant:TAG:SIZE (grant and
@@ -10,10 +10,8 @@ landed), print:TEXT, sleep:SECONDS. Prints "connected" once connected.
 import sys
 import time
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from helpers import pattern  # noqa: E402
-from tf_rdma import _transport  # noqa: E402
+from tests.transport.helpers import pattern
+from tf_rdma import _transport
 
 
 def main():

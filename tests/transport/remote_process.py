@@ -3,7 +3,8 @@ across two hosts (the two linked Soft-RoCE guests): the test host connects to an
 other host, which starts the command and relays its output, exit code and the signals the test
 sends. `RemoteProcess` has the part of `subprocess.Popen` the tests use.
 
-Agent: python remote_process.py serve HOST PORT [--until FILE]   (serves until FILE exists)
+Agent: python -m tests.transport.remote_process serve HOST PORT [--until FILE]   (serves until FILE exists;
+from the repository's root)
 Client: set TRANSPORT_TEST_PEER_AGENT=HOST:PORT; helpers.start_peer then starts peers there.
 
 Protocol: JSON lines. The client sends {"argv": [...], "env": {...}}; the agent answers
@@ -34,7 +35,7 @@ class RemoteProcess:
             except OSError as e:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no peer agent at {address} within {connect_timeout:.0f} s ({e}); "
-                                       "start it there with `remote_process.py serve`") from None
+                                       "start it there with `python -m tests.transport.remote_process serve`") from None
                 time.sleep(0.5)
         self._sock.settimeout(None)
         self._file = self._sock.makefile("rw", encoding="utf-8", newline="\n")
@@ -157,5 +158,5 @@ def serve(host, port, until=None):
 
 if __name__ == "__main__":
     if len(sys.argv) not in (4, 6) or sys.argv[1] != "serve" or (len(sys.argv) == 6 and sys.argv[4] != "--until"):
-        sys.exit("usage: remote_process.py serve HOST PORT [--until FILE]")
+        sys.exit("usage: python -m tests.transport.remote_process serve HOST PORT [--until FILE]")
     serve(sys.argv[2], int(sys.argv[3]), sys.argv[5] if len(sys.argv) == 6 else None)

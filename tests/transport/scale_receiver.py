@@ -1,16 +1,15 @@
-"""A receiver in a process of its own for the scale tests (`python scale_receiver.py BACKEND`, the
-cluster key in hex on the first line of stdin): bench_scale.Receiver's commands, and one more:
+"""A receiver in a process of its own for the scale tests (`python -m tests.transport.scale_receiver
+BACKEND`, the cluster key in hex on the first line of stdin): bench_scale.Receiver's commands, and
+one more:
 
   receive S    {"indices": [...]}   grants every peer S bytes under tag 1 and checks what lands:
                                     8 bytes of the peer's index, then pattern(S - 8, index)
 """
 import struct
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import HOST, pattern, transport  # noqa: E402
-from tf_rdma import bench_scale  # noqa: E402
+from tests.transport.helpers import HOST, pattern, transport
+from tf_rdma import bench_scale
 
 
 def main():

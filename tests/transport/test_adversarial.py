@@ -18,12 +18,12 @@ from collections import Counter
 
 import pytest
 
-import hostile_peer
-import wire_client as w
-from helpers import HOST, KEY, transport
+from tests.transport import hostile_peer
+from tests.transport import wire_client as w
+from tests.transport.helpers import HOST, KEY, transport
 from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
-from victim_process import GRANTS, WRITES, VictimProcess
+from tests.transport.victim_process import GRANTS, WRITES, VictimProcess
 
 pytestmark = pytest.mark.stream_backends_only
 

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from helpers import HOST, transport
+from tests.transport.helpers import HOST, transport
 from tf_rdma import _transport, errors
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS, available_backends, choose_backend
 

@@ -92,6 +92,17 @@ def test_importing_tf_rdma_fails_on_a_bad_variable_and_names_it(name, value, mes
     assert "tf_rdma.errors.ConfigError" in result.stderr and message in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("name", ["TF_RDMA_TEST_HOST", "TF_RDMA_TEST_ANYTHING", "TF_RDMA_SOFTROCE_ANYTHING"])
+def test_the_test_harness_prefixes_are_left_to_the_harness(name):
+    assert load_config({name: "whatever"}) == load_config({})
+
+
+@pytest.mark.parametrize("name", ["TF_RDMA_TESTS_HOST", "TF_RDMA_TEST", "TF_RDMA_SOFTROCEX_CACHE", "TF_RDMA_HOST"])
+def test_names_near_the_test_harness_prefixes_are_unknown(name):
+    with pytest.raises(errors.ConfigError, match=f"unknown environment variable {name};"):
+        load_config({name: "whatever"})
+
+
 def test_importing_tf_rdma_with_valid_variables_applies_them():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
     result = subprocess.run(

@@ -8,20 +8,16 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-import hostile_peer
-import wire_client as w
-from helpers import KEY, next_line, transport
-from victim_process import VictimProcess
+from tests.transport import hostile_peer
+from tests.transport import wire_client as w
+from tests.transport.helpers import KEY, next_line, transport
+from tests.transport.victim_process import VictimProcess
 from tf_rdma import errors
 
 pytestmark = pytest.mark.stream_backends_only
-
-HELPERS = str(Path(__file__).parent)
-
 
 def listener_in_child(backend, limit_setup, connect_timeout):
     """A tf_rdma listener in a child process whose limits `limit_setup` (Python code) lowered. It
@@ -30,8 +26,7 @@ def listener_in_child(backend, limit_setup, connect_timeout):
     start itself, which is not what the tests are about."""
     script = textwrap.dedent(f'''
         import resource, sys, threading
-        sys.path.insert(0, {HELPERS!r})
-        from helpers import HOST, transport
+        from tests.transport.helpers import HOST, transport
         receiver = transport({backend!r}, "receiver", connect_timeout={connect_timeout})
         listener = receiver.listen(f"{{HOST}}:0")
         def accept_all():

@@ -5,17 +5,15 @@ import contextlib
 import socket
 import struct
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers import HOST, KEY, connected_pair, pattern, transport
+from tests.transport.helpers import HOST, KEY, connected_pair, pattern, transport
 from tf_rdma import _transport, bench_scale, errors
 
 # verbs runs in the Soft-RoCE guest, under emulation: fewer peers there, enough that a thread per
 # peer (as each verbs connection had before) would show.
 PEERS = {"tcp": 512, "shm": 512, "verbs": 32}
-RECEIVER_SCRIPT = Path(__file__).with_name("scale_receiver.py")
 
 
 def test_grant_callbacks_run_on_a_transport_thread_unless_refused_at_once(backend):
@@ -82,7 +80,7 @@ def test_silent_sockets_do_not_lock_peers_out(backend):
 @contextlib.contextmanager
 def receiver_process(backend):
     """scale_receiver.py in a process of its own."""
-    receiver = bench_scale.ReceiverProcess(backend, KEY, HOST, program=RECEIVER_SCRIPT)
+    receiver = bench_scale.ReceiverProcess(backend, KEY, HOST, module="tests.transport.scale_receiver")
     try:
         yield receiver
     finally:

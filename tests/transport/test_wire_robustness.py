@@ -9,8 +9,8 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import wire_client as w
-from helpers import HOST, KEY, raw_peer_connected, transport
+from tests.transport import wire_client as w
+from tests.transport.helpers import HOST, KEY, raw_peer_connected, transport
 from tf_rdma import _transport, errors
 
 pytestmark = pytest.mark.stream_backends_only

@@ -1,7 +1,7 @@
 """A tf_rdma listener under attack, in its own process: a crash (SIGSEGV, SIGBUS, abort) then shows
 as this process dying, with its exit status, instead of taking the test run down with it.
 
-usage: victim_process.py BACKEND CONNECT_TIMEOUT PEER_TIMEOUT [LIMIT_SETUP]
+usage: python -m tests.transport.victim_process BACKEND CONNECT_TIMEOUT PEER_TIMEOUT [LIMIT_SETUP]
 LIMIT_SETUP is Python code run after the listener started (to lower resource limits).
 Prints {"endpoint": ...}, then answers each command line on stdin with one JSON line:
   attack           accept one connection; grant GRANTS in a canary-filled region, start WRITES
@@ -23,11 +23,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from helpers import HOST, next_line, pattern, transport  # noqa: E402
-from tf_rdma import errors  # noqa: E402
-from tf_rdma.config import load_config  # noqa: E402
+from tests.transport.helpers import HOST, next_line, pattern, transport
+from tf_rdma import errors
+from tf_rdma.config import load_config
 
 REGION_SIZE = 64 << 10
 CANARY = 0xA5
@@ -161,7 +159,7 @@ class VictimProcess:
         # the victim in its logging, so its stderr goes to a file.
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), backend, str(connect_timeout), str(peer_timeout),
+            [sys.executable, "-m", "tests.transport.victim_process", backend, str(connect_timeout), str(peer_timeout),
              *([limit_setup] if limit_setup else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.endpoint = self.answer()["endpoint"]

@@ -20,9 +20,9 @@ CLI::
     python tools/softroce/guest.py check     # prerequisites / native RDMA
     python tools/softroce/guest.py build     # (re)build the cached vmlinux + initramfs
 
-Python API::
+Python API (from the repository's root)::
 
-    from guest import run, native_rdma_available, missing_prerequisites
+    from tools.softroce.guest import run, native_rdma_available, missing_prerequisites
     res = run(["ibv_devinfo"], timeout=60)
     res.returncode, res.output, res.boot_seconds
     a, b = run_linked(LinkedCommand(["cmd-a"]), LinkedCommand(["cmd-b"]), timeout=60)

@@ -513,6 +513,65 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportO
   return std::make_unique<VerbsTransport>(options, std::move(devices));
 }
 
+absl::StatusOr<VerbsLocalPort> ResolveVerbsLocalPort(const std::string& host, const Config& config) {
+  absl::Status libraries = verbs::LoadRdmaLibraries();
+  if (!libraries.ok()) return libraries;
+  // The port plays no part in choosing the device; binding needs one.
+  absl::StatusOr<sockaddr_storage> address = ResolveIp(Endpoint{host, 0}, true);
+  if (!address.ok()) return address.status();
+  CmId cm;
+  absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
+  if (!channel.ok()) return channel.status();
+  cm.channel = *channel;
+  if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return CmError("rdma_create_id", host);
+  if (rdma_bind_addr(cm.id, reinterpret_cast<sockaddr*>(&*address)) != 0) return CmError("rdma_bind_addr", host);
+  if (cm.id->verbs == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        host, " is no address of an RDMA device's interface, so rdma_cm resolves no device for it. RDMA "
+        "devices here: ", verbs::DescribeDevices()));
+  }
+  VerbsLocalPort chosen{verbs::DeviceName(cm.id->verbs), cm.id->port_num, config.verbs_gid_index,
+                        "TF_RDMA_VERBS_GID_INDEX"};
+  if (!config.verbs_device.empty() && chosen.device != config.verbs_device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        host, " is an address of RDMA device ", chosen.device, ", but TF_RDMA_VERBS_DEVICE=",
+        config.verbs_device, ". Use an address of ", config.verbs_device, " or unset TF_RDMA_VERBS_DEVICE"));
+  }
+  if (config.verbs_port != 0 && chosen.port != config.verbs_port) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        host, " is an address of port ", chosen.port, " of ", chosen.device, ", but TF_RDMA_VERBS_PORT=",
+        config.verbs_port, ". Use the IP address of port ", config.verbs_port,
+        "'s interface, or unset TF_RDMA_VERBS_PORT"));
+  }
+  absl::Status port = verbs::CheckPortAndGid(cm.id->verbs, chosen.port, config.verbs_gid_index);
+  if (!port.ok()) return port;
+  if (chosen.gid_index >= 0) return chosen;
+  // rdma_cm sends from the GID of the bound address, the RoCE v2 entry where the port has one
+  // (the kernel's default RoCE mode), else the address's other entry (RoCE v1, InfiniBand).
+  const ibv_gid& source = cm.id->route.addr.addr.ibaddr.sgid;
+  ibv_port_attr port_attr{};
+  if (ibv_query_port(cm.id->verbs, chosen.port, &port_attr) != 0) {
+    return absl::UnavailableError(absl::StrCat("ibv_query_port on ", chosen.device, " port ", chosen.port,
+                                               ": ", std::strerror(errno)));
+  }
+  for (int i = 0; i < port_attr.gid_tbl_len; ++i) {
+    ibv_gid_entry entry{};
+    if (ibv_query_gid_ex(cm.id->verbs, chosen.port, i, &entry, 0) != 0) continue;
+    if (std::memcmp(entry.gid.raw, source.raw, sizeof(source.raw)) != 0) continue;
+    if (chosen.gid_index < 0 || entry.gid_type == IBV_GID_TYPE_ROCE_V2) {
+      chosen.gid_index = i;
+      chosen.gid_chosen_by = absl::StrCat("the GID of ", host, ", as rdma_cm resolves it");
+    }
+    if (entry.gid_type == IBV_GID_TYPE_ROCE_V2) break;
+  }
+  if (chosen.gid_index < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no GID of ", chosen.device, " port ", chosen.port, " is ", verbs::GidToString(source), ", the GID rdma_cm "
+        "resolves for ", host, "; set TF_RDMA_VERBS_GID_INDEX"));
+  }
+  return chosen;
+}
+
 std::map<std::string, uint64_t> VerbsStatistics() {
   const verbs::RegistrationCacheStats stats = verbs::GetRegistrationCacheStats();
   const verbs::GrantTableStats grants = verbs::GetGrantTableStats();

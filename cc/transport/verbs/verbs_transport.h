@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "cc/transport/config.h"
 #include "cc/transport/transport.h"
 
 namespace tf_rdma {
@@ -21,6 +22,18 @@ absl::Status VerbsAvailable(const TransportOptions& options);
 // device's, see verbs::CheckRdmaRoute), and if not, why, naming the devices and their addresses.
 absl::Status VerbsReaches(const std::string& host);
 absl::StatusOr<std::unique_ptr<Transport>> CreateVerbsTransport(const TransportOptions& options);
+
+// The device, port and source GID index the verbs backend's connections from `host` (an address of
+// this host's RDMA netdev) use under `config`'s TF_RDMA_VERBS_* settings: rdma_cm's choice for the
+// address, or the overrides; `gid_chosen_by` says which. For tools that must use the same ones
+// (the bench's perftest).
+struct VerbsLocalPort {
+  std::string device;
+  int port = 0;
+  int gid_index = -1;
+  std::string gid_chosen_by;
+};
+absl::StatusOr<VerbsLocalPort> ResolveVerbsLocalPort(const std::string& host, const Config& config);
 // Registration cache counters (hits, misses, evictions, invalidations, uncached), pinned bytes, and
 // grants carried by grant-table writes (written, read); process-wide.
 std::map<std::string, uint64_t> VerbsStatistics();

@@ -7,7 +7,8 @@ all of it, tensors included.
     measure(name, transport, out_dir) -> {"loopback_bytes", "loopback_packets", "grpc_bytes",
                                           "tensor_bytes_rdma", "digest", "stats", ...}
 
-`python netns.py inside JSON` is the part that runs inside the namespace.
+`python -m tests.tf.coverage.netns inside JSON` (from the repository's root) is the part that runs
+inside the namespace.
 """
 import json
 import os
@@ -16,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests import REPO
 from tf_rdma import netns as namespaces
 
-HERE = Path(__file__).resolve().parent
 
 # Header bytes the loopback counts per packet around the TCP payload: 20 IPv4 + 32 TCP (with the
 # timestamps option Linux sends by default). Not the 66 of an Ethernet capture: lo counts a packet
@@ -67,9 +68,8 @@ def _tensor_bytes(stats):
 
 def _inside(name, transport, out_dir):
     """In the fresh namespace: bring lo up, count, run the workload, count again."""
-    sys.path.insert(0, str(HERE))
-    from workloads import WORKLOADS
-    from cluster import digest
+    from tests.tf.coverage.workloads import WORKLOADS
+    from tests.tf.programs.cluster import digest
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     before = loopback_counters()
     t0 = time.monotonic()
@@ -100,10 +100,10 @@ def measure(name, transport, out_dir, backend="shm", timeout=900):
     env = dict(os.environ)
     if transport == "rdma":
         env["TF_RDMA_BACKEND"] = backend
-    argv = ["unshare", "-n", "--", sys.executable, str(Path(__file__).resolve()), "inside",
+    argv = ["unshare", "-n", "--", sys.executable, "-m", "tests.tf.coverage.netns", "inside",
             json.dumps([name, transport, str(out_dir)])]
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, cwd=REPO)
     path = out_dir / "measurement.json"
     if proc.returncode != 0 or not path.exists():
         raise RuntimeError(f"measuring {name} over {transport} failed ({proc.returncode}):\n"

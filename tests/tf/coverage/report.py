@@ -1,8 +1,8 @@
 """The coverage table: per workload, the tensor bytes tf_rdma carried and the bytes that still
 crossed on gRPC, each run in its own network namespace (see netns.py). As root:
 
-    .venv/bin/python tests/tf/coverage/report.py                      # every workload, grpc and rdma
-    .venv/bin/python tests/tf/coverage/report.py --workloads mwms_fit --transports grpc
+    .venv/bin/python -m tests.tf.coverage.report                      # every workload, grpc and rdma
+    .venv/bin/python -m tests.tf.coverage.report --workloads mwms_fit --transports grpc
 
 A grpc run's row is the baseline: all its cross-task bytes are gRPC's. An rdma run uses
 TF_RDMA_BACKEND=shm (--backend), whose transfers use no TCP, so its gRPC bytes are what tf_rdma
@@ -14,9 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netns  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from tests.tf.coverage import netns
+from tests.tf.coverage.workloads import WORKLOADS
 
 
 def main(argv=None):

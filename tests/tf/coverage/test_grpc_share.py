@@ -7,14 +7,10 @@ which moves nothing over TCP: all their loopback bytes are gRPC's.
 Needs root (unshare -n); a root machine without unshare/ip fails rather than skips, so CI never
 silently measures nothing. About 5 minutes on 2 cores (two runs per workload).
 """
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netns  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from tests.tf.coverage import netns
+from tests.tf.coverage.workloads import WORKLOADS
 
 MAX_GRPC_SHARE = 0.001   # of the tensor bytes
 

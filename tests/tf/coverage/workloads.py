@@ -15,14 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from tests.tf.programs.cluster import Cluster
+
 HERE = Path(__file__).resolve().parent
-TESTS_TF = HERE.parent
 EXAMPLES = HERE.parents[2] / "examples"
-for path in (TESTS_TF, EXAMPLES):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-import cluster_utils as cu  # noqa: E402  examples/: the launchers' supervisor
-from cluster import Cluster  # noqa: E402  tests/tf: clusters of programs.py functions
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+import cluster_utils as cu  # noqa: E402  examples/: the launchers' supervisor (examples is no package)
 
 
 class Workload:
@@ -37,7 +36,7 @@ class Workload:
 
 # Without it, two gRPC runs of the embedding loop differ in a few table entries (sparse updates
 # of repeated ids), so digests could not tell transports apart; with it they are bit-identical.
-# TensorFlow's own switch, in every process of the clusters below that run programs.py or
+# TensorFlow's own switch, in every process of the clusters below that run tasks.py or
 # tf2_ps_keras.py (it does not make Keras fit under ParameterServerStrategy reproducible).
 DETERMINISTIC = {"TF_DETERMINISTIC_OPS": "1"}
 

@@ -9,12 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-import wire_client as w
-from helpers import KEY, connected_pair, next_line, raw_peer_connected, transport
+from tests.transport import wire_client as w
+from tests.transport.helpers import KEY, connected_pair, next_line, raw_peer_connected, transport
 from tf_rdma import errors
 
 
@@ -119,15 +118,13 @@ def sender_in_child(script_body):
     of killing the test run. The child listens, prints its endpoint, accepts one raw peer, runs
     `script_body` (with `connection` bound) and prints what it reports."""
     script = textwrap.dedent('''
-        import sys
-        sys.path.insert(0, {helpers!r})
-        from helpers import HOST, transport
+        from tests.transport.helpers import HOST, transport
         from tf_rdma import errors
         sender_side = transport("shm", "sender")
         listener = sender_side.listen(f"{{HOST}}:0")
         print(listener.endpoint, flush=True)
         connection = listener.accept(10)
-    ''').format(helpers=str(Path(__file__).parents[1])) + textwrap.dedent(script_body)
+    ''') + textwrap.dedent(script_body)
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

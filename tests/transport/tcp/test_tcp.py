@@ -3,8 +3,8 @@ import struct
 
 import pytest
 
-import wire_client as w
-from helpers import HOST, raw_peer_connected, transport
+from tests.transport import wire_client as w
+from tests.transport.helpers import HOST, raw_peer_connected, transport
 from tf_rdma import errors
 
 

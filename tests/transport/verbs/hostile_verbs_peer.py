@@ -2,7 +2,7 @@
 under /usr/bin/python3, not the project's interpreter), to do what tf_rdma's own client never
 does: RDMA-write with keys and addresses the listener announced on another connection.
 
-usage: hostile_verbs_peer.py HOST PORT KEY_HEX CONNECTIONS
+usage: python -m tests.transport.verbs.hostile_verbs_peer HOST PORT KEY_HEX CONNECTIONS
 Connects CONNECTIONS times (peer names intruder-0, intruder-1, ...), handshakes each, and prints
 {"connected": CONNECTIONS}. Then answers one JSON command per stdin line with one JSON line:
   {"learn": i}     wait until connection i announced a region and its grant table; report them
@@ -23,18 +23,16 @@ import struct
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pyverbs.cm_enums as cm_enums
+import pyverbs.enums as enums
+from pyverbs.cmid import CMID, AddrInfo, ConnParam
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
 
-import pyverbs.cm_enums as cm_enums  # noqa: E402
-import pyverbs.enums as enums  # noqa: E402
-from pyverbs.cmid import CMID, AddrInfo, ConnParam  # noqa: E402
-from pyverbs.cq import CQ  # noqa: E402
-from pyverbs.mr import MR  # noqa: E402
-from pyverbs.pd import PD  # noqa: E402
-from pyverbs.qp import QP, QPCap, QPInitAttr  # noqa: E402
-from pyverbs.wr import SGE, RecvWR, SendWR  # noqa: E402
-
-import wire_client  # noqa: E402
+from tests.transport import wire_client
 
 REGION_MESSAGE, GRANT_TABLE_MESSAGE = 0x40, 0x41
 MESSAGE_BYTES = 4160  # the largest control message a tf_rdma peer sends

@@ -80,7 +80,7 @@ def test_without_rdma_core_tcp_and_shm_work_and_verbs_says_what_to_install():
             except OSError:
                 pass
         import tf_rdma
-        from helpers import connected_pair, pattern
+        from tests.transport.helpers import connected_pair, pattern
         from tf_rdma import _transport, errors
 
         for backend in ("tcp", "shm"):

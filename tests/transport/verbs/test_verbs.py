@@ -11,12 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers import HOST, connected_pair, pattern, transport
+from tests.transport.helpers import HOST, connected_pair, pattern, transport
 from tf_rdma import _transport, bench, errors
-from verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
+from tests.transport.verbs.verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
 
 def run_python(code, env=None, prefix=()):
@@ -28,16 +29,27 @@ def run_python(code, env=None, prefix=()):
     return result.stdout + result.stderr
 
 
+SYSFS_INFINIBAND = Path("/sys/class/infiniband")
+
+
 @pytest.fixture
 def device():
-    """(device, port, gid_index) the verbs backend uses for HOST on this host, found in sysfs as
+    """(device, port, gid_index) the verbs backend uses for HOST on this host without overrides, as
     rdma_cm picks them, not assumed (rxe0, port 1, GID 1 in the Soft-RoCE guest only)."""
     name, port, gid_index, _ = bench.verbs_device(HOST, environ={})
     return name, port, gid_index
 
 
 def gids_of(name, port):
-    return bench._gids(bench.SYSFS_INFINIBAND / name / "ports" / str(port))
+    """[(index, gid, type)] of a port's populated GID entries, from sysfs."""
+    port_dir = SYSFS_INFINIBAND / name / "ports" / str(port)
+    entries = sorted((p for p in (port_dir / "gids").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    out = []
+    for entry in entries:
+        gid = entry.read_text().strip()
+        if gid and not set(gid) <= {"0", ":"}:
+            out.append((int(entry.name), gid, (port_dir / "gid_attrs" / "types" / entry.name).read_text().strip()))
+    return out
 
 
 def fresh_mapping(size, seed):
@@ -145,7 +157,7 @@ def test_nonexistent_device_lists_the_existing_ones(device):
 @needs_verbs
 def test_nonexistent_port_lists_the_existing_ones(device):
     name, port, _ = device
-    missing = 1 + max(int(p.name) for p in (bench.SYSFS_INFINIBAND / name / "ports").iterdir())
+    missing = 1 + max(int(p.name) for p in (SYSFS_INFINIBAND / name / "ports").iterdir())
     out = run_python("""
         from tf_rdma import _transport
         print(_transport.backend_available("verbs"))

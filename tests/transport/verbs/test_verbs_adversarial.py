@@ -23,9 +23,9 @@ from collections import Counter
 
 import pytest
 
-from helpers import KEY, next_line, transport
-from verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
-from victim_process import VictimProcess
+from tests.transport.helpers import KEY, next_line, transport
+from tests.transport.verbs.verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
+from tests.transport.victim_process import VictimProcess
 
 SEED = int(os.environ.get("FUZZ_SEED", "9"))
 # Most fuzzed messages end their connection after 2-3 messages: 2,001 took 112.7 s in the guest.
@@ -56,7 +56,7 @@ def test_fuzzed_messages_after_a_valid_handshake():
     assert ok, answer
     settle_baseline(victim)
     host, port = victim.endpoint.rsplit(":", 1)
-    peer = subprocess.Popen([PYVERBS_PYTHON, str(HOSTILE_PEER), host, port, KEY.hex(), "0"],
+    peer = subprocess.Popen([PYVERBS_PYTHON, "-m", HOSTILE_PEER, host, port, KEY.hex(), "0"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert json.loads(next_line(peer, timeout=60)) == {"connected": 0}
     sent, batches, kinds, endings = 0, 0, Counter(), Counter()

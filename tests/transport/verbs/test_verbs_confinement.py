@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from helpers import HOST, KEY, next_line, transport
-from verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
+from tests.transport.helpers import HOST, KEY, next_line, transport
+from tests.transport.verbs.verbs_helpers import HOSTILE_PEER, PYVERBS_PYTHON, needs_verbs, require_pyverbs
 
 REGION_SIZE = 64 << 10
 CANARY = 0xA5
@@ -23,7 +23,7 @@ def intruder():
     victim = transport("verbs", "victim")
     listener = victim.listen(f"{HOST}:0")
     host, port = listener.endpoint.rsplit(":", 1)
-    peer = subprocess.Popen([PYVERBS_PYTHON, str(HOSTILE_PEER), host, port, KEY.hex(), "3"],
+    peer = subprocess.Popen([PYVERBS_PYTHON, "-m", HOSTILE_PEER, host, port, KEY.hex(), "3"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ask(command):

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-import wire_client as w
+from tests.transport import wire_client as w
 from tf_rdma import _transport, errors
 
 pytestmark = pytest.mark.skipif(not hasattr(_transport, "decode_verbs_message"),

@@ -1,7 +1,6 @@
 """What the verbs tests share: whether verbs works here, and the pyverbs peer's interpreter."""
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ needs_verbs = pytest.mark.skipif(not VERBS_OK, reason=f"verbs unavailable here (
                                  "they run in the Soft-RoCE guest")
 
 PYVERBS_PYTHON = "/usr/bin/python3"  # Debian's interpreter, where python3-pyverbs installs
-HOSTILE_PEER = Path(__file__).with_name("hostile_verbs_peer.py")
+HOSTILE_PEER = "tests.transport.verbs.hostile_verbs_peer"  # a module: python -m
 
 
 def require_pyverbs():

@@ -1,5 +1,5 @@
 """Local TensorFlow clusters for the tests: each task a separate process running a function of
-programs.py, killed when the test ends."""
+tasks.py (or another program of this folder), killed when the test ends."""
 import json
 import os
 import signal
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tf_rdma import ports
 
-PROGRAMS = Path(__file__).with_name("programs.py")
+PROGRAMS = Path(__file__).parent
+TASKS = PROGRAMS / "tasks.py"
 
 
 def free_ports(count, port_offset=None):
@@ -34,7 +35,7 @@ def digest(npz_path):
 
 
 class Cluster:
-    """`jobs`: {"ps": 1, "worker": 1}. Each task runs `programs.<function>(cluster, job, index, **kw)`."""
+    """`jobs`: {"ps": 1, "worker": 1}. Each task runs `tasks.<function>(cluster, job, index, **kw)`."""
 
     def __init__(self, tmp_path, jobs, env=None, host="localhost", python=sys.executable, base_env=os.environ):
         """`python` and `base_env`: another environment's interpreter (and its variables) runs the tasks."""
@@ -49,8 +50,8 @@ class Cluster:
         """The command line that runs the task's `argv` (a subclass may run it elsewhere)."""
         return argv
 
-    def start(self, job, index, function, env=None, program=PROGRAMS, stdin=None, **kwargs):
-        """Runs `function` of `program` (a file with programs.py's command line) as the task;
+    def start(self, job, index, function, env=None, program=TASKS, stdin=None, **kwargs):
+        """Runs `function` of `program` (a file with tasks.py's command line) as the task;
         `stdin=subprocess.PIPE` lets the test talk to it."""
         log = open(self.tmp_path / f"{job}{index}.log", "w")
         args = json.dumps({"cluster": self.spec, "job": job, "index": index, "kwargs": kwargs})
@@ -80,7 +81,7 @@ class Cluster:
             time.sleep(0.2)
 
     def stats_dumped_after(self, path, moment, timeout=30):
-        """The stats a task running programs.serve(stats_file=path) dumped after `moment` (time.time()):
+        """The stats a task running tasks.serve(stats_file=path) dumped after `moment` (time.time()):
         polls until one was, so it holds everything that happened before."""
         deadline = time.monotonic() + timeout
         while not (os.path.exists(path) and os.stat(path).st_mtime > moment):

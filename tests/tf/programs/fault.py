@@ -1,12 +1,12 @@
-"""Coordinator programs for test_fault_tolerance.py: `python fault_programs.py FUNCTION JSON_ARGS`,
-as programs.py. A ClusterCoordinator trains a variable on the ps, step after step, while the test
+"""Coordinator programs for test_fault_tolerance.py: `python fault.py FUNCTION JSON_ARGS`,
+as tasks.py. A ClusterCoordinator trains a variable on the ps, step after step, while the test
 kills and restarts tasks; each program records what TensorFlow's fault tolerance made of it."""
 import json
 import os
 import sys
 import time
 
-from programs import ps_strategy
+from tests.tf.programs.tasks import ps_strategy
 
 
 def _training(cluster, transport):

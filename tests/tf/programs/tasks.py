@@ -1,4 +1,4 @@
-"""Task programs for tests/tf: `python programs.py FUNCTION JSON_ARGS`."""
+"""Task programs for tests/tf: `python tasks.py FUNCTION JSON_ARGS`."""
 import gc
 import json
 import os

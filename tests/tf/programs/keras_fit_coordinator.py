@@ -13,7 +13,7 @@ def main(cluster, output, transport="rdma", epochs=3, steps_per_epoch=20):
     import tensorflow as tf
     import tf_keras as keras
 
-    from programs import digits, ps_strategy
+    from tests.tf.programs.tasks import digits, ps_strategy
     strategy = ps_strategy(cluster, transport)
     features, labels = digits()
 

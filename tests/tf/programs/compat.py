@@ -1,5 +1,5 @@
-"""Programs for test_compatibility.py: `python compat_programs.py FUNCTION JSON_ARGS`, as
-programs.py. Each reproduces a behaviour users rely on with tf.distribute.Server."""
+"""Programs for test_compatibility.py: `python compat.py FUNCTION JSON_ARGS`, as
+tasks.py. Each reproduces a behaviour users rely on with tf.distribute.Server."""
 import json
 import os
 import sys

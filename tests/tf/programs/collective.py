@@ -1,5 +1,5 @@
-"""Task programs for MultiWorkerMirroredStrategy tests: `python collective_programs.py FUNCTION
-JSON_ARGS`, as programs.py. Each worker sets its TF_CONFIG from the cluster and its index, and the
+"""Task programs for MultiWorkerMirroredStrategy tests: `python collective.py FUNCTION
+JSON_ARGS`, as tasks.py. Each worker sets its TF_CONFIG from the cluster and its index, and the
 strategy starts its server (no separate server call, as with TensorFlow's strategy)."""
 import json
 import os

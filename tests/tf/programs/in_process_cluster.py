@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from cluster import free_ports
+from tests.tf.programs.cluster import free_ports
 
 
 def main(transport, output):

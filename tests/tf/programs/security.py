@@ -1,4 +1,4 @@
-"""Programs for test_security.py: `python security_programs.py FUNCTION JSON_ARGS`, as programs.py."""
+"""Programs for test_security.py: `python security.py FUNCTION JSON_ARGS`, as tasks.py."""
 import json
 import os
 import sys
@@ -69,8 +69,7 @@ def hostile_worker(cluster, job, index):
     import struct
     import threading
     import tensorflow as tf
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "transport"))
-    import wire_client as w
+    from tests.transport import wire_client as w
     from tf_rdma.config import load_config
     config = load_config()
     server = tf.distribute.Server(cluster, job_name=job, task_index=index)

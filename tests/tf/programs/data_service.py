@@ -1,5 +1,5 @@
 """tf.data service trainers for tests/tf/test_data_service.py (the dispatcher and workers are
-`python -m tf_rdma bench data`'s): `python data_service_programs.py FUNCTION JSON_ARGS`."""
+`python -m tf_rdma bench data`'s): `python data_service.py FUNCTION JSON_ARGS`."""
 import hashlib
 import json
 import os

@@ -1,0 +1,1 @@
+"""The repository's tools, a package so that the tests import them as `tools.…`."""
