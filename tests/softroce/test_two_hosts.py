@@ -3,7 +3,9 @@ with its own kernel and rxe0 on its own virtual NIC, joined by a virtual Etherne
 has a second RDMA device, rxe1, which cannot reach guest-b: the device must be chosen per peer.
 
 - The transport suite's cases whose peer is another process (marked peer_process), with that
-  process on guest-b, plus which device guest-a uses for guest-b (device_choice_across_hosts.py).
+  process on guest-b, plus which device guest-a uses for guest-b (device_choice_across_hosts.py)
+  and verbs connections across the link under loss, delay and partitions
+  (verbs_faults_across_hosts.py).
 - A TF1 session with the ps on guest-a and the worker on guest-b, over gRPC and over tf_rdma with
   TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host.
 
@@ -40,7 +42,7 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
         softroce,
         [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--backends", "verbs",
          "-m", "peer_process", "tests/transport/test_transport.py",
-         "tests/softroce/device_choice_across_hosts.py"],
+         "tests/softroce/device_choice_across_hosts.py", "tests/softroce/verbs_faults_across_hosts.py"],
         {"TF_RDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
         [PYTHON, "tests/transport/remote_process.py", "serve", peer_ip, str(AGENT_PORT),
          "--until", f"{guest.SHARED_MOUNT}/guest-a.exit"], {},
