@@ -2,23 +2,21 @@
 peer on guest-b: verbs connections across the guests' link while the link is impaired (issue 27,
 its verbs part). Not named test_*: it runs only in that guest, by path.
 
-- Loss and delay: `tc netem` (1% loss, 20 ms +- 5 ms) on eth0's egress of both guests, guest-b's
-  set through the peer agent. Every message must arrive exact and in order, both ways. netem's
-  `rate` keeps the packets in order, as a link does: jitter alone makes netem reorder packets, and
-  RC's go-back-N retransmission then collapses (docs/faults.md, "What they found").
+- Loss and delay (link_impairment.py: 1% loss, 20 ms +- 5 ms) on eth0's egress of both guests,
+  guest-b's set through the peer agent. Every message must arrive exact and in order, both ways.
 - A partition: nftables in guest-a drops RoCE v2 (UDP 4791) both ways, so neither side gets an
   error packet, and the peer agent's TCP connection (the test's control channel) is untouched.
   Shorter than the peer timeout, then healed: no error, no message lost. Longer: the waiting side
   fails within the peer timeout plus SLACK with PeerUnavailableError naming the peer; once healed a
   new connection works, and the stale one delivers nothing and blocks nothing.
 """
-import os
 import shutil
 import subprocess
 import time
 
 import pytest
 
+import link_impairment
 from helpers import HOST, PEER_AGENT, pattern, start_peer, transport, wait_for_line
 from remote_process import RemoteProcess
 from tf_rdma import errors
@@ -28,15 +26,10 @@ PEER_TIMEOUT = 3.0  # s, both sides; as tests/faults (TF_RDMA_PEER_TIMEOUT_MS=30
 # guests' emulation (the transport suite's hung-peer case allows the same).
 SLACK = 4.0
 ROCE_V2_PORT = 4791
-NETEM = ["loss", "1%", "delay", "20ms", "5ms", "rate", "1gbit"]
-TC, NFT = shutil.which("tc") or "/usr/sbin/tc", shutil.which("nft") or "/usr/sbin/nft"
+NFT = shutil.which("nft") or "/usr/sbin/nft"
 TABLE = "tf_rdma_partition"
 
 pytestmark = pytest.mark.peer_process
-
-
-def run_here(argv):
-    subprocess.run(argv, check=True, timeout=30, capture_output=True, text=True)
 
 
 def run_on_peer_host(argv):
@@ -48,19 +41,16 @@ def run_on_peer_host(argv):
 @pytest.fixture
 def lossy_link():
     """1% loss and 20 +- 5 ms of delay on the link, each guest's egress."""
-    run_here(["modprobe", "sch_netem"])
-    add = [TC, "qdisc", "replace", "dev", "eth0", "root", "netem", *NETEM]
-    delete = [TC, "qdisc", "del", "dev", "eth0", "root"]
-    run_here(add)
+    link_impairment.impair_here()
     try:
-        run_on_peer_host(["modprobe", "sch_netem"])
-        run_on_peer_host(add)
+        run_on_peer_host(link_impairment.LOAD)
+        run_on_peer_host(link_impairment.ADD)
         try:
             yield
         finally:
-            run_on_peer_host(delete)
+            run_on_peer_host(link_impairment.DELETE)
     finally:
-        run_here(delete)
+        link_impairment.run(link_impairment.DELETE)
 
 
 class Partition:
@@ -77,7 +67,7 @@ class Partition:
 
     def heal(self):
         if self.started is not None:
-            run_here([NFT, "delete", "table", "inet", TABLE])
+            link_impairment.run([NFT, "delete", "table", "inet", TABLE])
             self.started = None
 
     def __exit__(self, *exc):
@@ -131,7 +121,7 @@ def test_under_loss_and_delay_every_message_arrives_exact_and_in_order_both_ways
             assert memoryview(region) == pattern(size, 100 + seed), f"reply {seed} ({size} bytes) differs"
         wait_for_line(peer, "done", timeout=120)  # the peer checked every byte it received
         connection.check()
-        print(f"{2 * count} messages, {2 * sum(sizes(count))} bytes under {' '.join(NETEM)} in "
+        print(f"{2 * count} messages, {2 * sum(sizes(count))} bytes under {' '.join(link_impairment.NETEM)} in "
               f"{time.monotonic() - started:.1f} s")
     finally:
         stop(peer)
