@@ -123,6 +123,8 @@ def test_under_loss_and_delay_every_message_arrives_exact_and_in_order_both_ways
 
 
 def test_a_partition_shorter_than_the_peer_timeout_heals_with_no_error_and_no_lost_message():
+    # rxe retries unacknowledged packets for ever (retry count 7), so only the peer timeout can end
+    # the connection here; a hardware HCA gives up after 7 retries (docs/faults.md).
     outage = PEER_TIMEOUT / 3
     size = 64 << 10
     local = transport("verbs", "guest-a", peer_timeout=PEER_TIMEOUT, connect_timeout=30)
