@@ -3,9 +3,12 @@ with its own kernel and rxe0 on its own virtual NIC, joined by a virtual Etherne
 has a second RDMA device, rxe1, which cannot reach guest-b: the device must be chosen per peer.
 
 - The transport suite's cases whose peer is another process (marked peer_process), with that
-  process on guest-b, plus which device guest-a uses for guest-b (device_choice_across_hosts.py).
+  process on guest-b, plus which device guest-a uses for guest-b (device_choice_across_hosts.py)
+  and verbs connections across the link under loss, delay and partitions
+  (verbs_faults_across_hosts.py).
 - A TF1 session with the ps on guest-a and the worker on guest-b, over gRPC and over tf_rdma with
-  TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host.
+  TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host;
+  then again with the link impaired (1% loss, 20 +- 5 ms): the same results, and the step rates.
 
 Skipped when the harness's host packages are missing, unless CI is set: then it fails
 (tests/softroce/conftest.py).
@@ -40,7 +43,7 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
         softroce,
         [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--backends", "verbs",
          "-m", "peer_process", "tests/transport/test_transport.py",
-         "tests/softroce/device_choice_across_hosts.py"],
+         "tests/softroce/device_choice_across_hosts.py", "tests/softroce/verbs_faults_across_hosts.py"],
         {"TF_RDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
         [PYTHON, "-m", "tests.transport.remote_process", "serve", peer_ip, str(AGENT_PORT),
          "--until", f"{guest.SHARED_MOUNT}/guest-a.exit"], {},
@@ -54,7 +57,7 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
 
 # Above the sum of this test's own waits, so they fail first, with the guests' output.
 @pytest.mark.timeout(700)
-def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc(softroce):
+def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc_and_under_loss(softroce):
     ps_ip, worker_ip = guest.LINK_IPS
     script = str(REPO / "tests" / "softroce" / "tf_across_hosts.py")
     env = {"TF_RDMA_BACKEND": "auto", "TF_CPP_MIN_LOG_LEVEL": "1"}
@@ -66,7 +69,11 @@ def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical
         return json.loads(next(l for l in output.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
 
     worker = result(b.output)
-    assert worker["rdma"] == worker["grpc"], report
+    digests, rates = worker["digests"], worker["steps_per_second"]
+    # Under 1% loss and 20 +- 5 ms of delay too: no step lost, changed or repeated on either.
+    assert digests["rdma"] == digests["grpc"] == digests["rdma_impaired"] == digests["grpc_impaired"], report
+    print(f"steps/s: {rates}; under the impairment tf_rdma/gRPC = "
+          f"{rates['rdma_impaired'] / rates['grpc_impaired']:.2f}")
     peer = worker["stats"]["peers"]["/job:ps/replica:0/task:0"]
     assert peer["backend"] == "verbs", peer
     assert peer["tensors_received"] > 0 and peer["tensors_sent"] > 0 and peer["dead_tensors"] > 0, peer

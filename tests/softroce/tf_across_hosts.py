@@ -9,25 +9,35 @@ tests/tf/programs/tasks.py's compare_worker, against the ~5 minutes CI can spare
 For the same reason the graph is small: a few SGD steps of a linear model whose variables live on
 the ps, a cond whose branches run on the ps (dead tensors cross), and the values read back.
 
+Then the same again with the link impaired (link_impairment.py: 1% loss, 20 ms +- 5 ms, on both
+guests' egress; issue 27), over each transport in the same processes: the results must not
+change, and the step rates under the impairment compare tf_rdma (verbs) with gRPC.
+
 usage: tf_across_hosts.py ps|worker PS_IP WORKER_IP
 
-ps: serves until the worker guest's command has ended (SOFTROCE_SHARED/guest-b.exit), then prints
-"RESULT " and its tf_rdma stats as JSON. worker: runs the session over each transport and prints
-"RESULT " and {"grpc": digest, "rdma": digest, "stats": its tf_rdma stats}.
+ps: serves until the worker guest's command has ended (SOFTROCE_SHARED/guest-b.exit), impairing
+its side of the link when the worker asks (SOFTROCE_SHARED/impair), then prints "RESULT " and its
+tf_rdma stats as JSON. worker: runs the session over each transport, unimpaired then impaired, and
+prints "RESULT " and {"digests": {"grpc"|"rdma"|"grpc_impaired"|"rdma_impaired": digest},
+"steps_per_second": {the same keys: rate}, "stats": its tf_rdma stats}.
 """
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+import link_impairment
+
 # Fixed ports: each guest is a fresh kernel with nothing else listening. tf_rdma listens at +1000.
 PORTS = {"grpc": (2222, 2223), "rdma": (3222, 3223)}
-STEPS = 4
+STEPS = 12
 TIMEOUT = float(os.environ.get("TF_ACROSS_HOSTS_TIMEOUT", "900"))
+IMPAIR_TIMEOUT = 60.0  # s for the other guest to answer about the impairment
 PS, WORKER = "/job:ps/task:0", "/job:worker/task:0"
 
 
@@ -39,7 +49,8 @@ def servers(tf, ps_ip, worker_ip, job):
 
 
 def train(tf, target):
-    """{name: array} after STEPS SGD steps of a linear model on the ps, computed on the worker."""
+    """({name: array} after STEPS SGD steps of a linear model on the ps, computed on the worker;
+    the steps per second after the first, which also sets the session up)."""
     rng = np.random.default_rng(11)
     x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
     graph = tf.Graph()
@@ -73,11 +84,14 @@ def train(tf, target):
         with tf.compat.v1.Session(target) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for i in range(STEPS):
+                if i == 1:
+                    timed = time.monotonic()
                 results[f"loss_{i}"] = sess.run([update, loss])[1]
+            steps_per_second = (STEPS - 1) / (time.monotonic() - timed)
             results["cond_true"] = sess.run(chosen, {pred: True})
             results["cond_false"] = sess.run(chosen, {pred: False})
             results.update(sess.run(read))
-    return {k: np.asarray(v) for k, v in results.items()}
+    return {k: np.asarray(v) for k, v in results.items()}, steps_per_second
 
 
 def digest(arrays):
@@ -89,25 +103,64 @@ def digest(arrays):
     return h.hexdigest()
 
 
+def wait_for(path, what):
+    deadline = time.monotonic() + IMPAIR_TIMEOUT
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} ({path}) did not come within {IMPAIR_TIMEOUT:.0f} s")
+        time.sleep(0.2)
+
+
+def announce(path, text):
+    """Writes `text` to `path` at once (the other guest polls for it)."""
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").rename(path)
+
+
+def impair_link(shared):
+    """Impairs the worker's side of the link, then has the ps impair its side."""
+    link_impairment.impair_here()
+    announce(shared / "impair", "")
+    wait_for(shared / "impaired", "the ps's side of the impairment")
+    answer = (shared / "impaired").read_text()
+    if answer != "ok":
+        raise RuntimeError(f"the ps could not impair its side of the link: {answer}")
+
+
 def main(role, ps_ip, worker_ip):
     import tensorflow as tf
     import tf_rdma
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.disable_control_flow_v2()  # v1 cond: its untaken branch's tensors cross dead
     started = time.monotonic()
+    shared = Path(os.environ["SOFTROCE_SHARED"])
     held = servers(tf, ps_ip, worker_ip, role)
     if role == "ps":
-        worker_done = Path(os.environ["SOFTROCE_SHARED"]) / "guest-b.exit"
+        worker_done, impaired = shared / "guest-b.exit", False
         while not worker_done.exists():
             if time.monotonic() - started > TIMEOUT:
                 print(f"the worker did not finish within {TIMEOUT:.0f} s", flush=True)
                 return 1
+            if not impaired and (shared / "impair").exists():
+                impaired = True
+                try:
+                    link_impairment.impair_here()
+                    announce(shared / "impaired", "ok")
+                except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+                    announce(shared / "impaired", str(e))
             time.sleep(0.5)
         print("RESULT " + json.dumps(tf_rdma.stats()), flush=True)
         os._exit(0)  # the servers would wait for a peer that is gone
-    results = {t: train(tf, held[t].target) for t in ("grpc", "rdma")}
-    print("RESULT " + json.dumps({"grpc": digest(results["grpc"]), "rdma": digest(results["rdma"]),
-                                  "stats": tf_rdma.stats()}), flush=True)
+    digests, rates = {}, {}
+    for impaired in (False, True):
+        if impaired:
+            impair_link(shared)
+        for t in ("grpc", "rdma"):
+            name = t + ("_impaired" if impaired else "")
+            results, rates[name] = train(tf, held[t].target)
+            digests[name] = digest(results)
+    print("RESULT " + json.dumps({"digests": digests, "steps_per_second": rates, "stats": tf_rdma.stats()}),
+          flush=True)
     sys.stdout.flush()
     os._exit(0)
 
