@@ -59,10 +59,10 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
 @pytest.mark.timeout(700)
 def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc_and_under_loss(softroce):
     ps_ip, worker_ip = guest.LINK_IPS
-    script = str(REPO / "tests" / "softroce" / "tf_across_hosts.py")
+    script = "tests.softroce.tf_across_hosts"
     env = {"TF_RDMA_BACKEND": "auto", "TF_CPP_MIN_LOG_LEVEL": "1"}
-    a, b, report = linked(softroce, [PYTHON, script, "ps", ps_ip, worker_ip], env,
-                          [PYTHON, script, "worker", ps_ip, worker_ip], env, timeout=600)
+    a, b, report = linked(softroce, [PYTHON, "-m", script, "ps", ps_ip, worker_ip], env,
+                          [PYTHON, "-m", script, "worker", ps_ip, worker_ip], env, timeout=600)
     assert b.returncode == 0 and a.returncode == 0, report
 
     def result(output):

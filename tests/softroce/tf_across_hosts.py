@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-import link_impairment
+from tests.softroce import link_impairment
 
 # Fixed ports: each guest is a fresh kernel with nothing else listening. tf_rdma listens at +1000.
 PORTS = {"grpc": (2222, 2223), "rdma": (3222, 3223)}

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-import link_impairment
-from helpers import HOST, PEER_AGENT, pattern, start_peer, transport, wait_for_line
-from remote_process import RemoteProcess
+from tests.softroce import link_impairment
+from tests.transport.helpers import HOST, PEER_AGENT, pattern, start_peer, transport, wait_for_line
+from tests.transport.remote_process import RemoteProcess
 from tf_rdma import errors
 
 PEER_TIMEOUT = 3.0  # s, both sides; as tests/faults (TF_RDMA_PEER_TIMEOUT_MS=3000)
