@@ -530,20 +530,20 @@ absl::StatusOr<VerbsLocalPort> ResolveVerbsLocalPort(const std::string& host, co
         host, " is no address of an RDMA device's interface, so rdma_cm resolves no device for it. RDMA "
         "devices here: ", verbs::DescribeDevices()));
   }
-  VerbsLocalPort chosen{verbs::DeviceName(cm.id->verbs), cm.id->port_num, config.verbs_gid_index,
+  VerbsLocalPort chosen{verbs::DeviceName(cm.id->verbs), cm.id->port_num, config.verbs.gid_index,
                         "TF_RDMA_VERBS_GID_INDEX"};
-  if (!config.verbs_device.empty() && chosen.device != config.verbs_device) {
+  if (!config.verbs.device.empty() && chosen.device != config.verbs.device) {
     return absl::FailedPreconditionError(absl::StrCat(
         host, " is an address of RDMA device ", chosen.device, ", but TF_RDMA_VERBS_DEVICE=",
-        config.verbs_device, ". Use an address of ", config.verbs_device, " or unset TF_RDMA_VERBS_DEVICE"));
+        config.verbs.device, ". Use an address of ", config.verbs.device, " or unset TF_RDMA_VERBS_DEVICE"));
   }
-  if (config.verbs_port != 0 && chosen.port != config.verbs_port) {
+  if (config.verbs.port != 0 && chosen.port != config.verbs.port) {
     return absl::FailedPreconditionError(absl::StrCat(
         host, " is an address of port ", chosen.port, " of ", chosen.device, ", but TF_RDMA_VERBS_PORT=",
-        config.verbs_port, ". Use the IP address of port ", config.verbs_port,
+        config.verbs.port, ". Use the IP address of port ", config.verbs.port,
         "'s interface, or unset TF_RDMA_VERBS_PORT"));
   }
-  absl::Status port = verbs::CheckPortAndGid(cm.id->verbs, chosen.port, config.verbs_gid_index);
+  absl::Status port = verbs::CheckPortAndGid(cm.id->verbs, chosen.port, config.verbs.gid_index);
   if (!port.ok()) return port;
   if (chosen.gid_index >= 0) return chosen;
   // rdma_cm sends from the GID of the bound address, the RoCE v2 entry where the port has one
