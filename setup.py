@@ -47,6 +47,9 @@ TRANSPORT_MODULE = _sources("cc/bench/*.cc") + ["cc/python/transport_module.cc"]
 # include gRPC's and protobuf's.
 TENSORFLOW_MODULE = [s for s in _sources("cc/tf/*/*.cc") if not s.startswith("cc/tf/data/")] + [
     "cc/python/tensorflow_module.cc"]
+# The tf.data service protocol (cc/tf/data/) declares TensorFlow internals whose headers the wheel
+# does not ship (data_transfer_api.h), as the releases listed here build them; it is compiled only
+# against those, and elsewhere tf_rdma.DATA_TRANSFER_PROTOCOL says which releases have it.
 DATA_SERVICE_TENSORFLOW = {(2, 21)}
 DATA_SERVICE_SOURCES = _sources("cc/tf/data/*.cc")
 TENSORFLOW_INCLUDES = ["com_github_grpc_grpc/include", "com_google_protobuf/src", "farmhash_archive/src"]
