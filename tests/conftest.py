@@ -1,7 +1,5 @@
 import os
 
-import pytest
-
 from tests import REPO
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS
 

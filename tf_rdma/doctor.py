@@ -8,7 +8,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import resource
 import socket
 from typing import Optional
 

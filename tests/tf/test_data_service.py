@@ -7,8 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from tests.tf.programs.cluster import PROGRAMS
 from tf_rdma import ports
 

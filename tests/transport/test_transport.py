@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.transport.helpers import (HOST, KEY, connected_pair, free_port, pattern, socket_inodes, start_peer, transport,
+from tests.transport.helpers import (HOST, connected_pair, free_port, pattern, socket_inodes, start_peer, transport,
                      wait_for_line)
 from tf_rdma import errors
 
