@@ -23,13 +23,6 @@ constexpr uint64_t kInlineMessageLimit = 64 << 10;
 // before the loop serves its other connections: a busy peer cannot starve them.
 constexpr int kReadsPerEvent = 64;
 constexpr int kSendsPerEvent = 16;
-// Message bytes one readable event moves or lets move (ReadAvailable) before the loop serves its
-// other connections. Without it a peer on another core answers each grant or DATA frame while its
-// turn still runs, and that one connection cycles grant -> data -> grant up to kReadsPerEvent
-// times in a turn where the others move what they had queued: at 256 peers writing 64 KiB
-// messages, the least served moved a fifth of the most served. A few messages' worth keeps a
-// single busy peer's extra cost at one epoll_wait per quantum.
-constexpr uint64_t kBytesPerTurn = 256 << 10;
 
 }  // namespace
 
@@ -250,8 +243,7 @@ void StreamConnection::Finish() {
 
 bool StreamConnection::ReadAvailable() {
   heard_since_tick_ = true;
-  moved_this_turn_ = 0;
-  for (int step = 0; step < kReadsPerEvent && moved_this_turn_ < kBytesPerTurn; ++step) {
+  for (int step = 0; step < kReadsPerEvent; ++step) {
     bool progressed = false;
     const absl::Status status = ReadStep(&progressed);
     if (!status.ok()) {
@@ -286,7 +278,6 @@ absl::Status StreamConnection::ReceivePayload(bool* progressed) {
   if (status.ok()) {
     *progressed = *got > 0;
     payload_->received += *got;
-    moved_this_turn_ += *got;
     // A payload read off the stream must not bring descriptors either.
     CollectDescriptors();
     status = RefuseStrayDescriptors(0, "DATA");
@@ -391,8 +382,6 @@ absl::Status StreamConnection::OnShmRegion(const wire::ShmRegion&, int fd) {
 absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {
   absl::Status usable = CheckRemoteGrant(grant);
   if (!usable.ok()) return usable;
-  // What the grant lets this side send (the paired message goes out from this turn).
-  moved_this_turn_ += grant.capacity;
   std::unique_lock<std::mutex> lock(mu_);
   if (!status_.ok()) return absl::OkStatus();
   absl::StatusOr<GrantBook<PendingWrite>::Pairing> pairing = book_.OnPeerGrant(grant);
@@ -430,9 +419,8 @@ absl::Status StreamConnection::OnData(const wire::Data& data) {
   if (PayloadOnStream() && data.length > 0) {
     char* dst = grant->region->data() + grant->offset;
     payload_ = IncomingPayload{*std::move(grant), dst, data.length};
-    return absl::OkStatus();  // its bytes count as they come off the stream
+    return absl::OkStatus();
   }
-  moved_this_turn_ += data.length;
   grant->done({absl::OkStatus(), data.length});
   return absl::OkStatus();
 }

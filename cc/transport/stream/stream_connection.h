@@ -184,8 +184,6 @@ class StreamConnection : public Connection,
   StreamReader reader_{fd_};
   std::deque<int> received_fds_;
   std::optional<IncomingPayload> payload_;
-  // Message bytes the current ReadAvailable moved or let move (its turn's budget).
-  uint64_t moved_this_turn_ = 0;
   bool heard_since_tick_ = false;
   absl::Time last_heard_;
   absl::Time last_sent_;
