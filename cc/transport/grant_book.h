@@ -31,6 +31,13 @@
 
 namespace tf_rdma {
 
+// How a grant ends when the sender answered it with TOO_SMALL: its message needs more bytes.
+inline GrantResult TooSmallResult(const wire::TooSmall& too_small) {
+  return {absl::ResourceExhaustedError(
+              absl::StrCat("the message needs ", too_small.needed, " bytes, more than granted")),
+          too_small.needed};
+}
+
 // Whether [offset, offset + capacity) lies in `region`: what every Grant() checks first.
 absl::Status CheckGrantRange(const MemoryRegion* region, uint64_t offset, uint64_t capacity);
 

@@ -343,12 +343,7 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
       return OnData(std::get<wire::Data>(frame.body));
     case wire::FrameType::kTooSmall: {
       const auto& too_small = std::get<wire::TooSmall>(frame.body);
-      return OnGrantReturned(
-          too_small.grant_id,
-          {absl::ResourceExhaustedError(absl::StrCat("the message needs ", too_small.needed,
-                                                     " bytes, more than granted")),
-           too_small.needed},
-          true);
+      return OnGrantReturned(too_small.grant_id, TooSmallResult(too_small), true);
     }
     case wire::FrameType::kRevoke:
       OnPeerRevoke(std::get<wire::Revoke>(frame.body).grant_id);

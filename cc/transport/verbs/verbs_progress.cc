@@ -222,12 +222,7 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
     }
     case wire::FrameType::kTooSmall: {
       const auto& too_small = std::get<wire::TooSmall>(frame.body);
-      return OnGrantReturnedLocked(
-          too_small.grant_id,
-          {absl::ResourceExhaustedError(absl::StrCat("the message needs ", too_small.needed,
-                                                     " bytes, more than granted")),
-           too_small.needed},
-          true, callbacks);
+      return OnGrantReturnedLocked(too_small.grant_id, TooSmallResult(too_small), true, callbacks);
     }
     case wire::FrameType::kRevoke:
       OnPeerRevokeLocked(std::get<wire::Revoke>(frame.body).grant_id);
