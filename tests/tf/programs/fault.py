@@ -130,6 +130,52 @@ def copies_past_a_frozen_worker(cluster, job, index, transport, output):
     _write(output, outcome)
 
 
+def through_worker_faults(cluster, job, index, transport, output, queued=100):
+    """Trains while the test partitions a worker or freezes it. Never joins while it trains (a join
+    waits for the faulted worker's step): every 0.1 s tops the steps scheduled and not yet done
+    (counted on the ps) up to `queued`, so no worker ever waits for a step, and prints, as
+    "progress JSON", the steps scheduled and each worker's done (TensorFlow's worker index tells
+    which worker ran a step). A line on stdin ends it: joins, and writes the steps scheduled and
+    counted, and tf_rdma's stats."""
+    import threading
+    import tensorflow as tf
+    strategy = ps_strategy(cluster, transport)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    workers = len(cluster["worker"])
+    with strategy.scope():
+        weights = tf.Variable(tf.ones((64, 64)))
+        by_worker = tf.Variable(tf.zeros((workers,), tf.int64))
+
+    @tf.function
+    def step():
+        def replica():
+            weights.assign_add(tf.tanh(weights) * 1e-6)
+            by_worker.assign_add(tf.one_hot(
+                tf.distribute.coordinator.experimental_get_current_worker_index(), workers, dtype=tf.int64))
+        strategy.run(replica)
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    scheduled = 0
+    try:
+        while not stop.is_set():
+            done = by_worker.numpy().tolist()
+            for _ in range(queued - (scheduled - sum(done))):
+                coordinator.schedule(step)
+                scheduled += 1
+            print("progress " + json.dumps({"time": time.time(), "scheduled": scheduled, "by_worker": done}),
+                  flush=True)
+            stop.wait(0.1)
+        coordinator.join()
+        outcome = {"scheduled": scheduled, "by_worker": by_worker.numpy().tolist()}
+    except Exception as e:  # the outcome under test, whatever its class
+        outcome = {**_failure(e, "training"), "scheduled": scheduled}
+    if transport == "rdma":
+        import tf_rdma
+        outcome["stats"] = tf_rdma.stats()
+    _write(output, outcome)
+
+
 if __name__ == "__main__":
     function, arguments = sys.argv[1], json.loads(sys.argv[2])
     globals()[function](arguments["cluster"], arguments["job"], arguments["index"], **arguments["kwargs"])
