@@ -13,17 +13,18 @@ step): it keeps steps queued and prints what each worker has done
   long gRPC would hold the step of a worker that never comes back, this test does not wait for.)
 - "grpc-keepalive": stock gRPC with its own keepalive set as short as the peer timeout
   (TF_GRPC_DEFAULT_OPTIONS, GRPC_KEEPALIVE). The partition fails the coordinator's calls to the
-  faulted worker about 2.2 s into it with UnavailableError ("recvmsg:Connection timed out"), a
+  faulted worker 2.2-2.3 s into it with UnavailableError ("recvmsg:Connection timed out"), a
   worker failure to TensorFlow, which retries the steps on the worker once it answers. The freeze
   failed nothing in our runs: the steps waited for the thaw, as with TensorFlow's settings.
 - "rdma": tf_rdma (tcp), TensorFlow's gRPC settings. Every tf_rdma connection to the faulted worker
   (and in the partition the worker's own) fails after the peer timeout, UnavailableError naming the
   peer, and is made again once the peer answers. A step that was waiting on one of them fails so,
-  and TensorFlow takes it for a transient ps failure (the part of the step that failed ran on the
-  ps), puts the step back and carries on; whether a fault catches a step waiting on tf_rdma is
-  chance (a step's tensors cross in a fraction of its time): three runs of six had two, three none. Each such failure counts
-  against TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES (3 per ps for the job's life, TensorFlow's
-  default; the third is raised to the user), which gRPC's runs never touch.
+  and TensorFlow takes it for a transient ps failure (its message names the ps, as gRPC's would),
+  puts the step back and carries on; whether a fault catches a step waiting on tf_rdma is chance
+  (a step's tensors cross in a fraction of its time): three runs of seven had two, four none.
+  Each such failure counts against TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES (3 per ps for the
+  job's life, TensorFlow's default; the third is raised to the user), which gRPC's runs never
+  touch.
 """
 import json
 import re
