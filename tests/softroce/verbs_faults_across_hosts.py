@@ -4,12 +4,16 @@ its verbs part). Not named test_*: it runs only in that guest, by path.
 
 - Loss and delay (link_impairment.py: 1% loss, 20 ms +- 5 ms) on eth0's egress of both guests,
   guest-b's set through the peer agent. Every message must arrive exact and in order, both ways.
+- Reordering (the same jitter without `rate`): one message takes longer than the peer timeout to
+  cross, while the sender's heartbeats wait behind it; it must arrive exact, and neither side may
+  declare the other dead.
 - A partition: nftables in guest-a drops RoCE v2 (UDP 4791) both ways, so neither side gets an
   error packet, and the peer agent's TCP connection (the test's control channel) is untouched.
   Shorter than the peer timeout, then healed: no error, no message lost. Longer: the waiting side
   fails within the peer timeout plus SLACK with PeerUnavailableError naming the peer; once healed a
   new connection works, and the stale one delivers nothing and blocks nothing.
 """
+import contextlib
 import shutil
 import subprocess
 import time
@@ -38,19 +42,33 @@ def run_on_peer_host(argv):
     assert code == 0, f"{argv} on the peer's host exited {code}: {process.stderr.read()}"
 
 
-@pytest.fixture
-def lossy_link():
-    """1% loss and 20 +- 5 ms of delay on the link, each guest's egress."""
-    link_impairment.impair_here()
+@contextlib.contextmanager
+def impaired_link(netem):
+    """`netem` on the link, each guest's egress; lifted on the way out."""
+    link_impairment.impair_here(netem)
     try:
         run_on_peer_host(link_impairment.LOAD)
-        run_on_peer_host(link_impairment.ADD)
+        run_on_peer_host(link_impairment.add(netem))
         try:
             yield
         finally:
             run_on_peer_host(link_impairment.DELETE)
     finally:
         link_impairment.run(link_impairment.DELETE)
+
+
+@pytest.fixture
+def lossy_link():
+    """1% loss and 20 +- 5 ms of delay, packets kept in order."""
+    with impaired_link(link_impairment.NETEM):
+        yield
+
+
+@pytest.fixture
+def reordering_link():
+    """20 +- 5 ms of delay, each packet its own: they overtake each other."""
+    with impaired_link(link_impairment.REORDERING):
+        yield
 
 
 class Partition:
@@ -118,6 +136,30 @@ def test_under_loss_and_delay_every_message_arrives_exact_and_in_order_both_ways
         connection.check()
         print(f"{2 * count} messages, {2 * sum(sizes(count))} bytes under {' '.join(link_impairment.NETEM)} in "
               f"{time.monotonic() - started:.1f} s")
+    finally:
+        stop(peer)
+
+
+def test_under_reordering_a_message_slower_than_the_peer_timeout_arrives_and_neither_side_fails(reordering_link):
+    # guest-a receives: the message's completion, and the heartbeats queued behind it on the peer's
+    # side, come only once the whole message crossed, long after the peer timeout.
+    size = 64 << 10
+    local = transport("verbs", "guest-a", peer_timeout=PEER_TIMEOUT, connect_timeout=30)
+    listener = local.listen(f"{HOST}:0")
+    peer, connection = peer_connected(listener, f"write:1:{size}:5", "print:written", "expect:2:1:6",
+                                      "print:done", "sleep:60")
+    try:
+        region = local.allocate_region(size)
+        started = time.monotonic()
+        assert connection.grant(1, region, 0, size).wait(120) == size
+        crossed = time.monotonic() - started
+        assert memoryview(region) == pattern(size, 5)
+        print(f"{size} bytes under {' '.join(link_impairment.REORDERING)} in {crossed:.1f} s")
+        assert crossed > PEER_TIMEOUT, f"the message crossed in {crossed:.1f} s: the link did not slow it"
+        wait_for_line(peer, "written", timeout=60)  # the sender's side saw its write land, no error
+        connection.write(2, pattern(1, 6)).wait(60)  # and its connection still works
+        wait_for_line(peer, "done", timeout=60)
+        connection.check()
     finally:
         stop(peer)
 
