@@ -131,6 +131,16 @@ bool QueuePair::TakeCompletionEvent() {
   return true;
 }
 
+absl::StatusOr<uint32_t> QueuePair::NextReceivePsn() const {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  const int error = ibv_query_qp(qp_, &attr, IBV_QP_RQ_PSN, &init);
+  if (error != 0) {
+    return absl::UnavailableError(absl::StrCat("ibv_query_qp(IBV_QP_RQ_PSN): ", std::strerror(error)));
+  }
+  return attr.rq_psn;
+}
+
 void QueuePair::Wake() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cc/transport/verbs/registration_cache.h"
 #include "cc/transport/verbs/verbs_memory.h"
 #include "cc/transport/verbs/verbs_messages.h"
@@ -53,6 +54,9 @@ class QueuePair {
   // Takes the completion channel's event (ibv_get_cq_event(3), acknowledged) and requests the
   // next (ibv_req_notify_cq(3)); true if there was one.
   bool TakeCompletionEvent();
+  // The PSN the queue pair expects next from the peer (ibv_query_qp(3)'s rq_psn): it moves with
+  // every packet of the peer's that arrives in order, before any message completes.
+  absl::StatusOr<uint32_t> NextReceivePsn() const;
   // Makes epoll_fd() readable: the loop then serves the connection.
   void Wake();
   // Consumes the wake-ups.

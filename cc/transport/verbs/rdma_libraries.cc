@@ -42,6 +42,9 @@
   X(IBVERBS, ibv_context*, ibv_open_device, (ibv_device * device), (device))                       \
   X(IBVERBS, int, ibv_query_device, (ibv_context * context, ibv_device_attr * attr),               \
     (context, attr))                                                                               \
+  X(IBVERBS, int, ibv_query_qp,                                                                    \
+    (ibv_qp * qp, ibv_qp_attr * attr, int attr_mask, ibv_qp_init_attr* init),                      \
+    (qp, attr, attr_mask, init))                                                                   \
   X(IBVERBS, int, ibv_query_port,                                                                  \
     (ibv_context * context, uint8_t port_num, _compat_ibv_port_attr * attr),                       \
     (context, port_num, attr))                                                                     \

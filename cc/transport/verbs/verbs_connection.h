@@ -206,6 +206,9 @@ class VerbsConnection : public Connection,
   // number per call; true if it stopped at that bound (completions may be left).
   bool PollCompletions(std::vector<std::function<void()>>* callbacks);
   void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
+  // OnTick's, once the peer has been silent for half the peer timeout: true if packets of the
+  // peer's arrived since the previous call, which came after the last message received.
+  bool PeerPacketsArrivedLocked(absl::Time now);
   void TakeLoopCallbacksLocked(std::vector<std::function<void()>>* callbacks);
   void HandleCompletion(const ibv_wc& wc, std::vector<std::function<void()>>* callbacks);
   void DrainInboxLocked(std::vector<std::function<void()>>* callbacks);
@@ -282,8 +285,10 @@ class VerbsConnection : public Connection,
   std::unordered_map<uint32_t, Window> region_windows_;  // regions announced to the peer, by id
   size_t sweep_at_ = 64;                                 // region_windows_ size of the next sweep
   std::unordered_map<uint32_t, RemoteRegion> remote_regions_;  // the peer's REGIONs, by id
-  absl::Time last_receive_;
+  absl::Time last_receive_;  // of a message, or of packets PeerPacketsArrivedLocked saw
   absl::Time last_send_;
+  uint32_t receive_psn_ = 0;                              // QueuePair::NextReceivePsn when last asked
+  absl::Time receive_psn_asked_ = absl::InfinitePast();  // when that was
   absl::Time last_completion_ = absl::InfinitePast();  // the loop's thread only
 };
 

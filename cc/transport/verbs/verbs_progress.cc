@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/peer_errors.h"
 
@@ -63,11 +64,19 @@ bool VerbsConnection::OnTick(absl::Time now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok() && established_) {
+      // A message counts as received only once it completes, and the peer's heartbeats queue behind
+      // it: on a slow or reordering link a long one can outlast the peer timeout while its packets
+      // still arrive. They move the queue pair's receive PSN; a dead or cut-off peer's do not.
+      if (now - last_receive_ > options_.peer_timeout / 2 && PeerPacketsArrivedLocked(now)) {
+        last_receive_ = now;
+      }
       if (now - last_receive_ > options_.peer_timeout) {
         FailLocked(PeerError(absl::DeadlineExceededError(absl::StrCat(
                        "nothing received for ", absl::FormatDuration(now - last_receive_)))),
                    false, &callbacks);
-      } else if (now - last_send_ >= options_.peer_timeout / 4) {
+      } else if (now - last_send_ >= options_.peer_timeout / 4 && posted_sends_ == 0) {
+        // Behind work still posted a heartbeat adds nothing (that work's packets are heard), and
+        // under reordering heartbeats piled behind a long write stalled rxe's queue pair for > 3 s.
         EnqueueFrameLocked({wire::FrameType::kPing, wire::Ping{}});
       }
     }
@@ -75,6 +84,20 @@ bool VerbsConnection::OnTick(absl::Time now) {
   }
   for (auto& callback : callbacks) callback();
   return !finished;
+}
+
+bool VerbsConnection::PeerPacketsArrivedLocked(absl::Time now) {
+  const absl::StatusOr<uint32_t> psn = queue_pair_.NextReceivePsn();
+  if (!psn.ok()) {
+    LOG(WARNING) << "tf_rdma: cannot tell whether packets from " << peer_name_ << " at " << peer_address_
+                 << " arrive, so only its messages show it alive: " << psn.status();
+    return false;
+  }
+  // A PSN asked for before the last message came may have moved with that message's own packets.
+  const bool arrived = receive_psn_asked_ >= last_receive_ && *psn != receive_psn_;
+  receive_psn_ = *psn;
+  receive_psn_asked_ = now;
+  return arrived;
 }
 
 bool VerbsConnection::PollCompletions(std::vector<std::function<void()>>* callbacks) {
