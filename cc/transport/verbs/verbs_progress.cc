@@ -89,8 +89,9 @@ bool VerbsConnection::OnTick(absl::Time now) {
 bool VerbsConnection::PeerPacketsArrivedLocked(absl::Time now) {
   const absl::StatusOr<uint32_t> psn = queue_pair_.NextReceivePsn();
   if (!psn.ok()) {
-    LOG(WARNING) << "tf_rdma: cannot tell whether packets from " << peer_name_ << " at " << peer_address_
-                 << " arrive, so only its messages show it alive: " << psn.status();
+    LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: cannot tell whether packets from " << peer_name_ << " at "
+                                 << peer_address_ << " arrive, so only its messages show it alive: "
+                                 << psn.status();
     return false;
   }
   // A PSN asked for before the last message came may have moved with that message's own packets.
