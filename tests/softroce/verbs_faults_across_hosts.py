@@ -5,8 +5,8 @@ its verbs part). Not named test_*: it runs only in that guest, by path.
 - Loss and delay (link_impairment.py: 1% loss, 20 ms +- 5 ms) on eth0's egress of both guests,
   guest-b's set through the peer agent. Every message must arrive exact and in order, both ways.
 - Reordering (the same jitter without `rate`): one message takes longer than the peer timeout to
-  cross, while the sender's heartbeats wait behind it; it must arrive exact, and neither side may
-  declare the other dead.
+  cross, and nothing else the sender sends can arrive before it; it must arrive exact, and neither
+  side may declare the other dead.
 - A partition: nftables in guest-a drops RoCE v2 (UDP 4791) both ways, so neither side gets an
   error packet, and the peer agent's TCP connection (the test's control channel) is untouched.
   Shorter than the peer timeout, then healed: no error, no message lost. Longer: the waiting side
