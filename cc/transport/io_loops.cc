@@ -106,8 +106,13 @@ void IoLoop::Run() {
         (void)!read(wake_fd_, &count, sizeof(count));
         continue;
       }
-      more.erase(std::remove(more.begin(), more.end(), handler), more.end());
-      serve(handler, events[i].events);
+      // A handler with work left is called as it would have been below, plus what the event
+      // says: an event without EPOLLIN (writable only) must not make it forget bytes it read
+      // already, which no later event announces.
+      const auto left_over = std::remove(more.begin(), more.end(), handler);
+      const uint32_t had_work_left = left_over != more.end() ? EPOLLIN : 0;
+      more.erase(left_over, more.end());
+      serve(handler, events[i].events | had_work_left);
     }
     for (IoHandler* handler : more) serve(handler, EPOLLIN);
     more.swap(again);

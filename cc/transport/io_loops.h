@@ -29,8 +29,8 @@ class IoHandler {
     kMore,      // work is left that no event will announce (bytes already read): call again soon
     kFinished,  // the handler is done, and the loop lets go of it
   };
-  // The descriptor is readable, writable or hung up (epoll `events`; EPOLLIN when called again
-  // after kMore). Each call does a bounded amount of work, so that one busy peer cannot starve the
+  // The descriptor is readable, writable or hung up (epoll `events`; the next call after kMore
+  // has EPOLLIN, whatever event brought it). Each call does a bounded amount of work, so that one busy peer cannot starve the
   // loop's other connections.
   virtual Progress OnEvents(uint32_t events) = 0;
   // Called every tick (IoLoops' `tick`): heartbeats and silence checks. False as for OnEvents.
