@@ -115,8 +115,6 @@ def test_hundreds_of_peers_connect_at_once(backend):
 
 @pytest.mark.timeout(120)
 @pytest.mark.stream_backends_only  # the issue's fairness target is shm's (and tcp's)
-@pytest.mark.xfail(strict=True, reason="issue 26 item 4 is open: measured min/max 0.21-0.26 (tcp) and "
-                   "0.14-0.24 (shm) at 256 peers; a few peers cycle grant->data->grant faster than the rest")
 def test_peers_writing_at_once_get_fair_shares(backend):
     """256 peers write 64 KiB messages to one receiver as fast as it grants: over two seconds, the
     peer that moved least moved at least half as much as the one that moved most."""

@@ -184,6 +184,8 @@ class StreamConnection : public Connection,
   StreamReader reader_{fd_};
   std::deque<int> received_fds_;
   std::optional<IncomingPayload> payload_;
+  // Message bytes the current ReadAvailable moved or let go (its turn's budget, kBytesPerTurn).
+  uint64_t moved_this_turn_ = 0;
   bool heard_since_tick_ = false;
   absl::Time last_heard_;
   absl::Time last_sent_;
