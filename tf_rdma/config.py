@@ -25,6 +25,7 @@ class Config:
     data_prefetch_elements: int = 2  # TF_RDMA_DATA_PREFETCH_ELEMENTS (tf.data service trainers)
     shm_max_mapped_bytes_total: int = 1 << 40        # TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL
     max_connections_per_peer_name: int = 16          # TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME
+    receive_pool_idle: float = 30.0  # TF_RDMA_RECEIVE_POOL_IDLE_MS, seconds; 0 = keep regions
 
     def cluster_key(self) -> bytes:
         """The key peers prove to each other in the handshake, derived from the secret alone

@@ -227,6 +227,7 @@ py::dict ConfigToDict(const Config& config) {
   d["shm_max_mapped_bytes_total"] = config.limits.shm_max_mapped_bytes_total;
   d["max_connections_per_peer_name"] = config.limits.max_connections_per_peer_name;
   d["data_prefetch_elements"] = config.data_prefetch_elements;
+  d["receive_pool_idle"] = absl::ToDoubleSeconds(config.receive_pool_idle);
   return d;
 }
 

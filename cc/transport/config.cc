@@ -230,6 +230,9 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "closes the connection that shared it."},
       {"TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "16",
        "Live connections (per backend) with peers claiming one task name; more are refused."},
+      {"TF_RDMA_RECEIVE_POOL_IDLE_MS", "30000",
+       "A region of a peer's receive pool that held no received tensor or grant for this long is "
+       "freed (on verbs, unpinned); 0 keeps regions for the connection's life."},
   };
   return *variables;
 }
@@ -259,6 +262,10 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
             "TF_RDMA_PORT_OFFSET='", value, "' is not a non-zero whole number between -65535 and "
             "65535; set it to e.g. 1000 or unset it"));
       }
+    } else if (name == "TF_RDMA_RECEIVE_POOL_IDLE_MS") {
+      absl::StatusOr<absl::Duration> d = ParseMilliseconds(name, value, 0);
+      if (!d.ok()) return d.status();
+      config.receive_pool_idle = *d;
     } else if (name == "TF_RDMA_DATA_PREFETCH_ELEMENTS") {
       absl::Status parsed = ParseLimit(name, value, 0, 64, false, "2", &config.data_prefetch_elements);
       if (!parsed.ok()) return parsed;

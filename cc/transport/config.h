@@ -30,6 +30,9 @@ struct Config {
   // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
   // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
   int data_prefetch_elements = 2;
+  // A receive pool's region none of whose buffers was lent for this long goes back to the
+  // transport (TF_RDMA_RECEIVE_POOL_IDLE_MS); zero keeps regions for good.
+  absl::Duration receive_pool_idle = absl::Seconds(30);
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
   // TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME.

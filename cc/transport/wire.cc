@@ -151,6 +151,7 @@ const char* FrameTypeName(FrameType type) {
     case FrameType::kPing: return "PING";
     case FrameType::kShmRegion: return "SHM_REGION";
     case FrameType::kDiscard: return "DISCARD";
+    case FrameType::kShmRegionGone: return "SHM_REGION_GONE";
   }
   return "UNKNOWN";
 }
@@ -162,7 +163,7 @@ absl::StatusOr<Header> DecodeHeader(std::string_view bytes) {
   }
   const uint8_t type = static_cast<uint8_t>(bytes[0]);
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
-      type > static_cast<uint8_t>(FrameType::kDiscard)) {
+      type > static_cast<uint8_t>(FrameType::kShmRegionGone)) {
     return absl::DataLossError(absl::StrCat("unknown frame type ", type));
   }
   if (bytes[1] != 0 || bytes[2] != 0 || bytes[3] != 0) {
@@ -246,6 +247,9 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
       frame.body = s;
       break;
     }
+    case FrameType::kShmRegionGone:
+      frame.body = ShmRegionGone{r.U32()};
+      break;
     default:
       return absl::DataLossError(absl::StrCat("unknown frame type ", static_cast<int>(type)));
   }
@@ -287,6 +291,8 @@ std::string Encode(const Frame& frame) {
         } else if constexpr (std::is_same_v<T, Discard>) {
           body.U64(b.tag.hi);
           body.U64(b.tag.lo);
+        } else if constexpr (std::is_same_v<T, ShmRegionGone>) {
+          body.U32(b.region_id);
         }
       },
       frame.body);

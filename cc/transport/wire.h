@@ -19,7 +19,7 @@
 namespace tf_rdma::wire {
 
 // Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 5;
+constexpr uint32_t kProtocolVersion = 6;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;
@@ -40,6 +40,7 @@ enum class FrameType : uint8_t {
   kPing = 11,      // either way: I am alive
   kShmRegion = 12, // receiver -> sender (shm): a region's file descriptor rides along
   kDiscard = 13,   // receiver -> sender: no message under this tag is wanted any more
+  kShmRegionGone = 14,  // receiver -> sender (shm): a region is freed, no grant into it is out: unmap it
 };
 
 using Nonce = std::array<uint8_t, kNonceLength>;
@@ -89,9 +90,10 @@ struct ShmRegion {
   uint32_t region_id = 0;
   uint64_t size = 0;
 };
+struct ShmRegionGone { uint32_t region_id = 0; };
 
 using Body = std::variant<Greeting, Proof, Accept, Reject, Grant, Data, TooSmall, Revoke, Revoked,
-                          Ping, ShmRegion, Discard>;
+                          Ping, ShmRegion, Discard, ShmRegionGone>;
 struct Frame {
   FrameType type;
   Body body;

@@ -24,7 +24,8 @@ U32 = 2**32 - 1
 SHM_MAX_MAPPED_BYTES = 64 << 30
 OUR_REGION_ID, OUR_REGION_SIZE, OUR_CANARY = 1, 64 << 10, 0x3C
 NAMES = {getattr(w, n): n for n in ("HELLO", "CHALLENGE", "PROOF", "ACCEPT", "REJECT", "GRANT", "DATA",
-                                    "TOO_SMALL", "REVOKE", "REVOKED", "PING", "SHM_REGION", "DISCARD")}
+                                    "TOO_SMALL", "REVOKE", "REVOKED", "PING", "SHM_REGION", "DISCARD",
+                                    "SHM_REGION_GONE")}
 
 
 def memfd(size, seal=True, fill=None):
@@ -177,7 +178,8 @@ class Fuzzer:
             list(NAMES),
             # Frames a peer may send after the handshake are likelier: a batch then runs longer
             # before the frame that ends it, and exercises the state the earlier ones built.
-            weights=[0.5, 0.5, 0.5, 0.5, 0.3, 6, 6, 3, 3, 1, 3, 3 if model.backend == "shm" else 0.5, 2])[0]
+            weights=[0.5, 0.5, 0.5, 0.5, 0.3, 6, 6, 3, 3, 1, 3, 3 if model.backend == "shm" else 0.5, 2,
+                     1 if model.backend == "shm" else 0.3])[0]
         return getattr(self, f"fuzz_{NAMES[kind].lower()}")(model)
 
     # Each fuzz_* returns (bytes, fds, expected, effect): expected is None for a frame the victim
@@ -382,10 +384,30 @@ class Fuzzer:
                 model.our_regions[region_id] = mmap.mmap(fds[0], actual)
         return encoded, fds, None, effect
 
+    def fuzz_shm_region_gone(self, model):
+        # Not a region holding a grant of ours: a receiver says a region is gone only once no grant
+        # into it is out, and whether the victim's write into one came before would be a race.
+        granted = {grant[1] for grants in model.our_grants.values() for grant in grants}
+        region_id = self.pick(*sorted(set(model.shared) - granted), self.u32(), self.random.randrange(2, 50))
+        while region_id in granted:
+            region_id = self.u32()
+        encoded, malformed = self.fixed_body(w.SHM_REGION_GONE, "<I", (region_id,), "SHM_REGION_GONE")
+        if model.backend == "tcp":
+            return encoded, [], malformed or "SHM_REGION_GONE frame on a tcp connection", None
+        if malformed:
+            return encoded, [], malformed, None
+        if region_id not in model.shared:
+            return encoded, [], rf"SHM_REGION_GONE for region {region_id}, which the peer has not shared", None
+
+        def effect(model):
+            model.mapped -= model.shared.pop(region_id)
+            model.our_regions.pop(region_id, None)
+        return encoded, [], None, effect
+
     def terminal_frame(self, backend):
         """What ends a batch of acceptable frames: a frame the victim must refuse for its framing."""
         kinds = [
-            (w.frame(self.pick(0, 14, 99, 255)), [], "unknown frame type"),
+            (w.frame(self.pick(0, 15, 99, 255)), [], "unknown frame type"),
             (w.frame(w.PING, reserved=self.pick(b"\1\0\0", b"\0\0\1", b"\xff\xff\xff")), [],
              "malformed frame header: reserved bytes are not zero"),
             (w.frame(w.DATA, length=self.pick(4097, 1 << 20, U32)), [], "exceeds the limit of 4096"),
@@ -504,7 +526,7 @@ def handshake_attack(backend, endpoint, key, fuzzer):
     if case == 0:
         # At least a header's worth, so that the victim refuses it at once instead of waiting
         # for the rest of a frame until its handshake deadline.
-        peer.send(bytes([rand.choice([0, 14, 200, w.HELLO])]) + b"\xff" + os.urandom(rand.randrange(6, 80)))
+        peer.send(bytes([rand.choice([0, 15, 200, w.HELLO])]) + b"\xff" + os.urandom(rand.randrange(6, 80)))
     elif case == 3:
         kind = rand.choice([k for k in NAMES if k != w.HELLO] + [0, 99])
         peer.send(w.frame(kind, os.urandom(rand.choice([0, 8, 16, 40]))))

@@ -45,6 +45,15 @@ def test_the_io_threads_are_read_and_bounded():
             load_config({"TF_RDMA_IO_THREADS": bad})
 
 
+def test_the_receive_pool_idle_period_is_read_and_bounded():
+    assert load_config({}).receive_pool_idle == 30.0
+    assert load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": "250"}).receive_pool_idle == 0.25
+    assert load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": "0"}).receive_pool_idle == 0
+    for bad in ("-1", "86400001", "30s"):
+        with pytest.raises(errors.ConfigError, match=f"TF_RDMA_RECEIVE_POOL_IDLE_MS='{bad}' is not a whole number of milliseconds between 0 and 86400000"):
+            load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": bad})
+
+
 def test_a_transport_runs_the_io_threads_it_is_given(backend):
     """In a process of its own, where no other test's threads come and go."""
     code = ("import os\nfrom tf_rdma import _transport\n"

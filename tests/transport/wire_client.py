@@ -6,9 +6,10 @@ import os
 import socket
 import struct
 
-HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD = range(1, 14)
+(HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD,
+ SHM_REGION_GONE) = range(1, 15)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):

@@ -1,18 +1,26 @@
 #include "cc/tf/runtime/buffer_pool.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace tf_rdma {
 
 PoolBuffer::~PoolBuffer() { pool_->Release(slab_, offset_, capacity_); }
+
+std::unique_ptr<PoolBuffer> BufferPool::LendLocked(uint64_t slab, uint64_t offset, uint64_t capacity) {
+  Slab& lent_from = slabs_.at(slab);
+  lent_from.buffers_lent++;
+  usage_.buffers_in_use++;
+  usage_.bytes_in_use += capacity;
+  return std::unique_ptr<PoolBuffer>(new PoolBuffer(shared_from_this(), lent_from.region, slab, offset, capacity));
+}
 
 absl::StatusOr<std::unique_ptr<PoolBuffer>> BufferPool::Allocate(uint64_t bytes) {
   const uint64_t capacity = std::max<uint64_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
   std::lock_guard<std::mutex> lock(mu_);
   const bool dedicated = capacity > max_slab_bytes_ / 2;
   if (!dedicated) {
-    for (size_t s = 0; s < slabs_.size(); ++s) {
-      Slab& slab = slabs_[s];
+    for (auto& [s, slab] : slabs_) {
       if (slab.dedicated) continue;
       for (auto it = slab.free.begin(); it != slab.free.end(); ++it) {
         if (it->second < capacity) continue;
@@ -20,23 +28,18 @@ absl::StatusOr<std::unique_ptr<PoolBuffer>> BufferPool::Allocate(uint64_t bytes)
         const uint64_t rest = it->second - capacity;
         slab.free.erase(it);
         if (rest > 0) slab.free.emplace(offset + capacity, rest);
-        usage_.buffers_in_use++;
-        usage_.bytes_in_use += capacity;
-        return std::unique_ptr<PoolBuffer>(
-            new PoolBuffer(shared_from_this(), slab.region, s, offset, capacity));
+        return LendLocked(s, offset, capacity);
       }
     }
   }
   // Reuse a dedicated region that is free and big enough but not wastefully so.
-  for (size_t s = 0; dedicated && s < slabs_.size(); ++s) {
-    Slab& slab = slabs_[s];
+  for (auto& [s, slab] : slabs_) {
+    if (!dedicated) break;
     if (!slab.dedicated || slab.free.empty()) continue;
     const uint64_t size = slab.region->size();
     if (size >= capacity && size <= 2 * capacity) {
       slab.free.clear();
-      usage_.buffers_in_use++;
-      usage_.bytes_in_use += size;
-      return std::unique_ptr<PoolBuffer>(new PoolBuffer(shared_from_this(), slab.region, s, 0, size));
+      return LendLocked(s, 0, size);
     }
   }
   const uint64_t region_bytes = dedicated ? capacity : NextSlabBytesLocked(capacity);
@@ -44,14 +47,11 @@ absl::StatusOr<std::unique_ptr<PoolBuffer>> BufferPool::Allocate(uint64_t bytes)
   if (!region.ok()) return region.status();
   Slab slab{*region, {}, dedicated};
   if (!dedicated && capacity < region_bytes) slab.free.emplace(capacity, region_bytes - capacity);
-  slabs_.push_back(std::move(slab));
+  const uint64_t index = next_slab_++;
+  slabs_.emplace(index, std::move(slab));
   if (!dedicated) slab_region_bytes_ += region_bytes;
   usage_.region_bytes += region_bytes;
-  usage_.buffers_in_use++;
-  usage_.bytes_in_use += dedicated ? region_bytes : capacity;
-  const size_t index = slabs_.size() - 1;
-  return std::unique_ptr<PoolBuffer>(new PoolBuffer(shared_from_this(), slabs_[index].region, index, 0,
-                                                    dedicated ? region_bytes : capacity));
+  return LendLocked(index, 0, dedicated ? region_bytes : capacity);
 }
 
 uint64_t BufferPool::NextSlabBytesLocked(uint64_t capacity) const {
@@ -60,11 +60,12 @@ uint64_t BufferPool::NextSlabBytesLocked(uint64_t capacity) const {
   return std::min(bytes, max_slab_bytes_);
 }
 
-void BufferPool::Release(size_t index, uint64_t offset, uint64_t capacity) {
+void BufferPool::Release(uint64_t index, uint64_t offset, uint64_t capacity) {
   std::lock_guard<std::mutex> lock(mu_);
-  Slab& slab = slabs_[index];
+  Slab& slab = slabs_.at(index);
   usage_.buffers_in_use--;
   usage_.bytes_in_use -= capacity;
+  if (--slab.buffers_lent == 0) slab.idle_since = absl::Now();
   auto [it, inserted] = slab.free.emplace(offset, capacity);
   // Coalesce with the neighbours so large buffers stay possible.
   auto next = std::next(it);
@@ -78,6 +79,24 @@ void BufferPool::Release(size_t index, uint64_t offset, uint64_t capacity) {
       previous->second += it->second;
       slab.free.erase(it);
     }
+  }
+}
+
+void BufferPool::ReleaseIdle(absl::Time now, absl::Duration quiet) {
+  // Destroyed after the lock is let go: deregistering a region (verbs) takes a while.
+  std::vector<std::shared_ptr<MemoryRegion>> released;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = slabs_.begin(); it != slabs_.end();) {
+    Slab& slab = it->second;
+    if (slab.buffers_lent > 0 || now - slab.idle_since < quiet) {
+      ++it;
+      continue;
+    }
+    const uint64_t bytes = slab.region->size();
+    if (!slab.dedicated) slab_region_bytes_ -= bytes;
+    usage_.region_bytes -= bytes;
+    released.push_back(std::move(slab.region));
+    it = slabs_.erase(it);
   }
 }
 

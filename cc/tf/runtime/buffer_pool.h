@@ -1,7 +1,9 @@
 // Receive buffers carved out of a transport's regions: what the kernels grant to one peer and what
 // the tensors received from it alias. A buffer goes back to the pool only when its last user (the
 // tensor, or a grant still outstanding) lets go, so no byte is reused while anything can still
-// read or write it.
+// read or write it. A region none of whose buffers is lent goes back to the transport (on verbs,
+// deregistered) once it stayed so for a quiet period (ReleaseIdle), so a peer that sent once does
+// not keep its regions for good.
 #ifndef TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
 #define TF_RDMA_CC_TF_RUNTIME_BUFFER_POOL_H_
 
@@ -9,9 +11,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cc/transport/transport.h"
 
 namespace tf_rdma {
@@ -32,14 +34,14 @@ class PoolBuffer {
 
  private:
   friend class BufferPool;
-  PoolBuffer(std::shared_ptr<BufferPool> pool, std::shared_ptr<MemoryRegion> region, size_t slab,
+  PoolBuffer(std::shared_ptr<BufferPool> pool, std::shared_ptr<MemoryRegion> region, uint64_t slab,
              uint64_t offset, uint64_t capacity)
       : pool_(std::move(pool)), region_(std::move(region)), slab_(slab), offset_(offset),
         capacity_(capacity) {}
 
   std::shared_ptr<BufferPool> pool_;
   std::shared_ptr<MemoryRegion> region_;
-  size_t slab_;
+  uint64_t slab_;
   uint64_t offset_;
   uint64_t capacity_;
 };
@@ -63,14 +65,22 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   };
   Usage usage() const;
 
+  // Gives back the regions none of whose buffers was lent since `now - quiet`. No buffer of such a
+  // region exists, so no grant into it is out: nothing, here or at the peer, writes into it any
+  // more.
+  void ReleaseIdle(absl::Time now, absl::Duration quiet);
+
  private:
   friend class PoolBuffer;
   struct Slab {
     std::shared_ptr<MemoryRegion> region;
     std::map<uint64_t, uint64_t> free;  // offset -> length, coalesced
     bool dedicated;
+    uint64_t buffers_lent = 0;
+    absl::Time idle_since;  // when buffers_lent last fell to 0
   };
-  void Release(size_t slab, uint64_t offset, uint64_t capacity);
+  std::unique_ptr<PoolBuffer> LendLocked(uint64_t slab, uint64_t offset, uint64_t capacity);
+  void Release(uint64_t slab, uint64_t offset, uint64_t capacity);
   uint64_t NextSlabBytesLocked(uint64_t capacity) const;
 
   Transport* const transport_;
@@ -78,7 +88,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   const uint64_t max_slab_bytes_;
   uint64_t slab_region_bytes_ = 0;  // in slabs, not in dedicated regions
   mutable std::mutex mu_;
-  std::vector<Slab> slabs_;
+  // By a number that only grows: buffers name their slab by it while others come and go, and
+  // the oldest slabs are tried first.
+  std::map<uint64_t, Slab> slabs_;
+  uint64_t next_slab_ = 0;
   Usage usage_;
 };
 

@@ -98,7 +98,14 @@ Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
   }
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  if (idle_region_releaser_.joinable()) idle_region_releaser_.join();
+}
 
 absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Start(const RuntimeOptions& options) {
   // Tensor tags are SHA-256 digests (tensor_message.cc); the handshake needs libcrypto too.
@@ -111,6 +118,10 @@ absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Start(const RuntimeOptions& op
   }
   absl::Status listening = runtime->Listen();
   if (!listening.ok()) return listening;
+  if (options.config.receive_pool_idle > absl::ZeroDuration()) {
+    Runtime* raw = runtime.get();
+    runtime->idle_region_releaser_ = std::thread([raw] { raw->ReleaseIdleRegions(); });
+  }
   std::lock_guard<std::mutex> lock(registry_mu);
   registry->push_back(runtime);
   return runtime;
@@ -188,6 +199,22 @@ void Runtime::RetireLocked(const std::shared_ptr<Connection>& connection, const 
   connection->Close(reason);
   auto it = pools_.find(connection.get());
   if (it != pools_.end() && it->second.connection.lock() == connection) pools_.erase(it);
+}
+
+void Runtime::ReleaseIdleRegions() {
+  const absl::Duration idle = options_.config.receive_pool_idle;
+  // A region goes between `idle` and 1.25 `idle` after its last buffer came back.
+  const auto period = absl::ToChronoMilliseconds(std::max(idle / 4, absl::Milliseconds(1)));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_.wait_for(lock, period, [this] { return stopping_; })) {
+    std::vector<std::shared_ptr<BufferPool>> pools;
+    for (const auto& [connection, entry] : pools_) pools.push_back(entry.pool);
+    lock.unlock();
+    const absl::Time now = absl::Now();
+    for (const std::shared_ptr<BufferPool>& pool : pools) pool->ReleaseIdle(now, idle);
+    pools.clear();  // a retired pool's last owner may be this list: it goes without mu_ held
+    lock.lock();
+  }
 }
 
 std::map<Backend, BufferPool::Usage> Runtime::PoolUsage() const {

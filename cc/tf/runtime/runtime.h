@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -47,8 +48,9 @@ struct RuntimeOptions {
 
 class Runtime {
  public:
-  // Listens for this task's peers and registers the runtime for stats(). Fails if the listener
-  // cannot bind (e.g. the port is taken by another process).
+  // Listens for this task's peers, registers the runtime for stats() and starts its one thread
+  // that frees the receive pools' idle regions. Fails if the listener cannot bind (e.g. the port
+  // is taken by another process).
   static absl::StatusOr<std::shared_ptr<Runtime>> Start(const RuntimeOptions& options);
   // Every runtime started in this process, in start order (they live until the process exits:
   // TensorFlow servers are never torn down, and transfers may run until then).
@@ -83,7 +85,8 @@ class Runtime {
   // that connection alone, so a faulty or hostile peer can write nowhere but into the tensors it
   // sends us (received tensors are never reused as other ops' outputs: PoolTensorBuffer). Once the
   // connection is replaced, its pool is retired: no new buffer comes from it, and its regions go
-  // (on verbs, deregistered) when the last tensor received into them is dropped.
+  // (on verbs, deregistered) when the last tensor received into them is dropped. A live pool's
+  // regions go once idle for TF_RDMA_RECEIVE_POOL_IDLE_MS (BufferPool::ReleaseIdle).
   absl::StatusOr<std::shared_ptr<BufferPool>> PoolFor(const std::shared_ptr<Connection>& connection);
   // Per backend, what the live connections' receive pools hold and what is lent out now
   // (received tensors alias pool buffers until TensorFlow drops them).
@@ -132,6 +135,9 @@ class Runtime {
   absl::Status MarkRenamedLocked(const TaskAddress& peer, const std::string& identity);
   // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
+  // The idle-region thread: one per runtime, whatever the number of peers, since a pool whose
+  // peer went quiet is called by nothing else. It checks every pool a few times per idle period.
+  void ReleaseIdleRegions();
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;
@@ -148,6 +154,9 @@ class Runtime {
   std::unordered_map<std::string, uint64_t> learned_bytes_;
   uint16_t port_ = 0;
   Stats stats_;
+  bool stopping_ = false;  // guarded by mu_
+  std::condition_variable stop_;
+  std::thread idle_region_releaser_;
 };
 
 // "/job:worker/replica:0/task:1/device:CPU:0" -> "/job:worker/replica:0/task:1".

@@ -14,7 +14,8 @@
 #include <mutex>
 #include <random>
 #include <unordered_map>
-#include <unordered_set>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cc/transport/addresses.h"
@@ -52,10 +53,7 @@ class SharedRegion : public MemoryRegion {
 class ShmConnection : public StreamConnection {
  public:
   using StreamConnection::StreamConnection;
-  ~ShmConnection() override {
-    for (auto& [id, mapping] : mappings_) munmap(mapping.base, mapping.length);
-    process_mapped_bytes.fetch_sub(mapped_bytes_);
-  }
+  ~ShmConnection() override { process_mapped_bytes.fetch_sub(mapped_bytes_); }
 
  protected:
   absl::Status CheckLocalRegion(const MemoryRegion& region) override {
@@ -65,10 +63,26 @@ class ShmConnection : public StreamConnection {
   }
 
   std::optional<ControlFrame> FrameBeforeGrant(const std::shared_ptr<MemoryRegion>& region) override {
-    if (!shared_regions_.insert(region->id()).second) return std::nullopt;
+    if (!shared_regions_.emplace(region->id(), region).second) return std::nullopt;
     const auto* shared = static_cast<const SharedRegion*>(region.get());
     return ControlFrame{{wire::FrameType::kShmRegion, wire::ShmRegion{region->id(), region->size()}},
                         shared->fd(), region};
+  }
+
+  // A region freed here stays mapped by the peer, its pages with it, until the peer hears it is
+  // gone. It is gone once nothing holds it: no grant into it is out, and the SHM_REGION frame
+  // that shared it went out (it holds the region until then), so this frame comes after both.
+  std::vector<ControlFrame> FramesForGoneRegionsLocked() override {
+    std::vector<ControlFrame> frames;
+    for (auto it = shared_regions_.begin(); it != shared_regions_.end();) {
+      if (!it->second.expired()) {
+        ++it;
+        continue;
+      }
+      frames.push_back(ControlFrame{{wire::FrameType::kShmRegionGone, wire::ShmRegionGone{it->first}}});
+      it = shared_regions_.erase(it);
+    }
+    return frames;
   }
 
   absl::Status CheckRemoteGrant(const wire::Grant& grant) override {
@@ -79,21 +93,28 @@ class ShmConnection : public StreamConnection {
                                               ", which the peer never shared"));
     }
     // Against the region's real size: an empty region is mapped as a page that does not exist.
-    if (grant.offset > it->second.size || grant.capacity > it->second.size - grant.offset) {
+    if (grant.offset > it->second->size || grant.capacity > it->second->size - grant.offset) {
       return absl::DataLossError(absl::StrCat("GRANT of [", grant.offset, ", +", grant.capacity,
                                               ") outside region ", grant.region_id, " of ",
-                                              it->second.size, " bytes"));
+                                              it->second->size, " bytes"));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<bool> PlaceMessage(const wire::Grant& grant, const void* src, uint64_t length) override {
-    char* destination;
+    // Held while copying: a peer that says a region is gone while its grant into it is out must
+    // not make us copy into memory unmapped meanwhile.
+    std::shared_ptr<const Mapping> mapping;
     {
       std::lock_guard<std::mutex> lock(mappings_mu_);
-      destination = mappings_.at(grant.region_id).base + grant.offset;
+      auto it = mappings_.find(grant.region_id);
+      if (it == mappings_.end()) {
+        return absl::DataLossError(absl::StrCat("GRANT in region ", grant.region_id,
+                                                ", which the peer said was gone"));
+      }
+      mapping = it->second;
     }
-    if (length > 0) std::memcpy(destination, src, length);
+    if (length > 0) std::memcpy(mapping->base + grant.offset, src, length);
     return false;
   }
 
@@ -124,9 +145,9 @@ class ShmConnection : public StreamConnection {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot map the peer's region of ", region.size, " bytes: ", std::strerror(errno)));
     }
+    auto mapping = std::make_shared<const Mapping>(static_cast<char*>(base), length, region.size);
     std::lock_guard<std::mutex> lock(mappings_mu_);
-    if (!mappings_.emplace(region.region_id, Mapping{static_cast<char*>(base), length, region.size}).second) {
-      munmap(base, length);
+    if (!mappings_.emplace(region.region_id, mapping).second) {
       process_mapped_bytes.fetch_sub(region.size);
       return absl::DataLossError(absl::StrCat("region ", region.region_id, " shared twice"));
     }
@@ -134,11 +155,30 @@ class ShmConnection : public StreamConnection {
     return absl::OkStatus();
   }
 
+  absl::Status OnShmRegionGone(const wire::ShmRegionGone& gone) override {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    auto it = mappings_.find(gone.region_id);
+    if (it == mappings_.end()) {
+      return absl::DataLossError(absl::StrCat("SHM_REGION_GONE for region ", gone.region_id,
+                                              ", which the peer has not shared"));
+    }
+    mapped_bytes_ -= it->second->size;
+    process_mapped_bytes.fetch_sub(it->second->size);
+    mappings_.erase(it);  // unmapped now, or once a copy into it finished
+    return absl::OkStatus();
+  }
+
  private:
-  struct Mapping {
-    char* base;
-    size_t length;  // mapped: at least a page's worth of address space
-    uint64_t size;  // the region's: what grants must lie in
+  class Mapping {
+   public:
+    Mapping(char* base, size_t length, uint64_t size) : base(base), length(length), size(size) {}
+    ~Mapping() { munmap(base, length); }
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+
+    char* const base;
+    const size_t length;  // mapped: at least a page's worth of address space
+    const uint64_t size;  // the region's: what grants must lie in
   };
 
   // Whether mapping `region` keeps this peer within its share of our address space; checked on
@@ -170,9 +210,10 @@ class ShmConnection : public StreamConnection {
     return absl::OkStatus();
   }
 
-  std::unordered_set<uint32_t> shared_regions_;  // guarded by the connection's lock
+  // Our regions shared with the peer, by id; guarded by the connection's lock.
+  std::unordered_map<uint32_t, std::weak_ptr<MemoryRegion>> shared_regions_;
   std::mutex mappings_mu_;
-  std::unordered_map<uint32_t, Mapping> mappings_;
+  std::unordered_map<uint32_t, std::shared_ptr<const Mapping>> mappings_;
   uint64_t mapped_bytes_ = 0;  // sum of the mapped regions' sizes; guarded by mappings_mu_
 };
 

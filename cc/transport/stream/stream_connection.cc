@@ -211,6 +211,9 @@ bool StreamConnection::OnTick(absl::Time now) {
     Finish();
     return false;
   }
+  std::vector<ControlFrame> gone = FramesForGoneRegionsLocked();
+  for (ControlFrame& frame : gone) EnqueueLocked(Outgoing{std::move(frame)});
+  if (!gone.empty()) FlushLocked(lock);
   // Beats well inside the peer's silence limit, when nothing else went out meanwhile.
   if (sent_since_tick_.exchange(false, std::memory_order_relaxed)) {
     last_sent_ = now;
@@ -373,6 +376,8 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
       }
       return OnShmRegion(std::get<wire::ShmRegion>(frame.body), fd);
     }
+    case wire::FrameType::kShmRegionGone:
+      return OnShmRegionGone(std::get<wire::ShmRegionGone>(frame.body));
     default:
       return absl::DataLossError(absl::StrCat("unexpected ", wire::FrameTypeName(frame.type),
                                               " frame after the handshake"));
@@ -383,6 +388,10 @@ absl::Status StreamConnection::OnShmRegion(const wire::ShmRegion&, int fd) {
   if (fd >= 0) close(fd);
   return absl::DataLossError(absl::StrCat("SHM_REGION frame on a ", BackendName(backend_),
                                           " connection"));
+}
+
+absl::Status StreamConnection::OnShmRegionGone(const wire::ShmRegionGone&) {
+  return absl::DataLossError(absl::StrCat("SHM_REGION_GONE frame on a ", BackendName(backend_), " connection"));
 }
 
 absl::Status StreamConnection::OnRemoteGrant(const wire::Grant& grant) {

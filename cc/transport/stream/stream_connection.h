@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
@@ -71,6 +72,9 @@ class StreamConnection : public Connection,
   virtual std::optional<ControlFrame> FrameBeforeGrant(const std::shared_ptr<MemoryRegion>& region) {
     return std::nullopt;
   }
+  // Receiver side, every tick with the connection's lock held: frames the sender needs about
+  // regions that are gone (shm: which to unmap).
+  virtual std::vector<ControlFrame> FramesForGoneRegionsLocked() { return {}; }
   // Sender side, I/O thread: whether the peer's grant can be used at all.
   virtual absl::Status CheckRemoteGrant(const wire::Grant& grant) { return absl::OkStatus(); }
   // Sender side: makes the message reach the grant before its DATA frame is sent. Returns true
@@ -82,6 +86,8 @@ class StreamConnection : public Connection,
   virtual bool PayloadOnStream() const = 0;
   // Sender side, I/O thread: a SHM_REGION frame arrived with descriptor `fd` (or -1).
   virtual absl::Status OnShmRegion(const wire::ShmRegion& region, int fd);
+  // Sender side, I/O thread: a SHM_REGION_GONE frame arrived.
+  virtual absl::Status OnShmRegionGone(const wire::ShmRegionGone& gone);
 
   const std::string& peer_address() const { return peer_address_; }
   const TransportOptions& options() const { return options_; }

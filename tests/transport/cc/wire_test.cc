@@ -37,10 +37,11 @@ TEST(Wire, AGrantRoundTripsEveryField) {
   EXPECT_EQ(got.capacity, grant.capacity);
 }
 
-TEST(Wire, DataTooSmallAndDiscardRoundTrip) {
+TEST(Wire, DataTooSmallDiscardAndShmRegionGoneRoundTrip) {
   EXPECT_EQ(std::get<Data>(RoundTrip(Frame{FrameType::kData, Data{7, 99}})->body).length, 99u);
   EXPECT_EQ(std::get<TooSmall>(RoundTrip(Frame{FrameType::kTooSmall, TooSmall{7, 1234}})->body).needed, 1234u);
   EXPECT_TRUE(std::get<Discard>(RoundTrip(Frame{FrameType::kDiscard, Discard{Tag{1, 2}}})->body).tag == (Tag{1, 2}));
+  EXPECT_EQ(std::get<ShmRegionGone>(RoundTrip(Frame{FrameType::kShmRegionGone, ShmRegionGone{7}})->body).region_id, 7u);
 }
 
 TEST(Wire, AHeaderOfTheWrongLengthIsRefused) {
