@@ -1,8 +1,14 @@
 #include "cc/transport/peer_errors.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tf_rdma {
+namespace {
+
+constexpr char kHeardNothingFromThisProcess[] = "it heard nothing from this process for";
+
+}  // namespace
 
 absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_address,
                          const absl::Status& cause) {
@@ -31,8 +37,24 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
   auto status_code = code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code)
                                             : absl::StatusCode::kUnavailable;
   if (status_code == absl::StatusCode::kDataLoss) status_code = absl::StatusCode::kUnavailable;
-  return absl::Status(status_code, absl::StrCat("peer ", peer_name, " at ", peer_address,
-                                                " closed the connection: ", message));
+  const std::string who = absl::StrCat("peer ", peer_name, " at ", peer_address);
+  if (status_code == absl::StatusCode::kDeadlineExceeded) {
+    // The peer's words are only its figure: the wording, and so PeerFoundThisProcessSilent's
+    // answer, follow from the code.
+    return absl::UnavailableError(absl::StrCat(
+        who, " closed the connection: ", kHeardNothingFromThisProcess, " ", message.substr(0, 64),
+        " (its TF_RDMA_PEER_TIMEOUT_MS). This process was stopped (SIGSTOP, a debugger), starved of CPU, "
+        "or cut off from it."));
+  }
+  return absl::Status(status_code, absl::StrCat(who, " closed the connection: ", message));
+}
+
+absl::Status WentSilentReason(absl::Duration silence) {
+  return absl::DeadlineExceededError(absl::StrCat(absl::ToInt64Milliseconds(silence), " ms"));
+}
+
+bool PeerFoundThisProcessSilent(const absl::Status& status) {
+  return absl::IsUnavailable(status) && absl::StrContains(status.message(), kHeardNothingFromThisProcess);
 }
 
 }  // namespace tf_rdma

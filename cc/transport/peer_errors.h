@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace tf_rdma {
 
@@ -17,8 +18,18 @@ absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_a
 
 // The peer closed the connection and said why (`code`, `message` of its REJECT frame). Its
 // protocol complaints about us are reported as kUnavailable: the broken party is not this process.
+// kDeadlineExceeded from the peer means it heard nothing from this process for its peer timeout
+// (WentSilentReason): reported as kUnavailable, worded as this process's failure.
 absl::Status PeerClosedConnection(const std::string& peer_name, const std::string& peer_address,
                                   uint32_t code, const std::string& message);
+
+// What a connection tells its peer when it closes because the peer went silent for `silence`.
+absl::Status WentSilentReason(absl::Duration silence);
+
+// Whether `status` (PeerClosedConnection's) says the peer closed the connection because this
+// process went silent towards it: stopped (SIGSTOP, a debugger), starved of CPU or cut off. The
+// failure is then this process's, not the peer's, which callers that blame tasks need to know.
+bool PeerFoundThisProcessSilent(const absl::Status& status);
 
 }  // namespace tf_rdma
 

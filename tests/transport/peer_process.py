@@ -5,13 +5,14 @@ With ENDPOINT listen:HOST:PORT, it listens there instead, prints "listening ENDP
 first connection.
 actions: write:TAG:SIZE:SEED (write a pattern and wait for it to land), grant:TAG:SIZE (grant and
 wait), expect:TAG:SIZE:SEED (grant, wait, and exit with an error unless exactly that pattern
-landed), print:TEXT, sleep:SECONDS. Prints "connected" once connected.
+landed), print:TEXT, sleep:SECONDS. Prints "connected" once connected, and "failed CLASS: MESSAGE"
+if an action fails with one of tf_rdma's errors (then exits with status 1).
 """
 import sys
 import time
 
 from tests.transport.helpers import pattern
-from tf_rdma import _transport
+from tf_rdma import _transport, errors
 
 
 def main():
@@ -26,6 +27,14 @@ def main():
         connection = transport.connect(endpoint)
     print("connected", flush=True)
     region = transport.allocate_region(1 << 20)
+    try:
+        run(transport, connection, region, actions)
+    except errors.TransportError as e:
+        print(f"failed {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)
+
+
+def run(transport, connection, region, actions):
     for action in actions:
         kind, *args = action.split(":")
         if kind == "write":

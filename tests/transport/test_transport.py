@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.transport.helpers import (HOST, connected_pair, free_port, pattern, socket_inodes, start_peer, transport,
-                     wait_for_line)
+from tests.transport.helpers import (HOST, connected_pair, free_port, next_line, pattern, socket_inodes, start_peer,
+                                     transport, wait_for_line)
 from tf_rdma import errors
 
 
@@ -320,6 +320,35 @@ def test_hung_peer_is_declared_dead_within_the_peer_timeout(backend):
         # Not before the peer could have been silent for the timeout (its last heartbeat may have
         # come a quarter of it before the stop), and then promptly, with slack for a loaded host.
         assert peer_timeout * 0.5 <= time.monotonic() - started < peer_timeout + 4
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+@pytest.mark.peer_process
+def test_a_peer_stopped_past_the_peer_timeout_learns_on_waking_that_it_went_silent(backend):
+    """The side whose timer fires tells the silent peer why before it closes, so a peer that was
+    stopped (SIGSTOP, a debugger; as one starved of CPU or cut off) and runs again fails with that
+    reason, not as if the other side had failed: TensorFlow's side then blames the right task."""
+    peer_timeout = 2.0
+    receiver = transport(backend, "receiver", peer_timeout=peer_timeout)
+    listener = receiver.listen(f"{HOST}:0")
+    peer = start_peer(backend, listener.endpoint, "grant:7:10", peer_timeout=peer_timeout)
+    wait_for_line(peer, "connected")
+    connection = listener.accept(10)
+    grant = connection.grant(1, receiver.allocate_region(10), 0, 10)
+    peer.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(errors.PeerUnavailableError, match="unresponsive"):
+            grant.wait(peer_timeout + 4)
+        # Past the stopped peer's own timeout too: when it runs again, its timer is due at once.
+        time.sleep(peer_timeout)
+    finally:
+        peer.send_signal(signal.SIGCONT)
+    try:
+        line = next_line(peer, 10)
+        assert line.startswith("failed PeerUnavailableError: peer receiver at "), line
+        assert "closed the connection: it heard nothing from this process for" in line, line
     finally:
         peer.kill()
         peer.wait()

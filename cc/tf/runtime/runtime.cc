@@ -15,6 +15,7 @@
 #include "cc/transport/backend_selection.h"
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/crypto.h"
+#include "cc/transport/peer_errors.h"
 
 namespace tf_rdma {
 namespace {
@@ -84,7 +85,10 @@ bool CrossesTasks(const std::string& from_device, const std::string& to_device) 
 
 absl::Status TaskFailure(const std::string& what, const std::string& task, const absl::Status& cause) {
   std::string message = absl::StrCat("tf_rdma: ", what, " task ", task, " failed: ", cause.message());
-  if (absl::IsUnavailable(cause) || absl::IsAborted(cause)) {
+  // Not when the task closed the connection because this one went silent (stopped, cut off): the
+  // failure is this task's, and a ClusterCoordinator reading the phrase would count a healthy ps
+  // as failed (TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES) where it should retry on this worker.
+  if ((absl::IsUnavailable(cause) || absl::IsAborted(cause)) && !PeerFoundThisProcessSilent(cause)) {
     absl::StrAppend(&message, " (as gRPC words it, for TensorFlow's failure handling: GRPC error information from remote target ", task, ")");
   }
   return absl::Status(cause.code(), message);

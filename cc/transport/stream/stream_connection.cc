@@ -59,7 +59,7 @@ absl::Status StreamConnection::Start(std::shared_ptr<IoLoop> loop) {
   if (!status.ok()) {
     status = absl::Status(status.code(), absl::StrCat("cannot serve the connection to ", peer_name_,
                                                       " at ", peer_address_, ": ", status.message()));
-    CloseInternal(status, true);
+    CloseInternal(status, status);
   }
   return status;
 }
@@ -137,10 +137,11 @@ void StreamConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pai
 void StreamConnection::EnqueueLocked(Outgoing item) { outgoing_.push_back(std::move(item)); }
 
 void StreamConnection::Close(const absl::Status& reason) {
-  CloseInternal(reason.ok() ? absl::CancelledError("connection closed") : reason, true);
+  const absl::Status closed = reason.ok() ? absl::CancelledError("connection closed") : reason;
+  CloseInternal(closed, closed);
 }
 
-void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer) {
+void StreamConnection::CloseInternal(const absl::Status& reason, const std::optional<absl::Status>& told_peer) {
   std::vector<GrantDone> grants;
   std::vector<WriteDone> writes;
   {
@@ -159,10 +160,10 @@ void StreamConnection::CloseInternal(const absl::Status& reason, bool tell_peer)
     // The peer learns why, once the frame being sent (if any) is out.
     std::lock_guard<std::mutex> send_lock(send_mu_);
     if (fd_ >= 0) {
-      if (tell_peer) {
+      if (told_peer) {
         std::string bytes = wire::Encode(
             {wire::FrameType::kReject,
-             wire::Reject{static_cast<uint32_t>(reason.code()), std::string(reason.message())}});
+             wire::Reject{static_cast<uint32_t>(told_peer->code()), std::string(told_peer->message())}});
         send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       }
       shutdown(fd_, SHUT_RDWR);
@@ -203,11 +204,16 @@ bool StreamConnection::OnTick(absl::Time now) {
     // Quiet for a tick: the receive buffer goes back, so an idle peer costs none. (Not after each
     // read: its pages would fault in again for every message, a cost that shows in latency.)
     reader_.ReleaseIfDrained();
-  } else if (now - last_heard_ >= options_.peer_timeout) {
+  } else if (UnreadBytesWaiting()) {
+    last_heard_ = now;  // this process was stopped or starved: the loop reads them next
+  } else {
+    // Told, so that a peer that was stopped, starved or cut off and runs again knows the failure
+    // is its own, not ours (PeerFoundThisProcessSilent).
+    const absl::Duration silence = now - last_heard_;
     lock.unlock();
     CloseInternal(PeerError(absl::DeadlineExceededError(absl::StrCat(
-                      "the peer sent nothing for ", absl::ToInt64Milliseconds(now - last_heard_), " ms"))),
-                  false);
+                      "the peer sent nothing for ", absl::ToInt64Milliseconds(silence), " ms"))),
+                  WentSilentReason(silence));
     Finish();
     return false;
   }
@@ -225,8 +231,15 @@ bool StreamConnection::OnTick(absl::Time now) {
   return true;
 }
 
+bool StreamConnection::UnreadBytesWaiting() const {
+  char byte;
+  // 0 is the peer's FIN, also unread news from it.
+  return fd_ >= 0 && recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+}
+
 void StreamConnection::OnLoopStopped() {
-  CloseInternal(absl::CancelledError("the local tf_rdma transport shut down"), true);
+  const absl::Status stopped = absl::CancelledError("the local tf_rdma transport shut down");
+  CloseInternal(stopped, stopped);
   Finish();
 }
 
@@ -261,8 +274,10 @@ bool StreamConnection::ReadAvailable() {
     const absl::Status status = ReadStep(&progressed);
     if (!status.ok()) {
       // The peer learns why when the cause is ours to state: its protocol error, or our limit.
-      CloseInternal(PeerError(status), status.code() == absl::StatusCode::kDataLoss ||
-                                           status.code() == absl::StatusCode::kResourceExhausted);
+      const absl::Status failure = PeerError(status);
+      const bool ours_to_state = status.code() == absl::StatusCode::kDataLoss ||
+                                 status.code() == absl::StatusCode::kResourceExhausted;
+      CloseInternal(failure, ours_to_state ? std::optional<absl::Status>(failure) : std::nullopt);
       return false;
     }
     if (!progressed) return false;
@@ -322,7 +337,7 @@ absl::Status StreamConnection::ReadAndDispatch(bool* progressed) {
     // it then finds the connection closed already).
     const auto& reject = std::get<wire::Reject>(frame.body);
     const absl::Status closed = PeerClosedConnection(peer_name_, peer_address_, reject.code, reject.message);
-    CloseInternal(closed, false);
+    CloseInternal(closed, std::nullopt);
     return closed;
   }
   const char* type = wire::FrameTypeName(frame.type);

@@ -155,7 +155,11 @@ class StreamConnection : public Connection,
   // Puts what the socket takes of `item` on the wire without blocking. False when it did not take
   // all: the rest went back to the front of the queue, for the loop.
   bool Transmit(Outgoing item);
-  void CloseInternal(const absl::Status& reason, bool tell_peer);
+  // Fails the connection with `reason`; the peer gets `told_peer` (a REJECT frame) if given.
+  void CloseInternal(const absl::Status& reason, const std::optional<absl::Status>& told_peer);
+  // Whether bytes (or the peer's FIN) wait unread in the socket: a process that was stopped finds
+  // what its peer sent meanwhile there, and that peer was not silent.
+  bool UnreadBytesWaiting() const;
   // Turns a failure on the stream into the error users see, naming the peer and the likely fix.
   absl::Status PeerError(const absl::Status& cause) const;
 

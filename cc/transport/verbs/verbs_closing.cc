@@ -31,7 +31,8 @@ void VerbsConnection::Close(const absl::Status& reason) {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    FailLocked(reason.ok() ? absl::CancelledError("connection closed") : reason, true, &callbacks);
+    const absl::Status closed = reason.ok() ? absl::CancelledError("connection closed") : reason;
+    FailLocked(closed, closed, &callbacks);
   }
   for (auto& callback : callbacks) callback();
   Wake();
@@ -44,7 +45,7 @@ void VerbsConnection::AwaitFinished() {
                         [this] { return finished_; });
 }
 
-void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
+void VerbsConnection::FailLocked(const absl::Status& reason, const std::optional<absl::Status>& told_peer,
                                  std::vector<std::function<void()>>* callbacks) {
   if (!status_.ok()) return;
   status_ = reason;
@@ -67,10 +68,10 @@ void VerbsConnection::FailLocked(const absl::Status& reason, bool tell_peer,
     LOG(WARNING) << "tf_rdma: verbs connection to " << peer_name_ << " at " << peer_address_
                  << " closed: " << reason;
   }
-  if (tell_peer && !free_send_slots_.empty() && posted_sends_ < kSendDepth &&
+  if (told_peer && !free_send_slots_.empty() && posted_sends_ < kSendDepth &&
       PostControlLocked(wire::Encode({wire::FrameType::kReject,
-                                      wire::Reject{static_cast<uint32_t>(reason.code()),
-                                                   std::string(reason.message().substr(0, 3000))}}),
+                                      wire::Reject{static_cast<uint32_t>(told_peer->code()),
+                                                   std::string(told_peer->message().substr(0, 3000))}}),
                         true)
           .ok()) {
     // The grants stay outstanding until the REJECT is out (or kRejectGrace passed): see the loop.
@@ -125,7 +126,7 @@ void VerbsConnection::OnLoopStopped() {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    FailLocked(absl::CancelledError("the local tf_rdma transport shut down"), false, &callbacks);
+    FailLocked(absl::CancelledError("the local tf_rdma transport shut down"), std::nullopt, &callbacks);
     StopQueuePairLocked(&callbacks);
   }
   PollCompletions(&callbacks);

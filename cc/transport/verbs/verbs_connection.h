@@ -227,8 +227,10 @@ class VerbsConnection : public Connection,
   absl::Status CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const;
 
   // ---- verbs_closing.cc: failure and close ----
-  // Sets the error; `tell_peer` sends it to the peer first. Callbacks run by the caller, unlocked.
-  void FailLocked(const absl::Status& reason, bool tell_peer, std::vector<std::function<void()>>* callbacks);
+  // Sets the error `reason`; the peer gets `told_peer` (a REJECT) first, if given. Callbacks run by
+  // the caller, unlocked.
+  void FailLocked(const absl::Status& reason, const std::optional<absl::Status>& told_peer,
+                  std::vector<std::function<void()>>* callbacks);
   // Stops the QP (no write can land any more) and fails the grants; lock held.
   void StopQueuePairLocked(std::vector<std::function<void()>>* callbacks);
   // A closed connection's way out: stops the QP when its REJECT went out or kRejectGrace passed,

@@ -20,6 +20,12 @@ constexpr size_t kSlotSize = QueuePair::kSlotSize;
 constexpr int kPollBatchSize = 32;
 constexpr int kPollBatches = 16;
 
+// The peer learns why we end the connection when the cause is its protocol error.
+std::optional<absl::Status> ToldIfProtocolError(const absl::Status& failure) {
+  if (failure.code() != absl::StatusCode::kDataLoss) return std::nullopt;
+  return failure;
+}
+
 }  // namespace
 
 IoHandler::Progress VerbsConnection::OnEvents(uint32_t) {
@@ -71,9 +77,11 @@ bool VerbsConnection::OnTick(absl::Time now) {
         last_receive_ = now;
       }
       if (now - last_receive_ > options_.peer_timeout) {
+        // Told, so that a peer that was stopped or cut off and runs again knows the failure is its
+        // own (PeerFoundThisProcessSilent).
         FailLocked(PeerError(absl::DeadlineExceededError(absl::StrCat(
                        "nothing received for ", absl::FormatDuration(now - last_receive_)))),
-                   false, &callbacks);
+                   WentSilentReason(now - last_receive_), &callbacks);
       } else if (now - last_send_ >= options_.peer_timeout / 4 && posted_sends_ == 0) {
         // Behind work still posted a heartbeat adds nothing (that work's packets are heard), and
         // under reordering heartbeats piled behind a long write stalled rxe's queue pair for > 3 s.
@@ -140,7 +148,7 @@ void VerbsConnection::HandleCmEvents(std::vector<std::function<void()>>* callbac
                    type == RDMA_CM_EVENT_DISCONNECTED
                        ? "it disconnected (rdma_cm DISCONNECTED): it closed the connection or exited"
                        : absl::StrCat("RDMA device ", device_->name, " was removed"))),
-               false, callbacks);
+               std::nullopt, callbacks);
     StopQueuePairLocked(callbacks);
   }
 }
@@ -149,7 +157,7 @@ void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::functi
   if (wc.wr_id & kReceiveBit) {
     posted_receives_--;
     if (wc.status != IBV_WC_SUCCESS) {
-      if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), false, callbacks);
+      if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), std::nullopt, callbacks);
       return;
     }
     last_receive_ = absl::Now();
@@ -179,7 +187,7 @@ void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::functi
       }
     }
     if (!handled.ok() && status_.ok()) {
-      FailLocked(handled, handled.code() == absl::StatusCode::kDataLoss, callbacks);
+      FailLocked(handled, ToldIfProtocolError(handled), callbacks);
     }
     return;
   }
@@ -192,7 +200,7 @@ void VerbsConnection::HandleCompletion(const ibv_wc& wc, std::vector<std::functi
   if (flight.send_slot >= 0) free_send_slots_.push_back(flight.send_slot);
   absl::Status result;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), false, callbacks);
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) FailLocked(CompletionError(wc), std::nullopt, callbacks);
     result = status_.ok() ? absl::UnavailableError("work request flushed") : status_;
   }
   if (flight.done) {
@@ -206,7 +214,7 @@ void VerbsConnection::DrainInboxLocked(std::vector<std::function<void()>>* callb
     const std::string bytes = std::move(handshake_inbox_.front());
     handshake_inbox_.pop_front();
     absl::Status handled = HandleMessageLocked(bytes, callbacks);
-    if (!handled.ok()) FailLocked(handled, handled.code() == absl::StatusCode::kDataLoss, callbacks);
+    if (!handled.ok()) FailLocked(handled, ToldIfProtocolError(handled), callbacks);
   }
 }
 
