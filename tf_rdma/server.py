@@ -11,6 +11,7 @@ import os
 
 import tensorflow as tf
 
+from tf_rdma import coordinator_failures
 from tf_rdma.errors import ConfigError, TensorFlowMismatchError
 
 log = logging.getLogger("tf_rdma")
@@ -137,11 +138,13 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
     its own transfers (variable creation, reads, evaluation) move over tf_rdma too.
 
     The ps and worker tasks run tf_rdma.Server; this process is the coordinator. Same arguments as
-    TensorFlow's strategy.
+    TensorFlow's strategy. Its ClusterCoordinator takes an error in which tf_rdma names a worker as
+    failed for that worker's failure, not a ps's (tf_rdma/coordinator_failures.py).
     """
 
     def __init__(self, cluster_resolver, variable_partitioner=None):
         _route_eager_copies_through_rendezvous()
+        coordinator_failures.install()
         super().__init__(_on_tf_rdma(cluster_resolver), variable_partitioner=variable_partitioner)
 
 

@@ -18,13 +18,14 @@ step): it keeps steps queued and prints what each worker has done
   failed nothing in our runs: the steps waited for the thaw, as with TensorFlow's settings.
 - "rdma": tf_rdma (tcp), TensorFlow's gRPC settings. Every tf_rdma connection to the faulted worker
   (and in the partition the worker's own) fails after the peer timeout, UnavailableError naming the
-  peer, and is made again once the peer answers. A step that was waiting on one of them fails so,
-  and TensorFlow takes it for a transient ps failure (its message names the ps, as gRPC's would),
-  puts the step back and carries on; whether a fault catches a step waiting on tf_rdma is chance
-  (a step's tensors cross in a fraction of its time): three runs of seven had two, four none.
-  Each such failure counts against TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES (3 per ps for the
-  job's life, TensorFlow's default; the third is raised to the user), which gRPC's runs never
-  touch.
+  peer, and is made again once the peer answers; the frozen worker, running again, is told by the
+  ps that it was the silent one. A step that was waiting on one of them fails so, and reaches the
+  coordinator through the ps's answer to the worker: TensorFlow alone would count it as a transient
+  ps failure (TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, 3 per ps for the job's life, then raised
+  to the user), which gRPC's runs never touch. tf_rdma's ParameterServerStrategy makes it the
+  worker's failure (tf_rdma/coordinator_failures.py): the step is retried once the worker answers,
+  and no run may count a ps failure. The step keeps the ps waiting on the worker for most of its
+  time (fault.py), so a fault usually catches a step so.
 """
 import json
 import re
@@ -224,8 +225,8 @@ def test_the_faulted_worker_is_used_again_once_healed_or_resumed(runs):
 def test_no_step_is_lost_and_every_failure_is_recovered_from_as_over_grpc(runs):
     """The coordinator raised nothing, and the ps counted every step scheduled (a step TensorFlow
     put back after a failure may count twice: its at-least-once). Every failure the coordinator
-    recovered from is an UnavailableError naming a task; TensorFlow's defaults on stock gRPC see
-    none (the module's docstring)."""
+    recovered from is an UnavailableError naming a task, and a worker's failure, never a ps's;
+    TensorFlow's defaults on stock gRPC see none (the module's docstring)."""
     for name, run in runs.items():
         outcome = run["outcome"]
         assert "error" not in outcome, (name, outcome)
@@ -234,6 +235,8 @@ def test_no_step_is_lost_and_every_failure_is_recovered_from_as_over_grpc(runs):
         for failure in run["coordinator_errors"]:
             assert failure["class"] == "UnavailableError" and "/job:" in failure["cause"], (name, failure)
             assert failure["handling"] != "handling not known", (name, failure)
+            # A ps failure, counted against TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES: only a worker failed.
+            assert failure["handling"] != "transient, step retried", (name, failure)
     assert runs["grpc"]["coordinator_errors"] == [], runs["grpc"]["coordinator_errors"]
 
 

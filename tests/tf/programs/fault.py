@@ -149,7 +149,12 @@ def through_worker_faults(cluster, job, index, transport, output, queued=100):
     @tf.function
     def step():
         def replica():
-            weights.assign_add(tf.tanh(weights) * 1e-6)
+            # Most of the step is the worker's work between reading the ps's variable and sending
+            # the update, the ps waiting for it meanwhile: a fault then catches the ps waiting on
+            # the worker, the failure the test is about, not by chance only.
+            update = tf.while_loop(lambda i, x: i < 400, lambda i, x: (i + 1, tf.tanh(tf.matmul(x, x) * 1e-3)),
+                                   (0, tf.tanh(weights)))[1]
+            weights.assign_add(update * 1e-6)
             by_worker.assign_add(tf.one_hot(
                 tf.distribute.coordinator.experimental_get_current_worker_index(), workers, dtype=tf.int64))
         strategy.run(replica)
