@@ -24,7 +24,8 @@ test: softroce-prereqs test-prereqs env cc-tests
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
 	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors \
-	tests/tf/test_in_process.py::test_the_python_bindings_count_tensorflows_connections
+	tests/tf/test_in_process.py::test_the_python_bindings_count_tensorflows_connections \
+	tests/tf/test_coordinator_failures.py
 
 check: test-prereqs env cc-tests
 	.venv/bin/python -m pytest -q $(CHECK_TESTS)
@@ -33,7 +34,8 @@ check: test-prereqs env cc-tests
 # absl of the TensorFlow in .venv, as the extensions are built.
 TF_FLAGS = $(shell .venv/bin/python -c 'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null)
 CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_book.cc cc/transport/wire.cc \
-	cc/transport/handshake.cc cc/transport/crypto.cc cc/transport/backend_names.cc cc/transport/io_loops.cc
+	cc/transport/handshake.cc cc/transport/crypto.cc cc/transport/backend_names.cc cc/transport/io_loops.cc \
+	cc/transport/peer_errors.cc
 build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h) | env
 	mkdir -p build
 	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread -ldl $(TF_FLAGS)

@@ -6,7 +6,9 @@
 namespace tf_rdma {
 namespace {
 
-constexpr char kHeardNothingFromThisProcess[] = "it heard nothing from this process for";
+// Only PeerClosedConnection's kDeadlineExceeded wording has it: its other wordings put the peer's
+// own text after "closed the connection: ".
+constexpr char kHeardNothingFromThisProcess[] = "closed the connection because it heard nothing from this process for";
 
 }  // namespace
 
@@ -42,7 +44,7 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
     // The peer's words are only its figure: the wording, and so PeerFoundThisProcessSilent's
     // answer, follow from the code.
     return absl::UnavailableError(absl::StrCat(
-        who, " closed the connection: ", kHeardNothingFromThisProcess, " ", message.substr(0, 64),
+        who, " ", kHeardNothingFromThisProcess, " ", message.substr(0, 64),
         " (its TF_RDMA_PEER_TIMEOUT_MS). This process was stopped (SIGSTOP, a debugger), starved of CPU, "
         "or cut off from it."));
   }

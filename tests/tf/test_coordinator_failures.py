@@ -20,7 +20,7 @@ PS_LOST_THE_WORKER = (
 # The worker's own part, told by the ps that it was the silent one: it names nobody.
 TOLD_IT_WENT_SILENT = (
     f"Graph execution error:\ntf_rdma: receiving 'edge_13_Tanh/ReadVariableOp' from task {PS} failed: peer {PS} "
-    f"at 10.213.0.2:39324 closed the connection: it heard nothing from this process for 2002 ms\n"
+    f"at 10.213.0.2:39324 closed the connection because it heard nothing from this process for 2002 ms\n"
     f"{ROUTE.format(WORKER, 'Enqueue')}")
 # The ps was restarted under a worker's step.
 THE_PS_WENT_AWAY = (

@@ -348,7 +348,7 @@ def test_a_peer_stopped_past_the_peer_timeout_learns_on_waking_that_it_went_sile
     try:
         line = next_line(peer, 10)
         assert line.startswith("failed PeerUnavailableError: peer receiver at "), line
-        assert "closed the connection: it heard nothing from this process for" in line, line
+        assert "closed the connection because it heard nothing from this process for" in line, line
     finally:
         peer.kill()
         peer.wait()
