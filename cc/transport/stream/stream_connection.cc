@@ -271,6 +271,7 @@ void StreamConnection::Finish() {
 }
 
 bool StreamConnection::ReadAvailable() {
+  reader_.OnReadable();
   heard_since_tick_ = true;
   moved_this_turn_ = 0;
   for (int step = 0; step < kReadsPerEvent && moved_this_turn_ < kBytesPerTurn; ++step) {
