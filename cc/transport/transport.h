@@ -92,7 +92,10 @@ using WriteDone = std::function<void(const absl::Status&)>;
 //     were still out. Never inside Revoke, DiscardPeerWrites, Write or DropWrites.
 //   * WriteDone runs inside Write when the write completes at once: its message went onto the
 //     socket whole (tcp and shm send small messages from the caller's thread; this saves a thread
-//     hand-off per message), its tag was discarded or withdrawn, or the connection failed. It runs
+//     hand-off per message), its tag was discarded or withdrawn, or the connection failed. On the
+//     transport thread that is handling the same connection's events (inside one of its
+//     callbacks), tcp and shm send nothing before that handling returns: then what it queued
+//     leaves in one send, and WriteDone runs on that thread, after Write returned. It runs
 //     inside Grant/Revoke/DiscardPeerWrites/DropWrites/Close of the same connection when that call
 //     completes it (a paired write sent from there, a dropped one, a close), and else on a transport thread
 //     (the peer's grant arrived, the socket drained).

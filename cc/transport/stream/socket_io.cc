@@ -222,12 +222,14 @@ void StreamReader::Release() {
 }
 
 absl::StatusOr<size_t> StreamReader::Receive(char* dst, size_t capacity, bool in_place) {
+  if (socket_drained_) return 0;
   passed_.clear();
   absl::StatusOr<size_t> got = ReceiveSome(fd_, dst, capacity, &passed_, /*nonblocking=*/true);
   if (!got.ok()) {
     for (int fd : passed_) close(fd);
     return got.status();
   }
+  socket_drained_ = *got < capacity;
   received_ += *got;
   // A receive that brings descriptors ends with the bytes of the send that passed them.
   for (int fd : passed_) descriptors_.emplace_back(received_, fd);

@@ -69,6 +69,9 @@ class StreamReader {
   // them. The kernel ends a receive with the send that passed a descriptor, so each is charged to
   // the frame whose bytes end at or after where its receive ended: the frame that brought it.
   std::vector<int> TakeDescriptors();
+  // The loop found the socket readable: the next read asks it again, even if the last one
+  // emptied it.
+  void OnReadable() { socket_drained_ = false; }
   // Gives the buffer back if it holds no unread byte.
   void ReleaseIfDrained();
   // The stream is over: gives the buffer back and closes the descriptors not taken.
@@ -77,7 +80,10 @@ class StreamReader {
  private:
   static constexpr size_t kBufferBytes = 64 << 10;
   // One non-blocking receive into `dst`: how many bytes came (0: none there). In place, they
-  // count as read by the caller at once; else they extend the buffer's unread bytes.
+  // count as read by the caller at once; else they extend the buffer's unread bytes. After a
+  // receive that came short of `capacity` (it emptied the socket) it asks the socket nothing until
+  // OnReadable: the receive that would only say "nothing more" costs a syscall per readable event,
+  // and the loop's epoll (level-triggered) reports bytes that came meanwhile.
   absl::StatusOr<size_t> Receive(char* dst, size_t capacity, bool in_place);
 
   const int fd_;
@@ -86,6 +92,7 @@ class StreamReader {
   size_t end_ = 0;
   uint64_t consumed_ = 0;  // stream positions: bytes read by the caller, and off the socket
   uint64_t received_ = 0;
+  bool socket_drained_ = false;
   std::deque<std::pair<uint64_t, int>> descriptors_;  // (position its receive ended at, fd)
   std::deque<int> passed_;  // one receive's descriptors; a member, as a deque allocates when made
 };

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <climits>
 #include <exception>
 #include <new>
 #include <system_error>
@@ -32,6 +33,15 @@ constexpr int kSendsPerEvent = 16;
 // the reader's buffer and none in the socket: the loop calls again after kMore whatever event
 // comes next (io_loops.h).
 constexpr uint64_t kBytesPerTurn = 256 << 10;
+// What one send syscall gathers: items, two iovecs each (a head and the payload on the stream),
+// and message bytes, as a readable turn's.
+constexpr size_t kIovecsPerSend = IOV_MAX;
+constexpr uint64_t kBytesPerSend = kBytesPerTurn;
+
+// The connection whose events this thread (its I/O loop's) handles right now: frames it queues
+// meanwhile, from the callbacks it runs too (a grant given again, a reply), wait until the handling
+// returns and then leave together in one send, so the peer wakes once for them, not once per frame.
+thread_local const StreamConnection* handling_events_of = nullptr;
 
 }  // namespace
 
@@ -183,8 +193,15 @@ absl::Status StreamConnection::PeerError(const absl::Status& cause) const {
 
 IoHandler::Progress StreamConnection::OnEvents(uint32_t events) {
   bool more = false;
+  const StreamConnection* const outer = handling_events_of;
+  handling_events_of = this;
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) more = ReadAvailable();
   if (events & EPOLLOUT) SendQueued();
+  handling_events_of = outer;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    FlushLocked(lock);
+  }
   if (health().ok()) return more ? Progress::kMore : Progress::kWaiting;
   Finish();
   return Progress::kFinished;
@@ -267,6 +284,7 @@ void StreamConnection::Finish() {
 }
 
 bool StreamConnection::ReadAvailable() {
+  reader_.OnReadable();
   heard_since_tick_ = true;
   moved_this_turn_ = 0;
   for (int step = 0; step < kReadsPerEvent && moved_this_turn_ < kBytesPerTurn; ++step) {
@@ -479,13 +497,13 @@ bool StreamConnection::Cheap(const Outgoing& item) {
 }
 
 void StreamConnection::FlushLocked(std::unique_lock<std::mutex>& lock) {
+  if (handling_events_of == this) return;  // OnEvents sends it when the handling returns
   if (sending_ || send_broken_ || outgoing_.empty() || !status_.ok()) return;
   sending_ = true;
   while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok() && !send_broken_) {
-    Outgoing item = std::move(outgoing_.front());
-    outgoing_.pop_front();
+    std::vector<Outgoing> batch = TakeBatchLocked(/*cheap_only=*/true);
     lock.unlock();
-    const bool all_sent = Transmit(std::move(item));
+    const bool all_sent = Transmit(std::move(batch));
     lock.lock();
     if (!all_sent) break;
   }
@@ -497,11 +515,10 @@ void StreamConnection::SendQueued() {
   std::unique_lock<std::mutex> lock(mu_);
   for (int sends = 0; sends < kSendsPerEvent; ++sends) {
     if (outgoing_.empty() || sending_ || send_broken_ || !status_.ok()) break;
-    Outgoing item = std::move(outgoing_.front());
-    outgoing_.pop_front();
+    std::vector<Outgoing> batch = TakeBatchLocked(/*cheap_only=*/false);
     sending_ = true;
     lock.unlock();
-    const bool all_sent = Transmit(std::move(item));
+    const bool all_sent = Transmit(std::move(batch));
     lock.lock();
     sending_ = false;
     if (!all_sent) return;  // the socket is full: the next writable event goes on
@@ -511,71 +528,124 @@ void StreamConnection::SendQueued() {
   WatchWritableLocked(more);
 }
 
-void StreamConnection::WatchWritableLocked(bool writable) {
-  if (writable == writable_watched_ || !loop_ || fd_ < 0) return;
-  writable_watched_ = writable;
-  loop_->WatchWritable(fd_, this, writable);
+std::vector<StreamConnection::Outgoing> StreamConnection::TakeBatchLocked(bool cheap_only) {
+  std::vector<Outgoing> batch;
+  uint64_t bytes = 0;
+  while (!outgoing_.empty() && 2 * (batch.size() + 1) <= kIovecsPerSend && bytes < kBytesPerSend) {
+    const Outgoing& next = outgoing_.front();
+    if (cheap_only && !Cheap(next)) break;
+    // A descriptor goes in a send of its own: the peer's receive ends with the send that passed
+    // it and charges it to the frame it ended with (StreamReader::TakeDescriptors).
+    const bool passes_fd = next.control && next.control->pass_fd >= 0 && next.sent == 0;
+    if (passes_fd && !batch.empty()) break;
+    if (!next.control) bytes += next.write.length;
+    batch.push_back(std::move(outgoing_.front()));
+    outgoing_.pop_front();
+    if (passes_fd) break;
+  }
+  return batch;
 }
 
-bool StreamConnection::Transmit(Outgoing item) {
-  absl::Status failure;
-  if (!item.started) {
+absl::Status StreamConnection::Prepare(Outgoing& item) {
+  if (item.started) return absl::OkStatus();
+  if (item.control) {
+    item.head = wire::Encode(item.control->frame);
     item.started = true;
-    if (item.control) {
-      item.head = wire::Encode(item.control->frame);
-    } else {
-      absl::StatusOr<bool> payload_follows = PlaceMessage(item.grant, item.write.src, item.write.length);
-      failure = payload_follows.status();
-      item.head = wire::Encode({wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}});
-      if (payload_follows.ok() && *payload_follows) {
-        item.payload = static_cast<const char*>(item.write.src);
-        item.payload_length = item.write.length;
-      }
-    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> payload_follows = PlaceMessage(item.grant, item.write.src, item.write.length);
+  if (!payload_follows.ok()) return payload_follows.status();
+  item.started = true;
+  item.head = wire::Encode({wire::FrameType::kData, wire::Data{item.grant.grant_id, item.write.length}});
+  if (*payload_follows) {
+    item.payload = static_cast<const char*>(item.write.src);
+    item.payload_length = item.write.length;
+  }
+  return absl::OkStatus();
+}
+
+bool StreamConnection::RequeueFront(std::vector<Outgoing>& batch, size_t from) {
+  if (from >= batch.size()) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (status_.ok()) {
+    for (size_t i = batch.size(); i > from; --i) outgoing_.push_front(std::move(batch[i - 1]));
+    batch.resize(from);
+    return true;
+  }
+  // Closed meanwhile: the rest will never go.
+  const absl::Status closed = status_;
+  lock.unlock();
+  for (size_t i = from; i < batch.size(); ++i) {
+    if (batch[i].write.done) batch[i].write.done(closed);
+  }
+  batch.resize(from);
+  return false;
+}
+
+bool StreamConnection::Transmit(std::vector<Outgoing> batch) {
+  absl::Status failure;
+  size_t prepared = 0;
+  while (prepared < batch.size() && failure.ok()) {
+    failure = Prepare(batch[prepared]);
+    if (failure.ok()) ++prepared;
+  }
+  if (!failure.ok() && prepared > 0) {
+    // What was prepared goes now; the item that failed comes first in the next send, and fails
+    // there on its own.
+    failure = absl::OkStatus();
+    RequeueFront(batch, prepared);
+  } else if (!failure.ok()) {
+    RequeueFront(batch, 1);
   }
   if (failure.ok()) {
-    const uint64_t total = item.head.size() + item.payload_length;
     std::vector<iovec> iov;
-    if (item.sent < item.head.size()) {
-      iov.push_back({item.head.data() + item.sent, item.head.size() - item.sent});
+    for (Outgoing& item : batch) {
+      if (item.sent < item.head.size()) {
+        iov.push_back({item.head.data() + item.sent, item.head.size() - item.sent});
+      }
+      const uint64_t payload_sent = item.sent > item.head.size() ? item.sent - item.head.size() : 0;
+      if (item.payload_length > payload_sent) {
+        iov.push_back({const_cast<char*>(item.payload) + payload_sent, item.payload_length - payload_sent});
+      }
     }
-    const uint64_t payload_sent = item.sent > item.head.size() ? item.sent - item.head.size() : 0;
-    if (item.payload_length > payload_sent) {
-      iov.push_back({const_cast<char*>(item.payload) + payload_sent, item.payload_length - payload_sent});
-    }
-    // The descriptor rides on the item's first byte.
-    const int pass_fd = item.sent == 0 && item.control ? item.control->pass_fd : -1;
+    // The descriptor rides on the item's first byte (TakeBatchLocked sends it alone).
+    const Outgoing& first = batch.front();
+    const int pass_fd = first.sent == 0 && first.control ? first.control->pass_fd : -1;
     absl::StatusOr<size_t> sent;
     {
       std::lock_guard<std::mutex> send_lock(send_mu_);
-      // Closed: the connection failed already, and its error is what the write gets below.
+      // Closed: the connection failed already, and its error is what the writes get below.
       sent = fd_ >= 0 ? SendWithoutBlocking(fd_, iov, pass_fd)
                       : absl::StatusOr<size_t>(absl::UnavailableError("the socket is closed"));
     }
     failure = sent.status();
     if (sent.ok()) {
       if (*sent > 0) sent_since_tick_.store(true, std::memory_order_relaxed);
-      item.sent += *sent;
-      if (item.sent < total) {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (status_.ok()) {
-          outgoing_.push_front(std::move(item));
-          return false;
+      uint64_t left = *sent;
+      size_t done = 0;
+      for (; done < batch.size(); ++done) {
+        Outgoing& item = batch[done];
+        const uint64_t rest = item.head.size() + item.payload_length - item.sent;
+        if (left < rest) {
+          item.sent += left;
+          break;
         }
-        // Closed meanwhile: the rest will never go.
-        const absl::Status closed = status_;
-        lock.unlock();
-        if (item.write.done) item.write.done(closed);
-        return true;
+        left -= rest;
+        item.sent += rest;
       }
+      const bool all_sent = done == batch.size();
+      // What did not go waits at the front of the queue, for the loop.
+      const bool requeued = RequeueFront(batch, done);
+      for (Outgoing& item : batch) {
+        if (item.write.done) item.write.done(absl::OkStatus());
+      }
+      return all_sent || !requeued;
     }
   }
-  if (failure.ok()) {
-    if (item.write.done) item.write.done(failure);
-    return true;
-  }
   const absl::Status closed = health();
-  if (item.write.done) item.write.done(closed.ok() ? PeerError(failure) : closed);
+  for (Outgoing& item : batch) {
+    if (item.write.done) item.write.done(closed.ok() ? PeerError(failure) : closed);
+  }
   if (closed.ok()) {
     // The peer most likely closed first, and its reason (a REJECT frame) may still wait in the
     // receive buffer: stop sending and let the loop end the connection with that reason. The
@@ -586,6 +656,12 @@ bool StreamConnection::Transmit(Outgoing item) {
     if (fd_ >= 0) shutdown(fd_, SHUT_WR);
   }
   return true;
+}
+
+void StreamConnection::WatchWritableLocked(bool writable) {
+  if (writable == writable_watched_ || !loop_ || fd_ < 0) return;
+  writable_watched_ = writable;
+  loop_->WatchWritable(fd_, this, writable);
 }
 
 }  // namespace tf_rdma

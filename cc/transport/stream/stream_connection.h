@@ -147,14 +147,24 @@ class StreamConnection : public Connection,
   // Sends what is queued from the calling thread while it is cheap (control frames, small
   // messages) and the socket takes it without blocking; the I/O loop does the rest once the
   // socket is writable. This saves a thread hand-off per message, which dominates small-message
-  // latency.
+  // latency. On the loop's thread while it handles this connection's events, it sends nothing:
+  // OnEvents sends what they queued in one go when they are handled.
   void FlushLocked(std::unique_lock<std::mutex>& lock);
   static bool Cheap(const Outgoing& item);
   // Whether the loop tells us when the socket is writable: while something waits to be sent.
   void WatchWritableLocked(bool writable);
-  // Puts what the socket takes of `item` on the wire without blocking. False when it did not take
-  // all: the rest went back to the front of the queue, for the loop.
-  bool Transmit(Outgoing item);
+  // Takes the items one send gathers off the queue's front, in order (at least one): up to
+  // kIovecsPerSend iovecs and kBytesPerSend message bytes, only cheap ones if `cheap_only`, and an
+  // item that passes a descriptor alone.
+  std::vector<Outgoing> TakeBatchLocked(bool cheap_only);
+  // Encodes the item's frame and places its message (once, before its first byte goes out).
+  absl::Status Prepare(Outgoing& item);
+  // Puts batch[from...] back at the front of the queue, in order, and leaves batch[0, from). When
+  // the connection closed meanwhile, their writes complete with its error instead: false.
+  bool RequeueFront(std::vector<Outgoing>& batch, size_t from);
+  // Puts what the socket takes of `batch` on the wire in one send without blocking. False when it
+  // did not take all: the rest went back to the front of the queue, for the loop.
+  bool Transmit(std::vector<Outgoing> batch);
   // Fails the connection with `reason`; the peer gets `told_peer` (a REJECT frame) if given.
   void CloseInternal(const absl::Status& reason, const std::optional<absl::Status>& told_peer);
   // Whether bytes (or the peer's FIN) wait unread in the socket: a process that was stopped finds
