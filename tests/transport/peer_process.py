@@ -6,7 +6,7 @@ first connection.
 actions: write:TAG:SIZE:SEED (write a pattern and wait for it to land), grant:TAG:SIZE (grant and
 wait), expect:TAG:SIZE:SEED (grant, wait, and exit with an error unless exactly that pattern
 landed), print:TEXT, sleep:SECONDS. Prints "connected" once connected, and "failed CLASS: MESSAGE"
-if an action fails with one of tf_rdma's errors (then exits with status 1).
+if an action fails with one of tf_rdma's errors (then raises it).
 """
 import sys
 import time
@@ -31,7 +31,7 @@ def main():
         run(transport, connection, region, actions)
     except errors.TransportError as e:
         print(f"failed {type(e).__name__}: {e}", flush=True)
-        sys.exit(1)
+        raise  # and its traceback on stderr, with a failing exit status
 
 
 def run(transport, connection, region, actions):

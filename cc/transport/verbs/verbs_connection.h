@@ -206,6 +206,8 @@ class VerbsConnection : public Connection,
   // number per call; true if it stopped at that bound (completions may be left).
   bool PollCompletions(std::vector<std::function<void()>>* callbacks);
   void HandleCmEvents(std::vector<std::function<void()>>* callbacks);
+  // Whether the established connection has heard nothing for longer than the peer timeout.
+  bool SilentPastTimeout(absl::Time now) const;
   // OnTick's, once the peer has been silent for half the peer timeout: true if packets of the
   // peer's arrived since the previous call, which came after the last message received.
   bool PeerPacketsArrivedLocked(absl::Time now);

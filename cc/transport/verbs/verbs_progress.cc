@@ -66,6 +66,9 @@ IoHandler::Progress VerbsConnection::OnEvents(uint32_t) {
 
 bool VerbsConnection::OnTick(absl::Time now) {
   std::vector<std::function<void()>> callbacks;
+  // A process that was stopped (or starved) finds what its peer sent meanwhile in the completion
+  // queue, a REJECT saying it was the silent one among it: taken before the peer is judged.
+  if (SilentPastTimeout(now)) PollCompletions(&callbacks);
   bool finished;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -92,6 +95,11 @@ bool VerbsConnection::OnTick(absl::Time now) {
   }
   for (auto& callback : callbacks) callback();
   return !finished;
+}
+
+bool VerbsConnection::SilentPastTimeout(absl::Time now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_.ok() && established_ && now - last_receive_ > options_.peer_timeout;
 }
 
 bool VerbsConnection::PeerPacketsArrivedLocked(absl::Time now) {
