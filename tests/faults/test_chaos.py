@@ -238,13 +238,19 @@ TENSORFLOWS = {"chief_threads": 4, "ps0_threads": 4, "ps1_threads": 4, "chief_rs
 
 def test_tensorflows_threads_and_memory_per_cluster_update_are_not_tf_rdmas_growth():
     assert judged(run_with_growth(1, **TENSORFLOWS), run_with_growth(1, **TENSORFLOWS)) == set()
+    # Around the update gRPC's run ended a thread on the coordinator and started one on ps 0: the
+    # threads TensorFlow keeps per update are the most any process grew.
+    assert judged(run_with_growth(1, **TENSORFLOWS),
+                  run_with_growth(1, **{**TENSORFLOWS, "chief_threads": 3, "ps0_threads": 5})) == set()
     # tf_rdma's run made two updates (a frozen worker failed over tf_rdma, not over gRPC): twice it.
     assert judged(run_with_growth(2, **{k: 2 * v for k, v in TENSORFLOWS.items()}),
                   run_with_growth(1, **TENSORFLOWS)) == set()
 
 
 def test_a_thread_or_memory_tf_rdma_keeps_beside_tensorflows_is_growth():
-    # One thread more than TensorFlow's on a ps.
+    # One thread more than TensorFlow's on a ps, or on the coordinator.
+    assert judged(run_with_growth(1, **{**TENSORFLOWS, "chief_threads": 5}),
+                  run_with_growth(1, **TENSORFLOWS)) == {"chief_threads"}
     assert judged(run_with_growth(1, **{**TENSORFLOWS, "ps0_threads": 5}),
                   run_with_growth(1, **TENSORFLOWS)) == {"ps0_threads"}
     # TensorFlow's threads with no cluster update of tf_rdma's run to account for them.
