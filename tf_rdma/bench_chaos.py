@@ -52,7 +52,7 @@ WATCHDOG_SLACK_S = 90.0
 SAMPLE_EVERY_S = 2.0
 # Flat, from the unfaulted phase's end to the run's end (each the lowest of bench_soak.SETTLE
 # samples): RSS within the allocator's noise and the spread of what TensorFlow keeps for a cluster
-# update (below; over gRPC the chief kept 23-36 MiB after one update, over tf_rdma 13-48 MiB, six
+# update (below; over gRPC the chief kept 23-51 MiB after one update, over tf_rdma 13-48 MiB, nine
 # runs each, tf_rdma's less gRPC's in the same test -23 to +24 MiB);
 # descriptors and threads back where they were. On a ps a leak of 8 KiB per step exceeds it within
 # a run of --minutes 0.75 (about 4,500 steps).
@@ -461,8 +461,8 @@ def _fault(event):
 
 # Every cluster update gives the coordinator and each ps an eager client cache of the same size, so
 # each of them measures TensorFlow's threads per update; the most any grew over gRPC takes in a
-# thread TensorFlow starts or ends about an update beside it (in one gRPC run of six: the
-# coordinator +3, ps 0 +5, ps 1 +4; in two tf_rdma runs of six the coordinator +3).
+# thread TensorFlow starts or ends about an update beside it (over gRPC, ps 0 +5 in two runs of
+# nine, in one of them the coordinator +3; over tf_rdma the coordinator +3 in two).
 ALIKE_IN_EVERY_PROCESS = ("threads",)
 
 
