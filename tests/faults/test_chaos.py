@@ -2,6 +2,7 @@
 restarted worker, a frozen one, a short and a long partition between a worker and a ps, and a
 spell of 1% loss, over gRPC and tf_rdma (tcp) under the same seeded schedule (tf_rdma/bench_chaos.py)."""
 import json
+import logging
 import os
 import shlex
 import signal
@@ -210,3 +211,75 @@ def test_an_error_before_the_faults_is_reported_as_such(monkeypatch, tmp_path):
     text = bench_chaos.render(report_of(run, events))
     assert "InvalidArgumentError (before faults)" in text, text
     assert "raised InvalidArgumentError in the unfaulted phase (before any fault" in text, text
+
+
+# ---- the flatness judgement: what TensorFlow keeps for a cluster update is not tf_rdma's ----
+
+def run_with_growth(updates, **growth):
+    """A run's flatness over SETTLE samples before the faults and SETTLE at the end: every process
+    flat but for `growth` ({"PROCESS_QUANTITY": amount}); `updates` cluster updates."""
+    start = {"rss_bytes": 600 << 20, "fds": 30, "threads": 110}
+    end = {p: {q: v + growth.get(f"{p}_{q}", 0) for q, v in start.items()} for p in bench_chaos.LONG_LIVED}
+    samples = ([{p: dict(start) for p in bench_chaos.LONG_LIVED}] * bench_soak.SETTLE
+               + [end] * bench_soak.SETTLE)
+    flatness = bench_soak.judge(samples, 0, bench_chaos.GROWTH_BOUNDS, processes=bench_chaos.LONG_LIVED)
+    return {"flatness": flatness, "cluster_updates": updates}
+
+
+def judged(ours, grpc):
+    bench_chaos._judge_against(ours, grpc)
+    return {f"{p}_{q}" for p, quantities in ours["flatness"].items() for q, v in quantities.items() if not v["flat"]}
+
+
+# What TensorFlow kept over gRPC in a run of this schedule with one cluster update (the killed
+# worker's recovery): 4 eager client threads on the chief and on each ps, 36 MiB on the chief.
+TENSORFLOWS = {"chief_threads": 4, "ps0_threads": 4, "ps1_threads": 4, "chief_rss_bytes": 36 << 20}
+
+
+def test_tensorflows_threads_and_memory_per_cluster_update_are_not_tf_rdmas_growth():
+    assert judged(run_with_growth(1, **TENSORFLOWS), run_with_growth(1, **TENSORFLOWS)) == set()
+    # Around the update gRPC's run ended a thread on the coordinator and started one on ps 0: the
+    # threads TensorFlow keeps per update are the most any process grew.
+    assert judged(run_with_growth(1, **TENSORFLOWS),
+                  run_with_growth(1, **{**TENSORFLOWS, "chief_threads": 3, "ps0_threads": 5})) == set()
+    # tf_rdma's run made two updates (a frozen worker failed over tf_rdma, not over gRPC): twice it.
+    assert judged(run_with_growth(2, **{k: 2 * v for k, v in TENSORFLOWS.items()}),
+                  run_with_growth(1, **TENSORFLOWS)) == set()
+
+
+def test_a_thread_or_memory_tf_rdma_keeps_beside_tensorflows_is_growth():
+    # One thread more than TensorFlow's on a ps, or on the coordinator.
+    assert judged(run_with_growth(1, **{**TENSORFLOWS, "chief_threads": 5}),
+                  run_with_growth(1, **TENSORFLOWS)) == {"chief_threads"}
+    assert judged(run_with_growth(1, **{**TENSORFLOWS, "ps0_threads": 5}),
+                  run_with_growth(1, **TENSORFLOWS)) == {"ps0_threads"}
+    # TensorFlow's threads with no cluster update of tf_rdma's run to account for them.
+    assert judged(run_with_growth(0, **TENSORFLOWS), run_with_growth(1, **TENSORFLOWS)) == {
+        "chief_threads", "ps0_threads", "ps1_threads", "chief_rss_bytes"}
+    # 8 KiB per step over about 4,500 steps on a ps; a descriptor on the chief.
+    assert judged(run_with_growth(1, **TENSORFLOWS, ps1_rss_bytes=4500 * 8 << 10, chief_fds=1),
+                  run_with_growth(1, **TENSORFLOWS)) == {"ps1_rss_bytes", "chief_fds"}
+
+
+def test_the_coordinator_trains_on_until_its_cluster_updates_settle():
+    now = [100.0]
+    updates = bench_chaos.ClusterUpdates(clock=lambda: now[0])
+    coordinator = logging.getLogger("test_chaos.coordinator")
+    coordinator.addHandler(updates)
+    try:
+        assert updates.settled(8.0) and updates.begun == 0
+        coordinator.warning("Waiting for all global closures to be finished.")
+        coordinator.warning(bench_chaos.CLUSTER_UPDATE_BEGINS)
+        now[0] += 30
+        assert not updates.settled(8.0)  # under way
+        coordinator.warning("Cluster successfully recovered.")
+        now[0] += 7.9
+        assert not updates.settled(8.0)  # the end samples could still precede it
+        now[0] += 0.2
+        assert updates.settled(8.0) and updates.begun == 1
+        coordinator.warning(bench_chaos.CLUSTER_UPDATE_BEGINS)
+        coordinator.warning("Error occurred while updating server def: %s", "unavailable")
+        now[0] += 8.1
+        assert updates.settled(8.0) and updates.begun == 2
+    finally:
+        coordinator.removeHandler(updates)
