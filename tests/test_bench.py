@@ -1,7 +1,8 @@
 """The bench's own arithmetic, on canned outputs: perftest's result rows parsed by column, units
 converted, tf_rdma's ratios (vs_X == tf_rdma's figure / X's), and the rounds summarized as medians
 of the per-round ratios with their spread. The performance tables in the README come from these.
-Also the benches' bounded wait for a child's line."""
+Also the benches' bounded wait for a child's line, and a short real run pinned to one CPU."""
+import os
 import subprocess
 import sys
 import tempfile
@@ -9,7 +10,9 @@ import time
 
 import pytest
 
+from tests.tf.programs.bench_runs import bench_report
 from tf_rdma import bench
+from tf_rdma.__main__ import main
 from tf_rdma.sizes import format_size, parse_size, parse_sizes
 
 IB_WRITE_BW = """\
@@ -169,3 +172,40 @@ def test_a_child_that_exits_without_the_line_is_named_with_its_exit_code_and_log
     with pytest.raises(RuntimeError, match=r"(?s)the peer: it exited with code 3 before writing a line starting "
                                            r"'READY'; its log ends:\nno device"):
         bench.line_within(process, "READY ", 30, "the peer", log)
+
+
+def test_a_pinned_run_keeps_the_bench_and_its_receiver_on_that_cpu_and_says_so():
+    cpu = max(os.sched_getaffinity(0))  # the last, so that on more than one CPU the pin narrows
+    report, _ = bench_report("transport", "--backend", "shm", "--sizes", "64K", "--bytes-per-size", "1M",
+                             "--latency-sizes", "8", "--round-trips", "50", "--pin", str(cpu), timeout=300)
+    shm = report["shm"]
+    assert shm["pinned_cpu"] == cpu
+    assert shm["receiver_cpus"] == [cpu], "the receiver's threads may run elsewhere"
+    [row] = shm["latency"]
+    assert row["size"] == 8 and row["transport_us"] > 0 and row["tcp_socket_us"] > 0
+    assert f"one-way latency (us), cores free to sleep, pinned to CPU {cpu} (bench and receiver)" in \
+        bench.render(report)
+
+
+def test_the_pin_holds_for_its_run_only():
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    with bench.pinned_to(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.parametrize("value", [str(max(os.sched_getaffinity(0)) + 1), "first"])
+def test_a_cpu_this_process_may_not_run_on_is_refused_naming_the_option_and_the_allowed_cpus(value, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "transport", "--pin", value])
+    allowed = ", ".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert exit.value.code == 2
+    assert (f"error: argument --pin: {value!r} is not a CPU this process may run on; it may run on {allowed}"
+            in capsys.readouterr().err)
+
+
+def test_pin_is_refused_by_the_benches_it_does_not_apply_to(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "tf", "--pin", str(min(os.sched_getaffinity(0)))])
+    assert "--pin is for bench transport, not tf" in capsys.readouterr().err

@@ -25,6 +25,14 @@ def _judged_bench(run, failure, render, verdict, as_json):
     return 0 if report[verdict] else 1
 
 
+def _pin_cpu(text):
+    from tf_rdma.bench import allowed_cpu
+    try:
+        return allowed_cpu(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tf_rdma")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +89,11 @@ def main(argv=None):
                        help="transport: keep every core awake during the run with idle-priority "
                             "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
                             "tf_rdma's and the socket's latency; the report says which condition")
+    bench.add_argument("--pin", type=_pin_cpu, metavar="CPU",
+                       help="transport: run the bench and its receiver on this one CPU "
+                            "(sched_setaffinity), so that a wake-up is a context switch on that core "
+                            "for tf_rdma's ping-pong and the socket's alike, not a wake-up across "
+                            "cores; the report says so")
     bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
                                       "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
@@ -128,6 +141,8 @@ def _bench(parser, args):
     backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
     if args.plot and args.what not in ("tf", "data", "scale"):
         parser.error(f"--plot is for bench tf, data and scale, not {args.what}")
+    if args.pin is not None and args.what != "transport":
+        parser.error(f"--pin is for bench transport, not {args.what}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install matplotlib")
     if args.what == "tf":
@@ -177,7 +192,7 @@ def _bench(parser, args):
                                                args.round_trips, host=args.host,
                                                rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
                                                verbs_poll_windows=args.verbs_poll_us,
-                                               busy_cores=args.busy_cores), args)
+                                               busy_cores=args.busy_cores, pin=args.pin), args)
     return 0
 
 

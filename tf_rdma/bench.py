@@ -23,6 +23,13 @@ TF_RDMA_VERBS_POLL_US after each completion, then sleeps on completion events.
 `verbs_poll_windows` (`--verbs-poll-us 0,50`) runs the latency sizes once per value in each round.
 Each latency row also gives the driving process's CPU use during its round trips (100% = a core).
 
+`pin` (`--pin CPU`) runs the whole bench on that one CPU: the bench, its receiver (and perftest's
+server and client) inherit it. A wake-up is then a context switch on that core, for tf_rdma's
+ping-pong and the socket's alike, rather than whichever placement the scheduler picks for each,
+which on a VM can differ by 10x between runs; the ratios then compare the software paths. Each
+backend's report gives the CPU (`pinned_cpu`) and the CPUs its receiver's threads were allowed
+(`receiver_cpus`, read as the receiver started serving and when the run ended).
+
 A shared or emulated host (Soft-RoCE under TCG) can swing by 2x between runs seconds apart, so verbs
 is measured in `rounds` rounds: in each, every throughput size is one tf_rdma run and one
 ib_write_bw run back to back (and the latency sizes one tf_rdma run and one ib_write_lat run), the
@@ -158,9 +165,23 @@ def _environment(settings):
                 os.environ[name] = value
 
 
+def threads_cpus(pid):
+    """The CPUs any thread of process `pid` may run on; threads (or the process) gone meanwhile
+    count for nothing."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return set()
+    cpus = set()
+    for thread in threads:
+        with contextlib.suppress(ProcessLookupError):
+            cpus |= os.sched_getaffinity(int(thread))
+    return cpus
+
+
 def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host=None, settings=None):
     """One run of the transport bench; `settings` (TF_RDMA_* name -> value) apply to both of its
-    processes."""
+    processes. The report's `receiver_cpus` are those the receiver's threads may run on."""
     host = bench_host(host)
     settings = settings or {}
     key = secrets.token_hex(16)
@@ -173,15 +194,18 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
         peer.stdin.write(key + "\n")
         peer.stdin.close()
         ports = line_within(peer, "READY ", PEER_START_SECONDS, f"the bench peer for {backend}").split()
+        receiver_cpus = threads_cpus(peer.pid)
         with _environment(settings):
             report = _transport.bench_drive(
                 backend, plan(sizes, latency_sizes, bytes_per_size, round_trips),
                 endpoint(host, ports[0]), endpoint(host, ports[1]), bytes.fromhex(key).decode("latin-1"))
+        receiver_cpus |= threads_cpus(peer.pid)
         peer.wait(timeout=60)
     finally:
         if peer.poll() is None:
             peer.kill()
         peer.wait()
+    report["receiver_cpus"] = sorted(receiver_cpus)
     return add_baseline_ratios(report)
 
 
@@ -429,7 +453,7 @@ def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DE
     pairs = [([size], [], [None]) for size in sizes]
     if latency_sizes:
         pairs.append(([], latency_sizes, poll_windows))
-    rows, latency_rows, perftest_runs = [], [], []
+    rows, latency_rows, perftest_runs, receiver_cpus = [], [], [], set()
     for index in range(rounds):
         for pair_sizes, pair_latency_sizes, windows in pairs:
             args = (pair_sizes, pair_latency_sizes, bytes_per_size, round_trips, host)
@@ -455,7 +479,8 @@ def run_verbs(sizes, latency_sizes, bytes_per_size, round_trips, host, rounds=DE
                 add_perftest(report, dict(perftest))  # a copy: it rekeys the tables for JSON
                 rows += report["throughput"]
                 latency_rows += report["latency"]
-    return {"rounds": rounds,
+                receiver_cpus.update(report["receiver_cpus"])
+    return {"rounds": rounds, "receiver_cpus": sorted(receiver_cpus),
             "throughput": summarize_rows(rows, _THROUGHPUT_FIGURES),
             "latency": summarize_rows(latency_rows, _LATENCY_FIGURES),
             "perftest": summarize_perftest(perftest_runs)}
@@ -483,14 +508,46 @@ def cores_kept_awake(enabled):
             spinner.wait()
 
 
+def allowed_cpu(cpu):
+    """`cpu` (an int, or its text) if this process may run on it, else a ValueError that names the
+    CPUs it may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        number = int(cpu)
+    except ValueError:
+        number = None
+    if number not in allowed:
+        raise ValueError(f"{cpu!r} is not a CPU this process may run on; it may run on "
+                         f"{', '.join(map(str, allowed))}")
+    return number
+
+
+@contextlib.contextmanager
+def pinned_to(cpu):
+    """With a `cpu`, this thread on that CPU alone for the duration, and with it every thread and
+    process it starts meanwhile (they inherit its affinity); restored afterwards."""
+    if cpu is None:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
         bytes_per_size=1 << 30, round_trips=500, host=None, rounds=DEFAULT_ROUNDS, verbs_poll_windows=None,
-        busy_cores=False):
+        busy_cores=False, pin=None):
+    """`pin`: a CPU to run the bench and its receivers on (see the module docstring)."""
     sizes, latency_sizes = parse_sizes(sizes), parse_sizes(latency_sizes)
+    pin = None if pin is None else allowed_cpu(pin)
     host = bench_host(host)
     usable = available_backends()
     results = {}
-    with cores_kept_awake(busy_cores):
+    # The spinners keep every core awake, so they start before the pin (they would inherit it).
+    with cores_kept_awake(busy_cores), pinned_to(pin):
         for backend in backends:
             if usable[backend] is not None:
                 results[backend] = {"unavailable": usable[backend]}
@@ -502,6 +559,7 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
                 results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
                                                host)
             results[backend]["cores"] = "kept awake (--busy-cores)" if busy_cores else "free to sleep"
+            results[backend]["pinned_cpu"] = pin
     return results
 
 
@@ -514,6 +572,11 @@ def _spread(row, ratio):
     return f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
 
 
+def _pinning(report):
+    cpu = report["pinned_cpu"]
+    return f", pinned to CPU {cpu} (bench and receiver)" if cpu is not None else ""
+
+
 def render(results):
     lines = []
     for backend, report in results.items():
@@ -521,7 +584,7 @@ def render(results):
             lines.append(f"{backend}: unavailable: {report['unavailable']}")
             continue
         perftest = report.get("perftest")
-        lines.append(f"{backend}: throughput (GB/s), same run, same two processes")
+        lines.append(f"{backend}: throughput (GB/s), same run, same two processes{_pinning(report)}")
         header = f"  {'size':>8} {'tf_rdma':>8} {'tcp sock':>9} {'memcpy':>8} {'vs sock':>8} {'vs memcpy':>9}"
         lines.append(header + (f" {'ib_write_bw':>11} {'vs ib_bw':>8}" if perftest else ""))
         for r in report["throughput"]:
@@ -531,7 +594,7 @@ def render(results):
                 line += f" {_figure(r['ib_write_bw_gbps'], 11, 3)} {_figure(r['vs_ib_write_bw'], 8)}"
                 line += _spread(r, "vs_ib_write_bw")
             lines.append(line)
-        lines.append(f"{backend}: one-way latency (us), cores {report['cores']}")
+        lines.append(f"{backend}: one-way latency (us), cores {report['cores']}{_pinning(report)}")
         for r in report["latency"]:
             line = (f"  {format_size(r['size']):>8} {r['transport_us']:8.1f}"
                     + (f" polling {r['poll_us']} us" if r.get("poll_us") is not None else "")
