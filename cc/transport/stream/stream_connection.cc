@@ -501,7 +501,7 @@ void StreamConnection::FlushLocked(std::unique_lock<std::mutex>& lock) {
   if (sending_ || send_broken_ || outgoing_.empty() || !status_.ok()) return;
   sending_ = true;
   while (!outgoing_.empty() && Cheap(outgoing_.front()) && status_.ok() && !send_broken_) {
-    std::vector<Outgoing> batch = TakeBatchLocked(/*cheap_only=*/true);
+    OutgoingBatch batch = TakeBatchLocked(/*cheap_only=*/true);
     lock.unlock();
     const bool all_sent = Transmit(std::move(batch));
     lock.lock();
@@ -515,7 +515,7 @@ void StreamConnection::SendQueued() {
   std::unique_lock<std::mutex> lock(mu_);
   for (int sends = 0; sends < kSendsPerEvent; ++sends) {
     if (outgoing_.empty() || sending_ || send_broken_ || !status_.ok()) break;
-    std::vector<Outgoing> batch = TakeBatchLocked(/*cheap_only=*/false);
+    OutgoingBatch batch = TakeBatchLocked(/*cheap_only=*/false);
     sending_ = true;
     lock.unlock();
     const bool all_sent = Transmit(std::move(batch));
@@ -528,8 +528,8 @@ void StreamConnection::SendQueued() {
   WatchWritableLocked(more);
 }
 
-std::vector<StreamConnection::Outgoing> StreamConnection::TakeBatchLocked(bool cheap_only) {
-  std::vector<Outgoing> batch;
+StreamConnection::OutgoingBatch StreamConnection::TakeBatchLocked(bool cheap_only) {
+  OutgoingBatch batch;
   uint64_t bytes = 0;
   while (!outgoing_.empty() && 2 * (batch.size() + 1) <= kIovecsPerSend && bytes < kBytesPerSend) {
     const Outgoing& next = outgoing_.front();
@@ -564,7 +564,7 @@ absl::Status StreamConnection::Prepare(Outgoing& item) {
   return absl::OkStatus();
 }
 
-bool StreamConnection::RequeueFront(std::vector<Outgoing>& batch, size_t from) {
+bool StreamConnection::RequeueFront(OutgoingBatch& batch, size_t from) {
   if (from >= batch.size()) return true;
   std::unique_lock<std::mutex> lock(mu_);
   if (status_.ok()) {
@@ -582,7 +582,7 @@ bool StreamConnection::RequeueFront(std::vector<Outgoing>& batch, size_t from) {
   return false;
 }
 
-bool StreamConnection::Transmit(std::vector<Outgoing> batch) {
+bool StreamConnection::Transmit(OutgoingBatch batch) {
   absl::Status failure;
   size_t prepared = 0;
   while (prepared < batch.size() && failure.ok()) {

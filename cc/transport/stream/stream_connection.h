@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "cc/transport/grant_book.h"
 #include "cc/transport/handshake.h"
 #include "cc/transport/io_loops.h"
@@ -111,6 +112,8 @@ class StreamConnection : public Connection,
     uint64_t payload_length = 0;
     uint64_t sent = 0;
   };
+  // What one send gathers: a few items, kept inline, so a send allocates no list of them.
+  using OutgoingBatch = absl::InlinedVector<Outgoing, 4>;
   // A DATA frame's payload on its way off the stream into the grant it fills.
   struct IncomingPayload {
     IssuedGrant grant;
@@ -156,15 +159,15 @@ class StreamConnection : public Connection,
   // Takes the items one send gathers off the queue's front, in order (at least one): up to
   // kIovecsPerSend iovecs and kBytesPerSend message bytes, only cheap ones if `cheap_only`, and an
   // item that passes a descriptor alone.
-  std::vector<Outgoing> TakeBatchLocked(bool cheap_only);
+  OutgoingBatch TakeBatchLocked(bool cheap_only);
   // Encodes the item's frame and places its message (once, before its first byte goes out).
   absl::Status Prepare(Outgoing& item);
   // Puts batch[from...] back at the front of the queue, in order, and leaves batch[0, from). When
   // the connection closed meanwhile, their writes complete with its error instead: false.
-  bool RequeueFront(std::vector<Outgoing>& batch, size_t from);
+  bool RequeueFront(OutgoingBatch& batch, size_t from);
   // Puts what the socket takes of `batch` on the wire in one send without blocking. False when it
   // did not take all: the rest went back to the front of the queue, for the loop.
-  bool Transmit(std::vector<Outgoing> batch);
+  bool Transmit(OutgoingBatch batch);
   // Fails the connection with `reason`; the peer gets `told_peer` (a REJECT frame) if given.
   void CloseInternal(const absl::Status& reason, const std::optional<absl::Status>& told_peer);
   // Whether bytes (or the peer's FIN) wait unread in the socket: a process that was stopped finds
