@@ -197,8 +197,10 @@ TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_k
                              const TransportLimits& limits = {},
                              size_t io_threads = TransportOptions{}.io_threads) {
   TransportOptions options;
-  // The verbs settings as the environment has them now (tests set TF_RDMA_VERBS_* after import).
-  options.verbs = ValueOrThrow(LoadConfigFromEnvironment()).verbs;
+  // The verbs and polling settings as the environment has them now (tests set them after import).
+  const Config config = ValueOrThrow(LoadConfigFromEnvironment());
+  options.verbs = config.verbs;
+  options.stream_poll_window = config.stream_poll_window;
   options.io_threads = io_threads;
   options.limits = limits;
   options.local_name = name;
@@ -220,6 +222,7 @@ py::dict ConfigToDict(const Config& config) {
   d["verbs_port"] = config.verbs.port;
   d["verbs_gid_index"] = config.verbs.gid_index;
   d["verbs_poll_us"] = absl::ToInt64Microseconds(config.verbs.poll_window);
+  d["stream_poll_us"] = absl::ToInt64Microseconds(config.stream_poll_window);
   d["io_threads"] = config.io_threads;
   d["max_concurrent_handshakes"] = config.limits.max_concurrent_handshakes;
   d["max_grants_per_peer"] = config.limits.max_grants_per_peer;

@@ -212,6 +212,10 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "verbs: microseconds the I/O thread serving a connection keeps polling for its completions "
        "after the last one before it sleeps on completion events (0: sleep at once). Polling "
        "lowers small-message latency and spends a core while it lasts."},
+      {"TF_RDMA_STREAM_POLL_US", "100",
+       "tcp and shm: microseconds an I/O thread keeps polling its connections after the last "
+       "message before it sleeps (0: sleep at once). Polling lowers small-message latency (a "
+       "thread's wake-up costs more than the message) and spends a core while it lasts."},
       {"TF_RDMA_IO_THREADS", "2",
        "Threads that serve all of a transport's connections (epoll loops), whatever the number of "
        "peers. More spread many busy peers over more cores."},
@@ -320,6 +324,12 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
                                        "100 (0 sleeps on completion events at once)", &micros);
       if (!parsed.ok()) return parsed;
       config.verbs.poll_window = absl::Microseconds(micros);
+    } else if (name == "TF_RDMA_STREAM_POLL_US") {
+      int64_t micros = 0;
+      absl::Status parsed =
+          ParseLimit(name, value, 0, 1000000, false, "100 (0 sleeps at once)", &micros);
+      if (!parsed.ok()) return parsed;
+      config.stream_poll_window = absl::Microseconds(micros);
     } else if (name == "TF_RDMA_IO_THREADS") {
       absl::Status parsed = ParseLimit(name, value, 1, 64, false, "2", &config.io_threads);
       if (!parsed.ok()) return parsed;
@@ -374,6 +384,7 @@ TransportOptions TransportOptionsFrom(const Config& config) {
   options.peer_timeout = config.peer_timeout;
   options.connect_timeout = config.connect_timeout;
   options.io_threads = config.io_threads;
+  options.stream_poll_window = config.stream_poll_window;
   options.limits = config.limits;
   options.verbs = config.verbs;
   return options;

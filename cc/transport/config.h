@@ -27,6 +27,8 @@ struct Config {
   VerbsSettings verbs;
   // The I/O threads each transport serves all its connections from (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
+  // How long a tcp or shm I/O thread polls before it sleeps (TF_RDMA_STREAM_POLL_US).
+  absl::Duration stream_poll_window = TransportOptions{}.stream_poll_window;
   // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
   // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
   int data_prefetch_elements = 2;

@@ -29,12 +29,15 @@ def test_limits_are_read_from_the_environment():
     assert load_config({"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER": "4096"}).shm_max_mapped_bytes_per_peer == 4096
 
 
-def test_the_verbs_poll_window_is_read_and_bounded():
-    assert load_config({}).verbs_poll_us == 100
-    assert load_config({"TF_RDMA_VERBS_POLL_US": "50"}).verbs_poll_us == 50
+@pytest.mark.parametrize("name, field", [("TF_RDMA_VERBS_POLL_US", "verbs_poll_us"),
+                                         ("TF_RDMA_STREAM_POLL_US", "stream_poll_us")])
+def test_the_poll_windows_are_read_and_bounded(name, field):
+    assert getattr(load_config({}), field) == 100
+    assert getattr(load_config({name: "50"}), field) == 50
+    assert getattr(load_config({name: "0"}), field) == 0
     for bad in ("-1", "2000000", "50us"):
-        with pytest.raises(errors.ConfigError, match=f"TF_RDMA_VERBS_POLL_US='{bad}' is not a whole number between 0 and 1000000"):
-            load_config({"TF_RDMA_VERBS_POLL_US": bad})
+        with pytest.raises(errors.ConfigError, match=f"{name}='{bad}' is not a whole number between 0 and 1000000"):
+            load_config({name: bad})
 
 
 def test_the_io_threads_are_read_and_bounded():
@@ -91,6 +94,7 @@ def test_bad_limits_are_errors_naming_the_variable(name, value):
     ("TF_RDMA_VERBS_PORT", "0", "TF_RDMA_VERBS_PORT='0' is not a port number"),
     ("TF_RDMA_VERBS_GID_INDEX", "-2", "TF_RDMA_VERBS_GID_INDEX='-2' is not a GID table index"),
     ("TF_RDMA_VERBS_POLL_US", "soon", "TF_RDMA_VERBS_POLL_US='soon' is not a whole number"),
+    ("TF_RDMA_STREAM_POLL_US", "soon", "TF_RDMA_STREAM_POLL_US='soon' is not a whole number"),
 ])
 def test_importing_tf_rdma_fails_on_a_bad_variable_and_names_it(name, value, message):
     # The import itself, in a fresh process: a typo must not silently leave a default in place.

@@ -299,7 +299,7 @@ StreamTransport::StreamTransport(Backend backend, const TransportOptions& option
     : backend_(backend),
       options_(options),
       // Ticks often enough that a silent peer is noticed within an eighth of the timeout of it.
-      loops_(std::max<size_t>(options.io_threads, 1), options.peer_timeout / 8) {
+      loops_(std::max<size_t>(options.io_threads, 1), options.peer_timeout / 8, options.stream_poll_window) {
   // Threads short now: connections try again when they come (IoLoops::Next).
   absl::Status started = loops_.Start();
   if (!started.ok()) LOG(WARNING) << "tf_rdma: " << started;
