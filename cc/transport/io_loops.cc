@@ -17,6 +17,16 @@
 
 namespace tf_rdma {
 
+namespace {
+
+bool MayRunOnOneCoreOnly() {
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  return sched_getaffinity(0, sizeof(cores), &cores) == 0 && CPU_COUNT(&cores) == 1;
+}
+
+}  // namespace
+
 IoLoop::IoLoop(int epoll_fd, int wake_fd, absl::Duration tick, absl::Duration poll_window)
     : epoll_fd_(epoll_fd), wake_fd_(wake_fd), tick_(tick), poll_window_(poll_window) {}
 
@@ -78,17 +88,18 @@ void IoLoop::Run() {
   std::vector<IoHandler*> more;
   std::vector<IoHandler*> again;
   absl::Time poll_until = absl::InfinitePast();
-  bool polled_nothing = false;
+  // A thread held to one core polls not at all: it would keep that core from the very peer, or
+  // the other threads of this process, whose work it waits for (measured with both ends on one
+  // core: a hop took the whole window). Yielding the core while polling helps there, but lets
+  // any other runnable task, even an idle-priority one, hold the core past the answer.
+  const absl::Duration poll_window = MayRunOnOneCoreOnly() ? absl::ZeroDuration() : poll_window_;
   while (!stopping_) {
     const absl::Time before = absl::Now();
     const bool polling = before < poll_until;
-    // A task that shares this core, often the very peer whose answer is polled for, runs first.
-    if (polling && polled_nothing) sched_yield();
     const int timeout_ms = !more.empty() || polling
                                ? 0
                                : std::max<int64_t>(0, absl::ToInt64Milliseconds(next_tick - before) + 1);
     int ready = epoll_wait(epoll_fd_, events, kBatch, timeout_ms);
-    polled_nothing = polling && ready == 0;
     if (ready < 0) {
       if (errno != EINTR) {
         LOG(ERROR) << "tf_rdma: epoll_wait failed: " << ErrnoMessage("epoll_wait", errno)
@@ -131,7 +142,7 @@ void IoLoop::Run() {
       Remove(handler);
     }
     const absl::Time now = absl::Now();
-    if (served) poll_until = now + poll_window_;
+    if (served) poll_until = now + poll_window;
     if (now >= next_tick) {
       next_tick = now + tick_;
       std::vector<std::shared_ptr<IoHandler>> all;

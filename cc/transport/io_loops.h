@@ -77,7 +77,8 @@ class IoLoops {
   // `threads` loops; `tick` paces OnTick. After serving an event a loop keeps polling (epoll with no
   // wait) for `poll_window` before it sleeps, so that an answer arriving meanwhile, as in a
   // request/response exchange, is read without a thread wake-up, which costs more than the hop
-  // itself on an idle core. Zero: sleep at once.
+  // itself on an idle core. Zero: sleep at once. (A loop whose thread may run on one core only
+  // does not poll: it would keep the core from whatever it waits for.)
   IoLoops(size_t threads, absl::Duration tick, absl::Duration poll_window = absl::ZeroDuration())
       : threads_(threads), tick_(tick), poll_window_(poll_window) {}
   // Stops every loop and joins its thread; handlers still served get OnLoopStopped.
