@@ -79,8 +79,9 @@ LONG_LIVED = ("chief", "ps0", "ps1")  # never killed nor frozen by the schedule
 # failing the judgement), a thread no run of either transport keeps in step with the other's. So a
 # process's threads are counted without the pool's, which are sampled apart ("grpc_pool_threads")
 # and not judged: tf_rdma's threads take the name of the thread that starts them (python,
-# tf_Compute) and none is started on the pool's (which run gRPC's own work; TensorFlow's RPC
-# callbacks run on its completion-queue threads), so a thread tf_rdma keeps is still counted.
+# tf_Compute), and none is started from the pool's, which run gRPC's own work (TensorFlow's RPC
+# callbacks run on its completion-queue threads; at the runs' ends gdb found every event_engine
+# thread in gRPC's frames), so a thread tf_rdma keeps is still counted.
 GRPC_POOL_THREAD = "event_engine"
 BEFORE_FAULTS = ("start-up", "unfaulted")  # run_transport's phases before the first fault
 
