@@ -444,6 +444,9 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
     # The baseline: the unfaulted phase's last samples.
     verdict = judge(samples, max(0, warmup_samples - SETTLE), GROWTH_BOUNDS, processes=LONG_LIVED)
     result.update(flatness=verdict, flat=all(q["flat"] for p in verdict.values() for q in p.values()))
+    # For the record, not judged (GRPC_POOL_THREAD): how gRPC's pool grew, over the same samples.
+    pool = judge(samples, max(0, warmup_samples - SETTLE), {"grpc_pool_threads": 0}, processes=LONG_LIVED)
+    result["grpc_pool_growth"] = {p: pool[p]["grpc_pool_threads"]["growth"] for p in LONG_LIVED}
     return result
 
 
@@ -551,11 +554,13 @@ def render(report):
         row(f"{process} growth: RSS, fds, threads", lambda r: "-" if "flatness" not in r else ", ".join(
             [f"{r['flatness'][process]['rss_bytes']['growth'] / (1 << 20):+.1f} MiB"]
             + [f"{r['flatness'][process][q]['growth']:+d}" for q in ("fds", "threads")]))
+    row("event_engine threads chief/ps0/ps1", lambda r: "-" if "grpc_pool_growth" not in r else " / ".join(
+        f"{r['grpc_pool_growth'][p]:+d}" for p in LONG_LIVED))
     row("flat (*)", lambda r: "-" if r["transport"] == "grpc" or "flat" not in r else
         ("yes" if r["flat"] else "GREW"))
     lines.append(f"  (*) chief and ps: growth, the lowest of the run's last {SETTLE} samples less the lowest of "
                  f"the {SETTLE} before the faults, at most {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB of RSS and 0 "
-                 "descriptors and threads (not counting gRPC's event-engine pool's), each plus what gRPC's run grew (if it grew) under the same schedule, per "
+                 "descriptors and threads (not counting gRPC's event-engine pool's, its growth shown apart), each plus what gRPC's run grew (if it grew) under the same schedule, per "
                  "cluster update, times tf_rdma's run's updates")
     for r in report["runs"]:
         if r["hang"]:
