@@ -560,8 +560,9 @@ def render(report):
         ("yes" if r["flat"] else "GREW"))
     lines.append(f"  (*) chief and ps: growth, the lowest of the run's last {SETTLE} samples less the lowest of "
                  f"the {SETTLE} before the faults, at most {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB of RSS and 0 "
-                 "descriptors and threads (not counting gRPC's event-engine pool's, its growth shown apart), each plus what gRPC's run grew (if it grew) under the same schedule, per "
-                 "cluster update, times tf_rdma's run's updates")
+                 "descriptors and threads (not counting gRPC's event-engine pool's, its growth shown apart), "
+                 "each plus what gRPC's run grew (if it grew) under the same schedule, per cluster update, "
+                 "times tf_rdma's run's updates")
     for r in report["runs"]:
         if r["hang"]:
             h = r["hang"]
