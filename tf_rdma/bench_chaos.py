@@ -74,9 +74,10 @@ LONG_LIVED = ("chief", "ps0", "ps1")  # never killed nor frozen by the schedule
 # kIdleThreadLimit), so under steady training it lives on. Measured (each thread's name and start
 # at every sample, gdb at the end): in a run over tf_rdma ps 0 grew one as the first update began,
 # there to the run's end (gdb: WorkStealingThreadPool::ThreadState::ThreadBody, named
-# event_engine), +5 with the update's 4 client threads: the +1 beside an update's 4 that gRPC's runs
-# showed on ps 0 (2 of 9) and tf_rdma's on the coordinator beside gRPC's +4 (3 of 4 in one session,
-# failing the judgement), a thread no run of either transport keeps in step with the other's. So a
+# event_engine), +5 with the update's 4 client threads. It is the one thread beside an update's
+# 4 that these runs found started, so the likely +1 of gRPC's runs' ps 0 (+5 in 2 of 9) and of
+# tf_rdma's coordinator (+5 beside gRPC's +4 in 3 runs of 4 of one session, failing the judgement;
+# not caught under gdb there), a thread no run keeps in step with the other transport's. So a
 # process's threads are counted without the pool's, which are sampled apart ("grpc_pool_threads")
 # and not judged: tf_rdma's threads take the name of the thread that starts them (python,
 # tf_Compute), and none is started from the pool's, which run gRPC's own work (TensorFlow's RPC
@@ -238,7 +239,7 @@ def _sample(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:  # the thread ended since the listing
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended since the listing
             pass
     pool = names.count(GRPC_POOL_THREAD)
     return {**sample, "threads": len(names) - pool, "grpc_pool_threads": pool}
