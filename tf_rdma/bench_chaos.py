@@ -68,6 +68,22 @@ CLUSTER_UPDATE_BEGINS = "Cluster now being recovered."
 CLUSTER_UPDATE_ENDS = ("Cluster successfully recovered.", "Error occurred while updating server def")
 UPDATE_WAIT_S = 90.0
 LONG_LIVED = ("chief", "ps0", "ps1")  # never killed nor frozen by the schedule
+# gRPC's event engine (TensorFlow's eager service and clients use it over tf_rdma as over gRPC) runs
+# a work-stealing pool whose lifeguard starts a thread whenever all of the pool's are busy, as when a
+# cluster update reconnects every task; the thread ends only once idle for 20 s (gRPC's
+# kIdleThreadLimit), so under steady training it lives on. Measured (each thread's name and start
+# at every sample, gdb at the end): in a run over tf_rdma ps 0 grew one as the first update began,
+# there to the run's end (gdb: WorkStealingThreadPool::ThreadState::ThreadBody, named
+# event_engine), +5 with the update's 4 client threads. It is the one thread beside an update's
+# 4 that these runs found started, so the likely +1 of gRPC's runs' ps 0 (+5 in 2 of 9) and of
+# tf_rdma's coordinator (+5 beside gRPC's +4 in 3 runs of 4 of one session, failing the judgement;
+# not caught under gdb there), a thread no run keeps in step with the other transport's. So a
+# process's threads are counted without the pool's, which are sampled apart ("grpc_pool_threads")
+# and not judged: tf_rdma's threads take the name of the thread that starts them (python,
+# tf_Compute), and none is started from the pool's, which run gRPC's own work (TensorFlow's RPC
+# callbacks run on its completion-queue threads; at the runs' ends gdb found every event_engine
+# thread in gRPC's frames), so a thread tf_rdma keeps is still counted.
+GRPC_POOL_THREAD = "event_engine"
 BEFORE_FAULTS = ("start-up", "unfaulted")  # run_transport's phases before the first fault
 
 
@@ -214,6 +230,21 @@ def schedule(seed, seconds, peer_timeout_s):
 
 # ---- the driver ----
 
+def _sample(pid):
+    """bench_soak's sample of process `pid`, its threads without gRPC's event-engine pool's (see
+    GRPC_POOL_THREAD), counted apart, both from one listing of its threads."""
+    sample = process_sample(pid)
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended since the listing
+            pass
+    pool = names.count(GRPC_POOL_THREAD)
+    return {**sample, "threads": len(names) - pool, "grpc_pool_threads": pool}
+
+
 def _task(net, name, spec, log, env):
     """One task's process in its namespace, its stderr appended to the file `log` (a restarted
     worker's after its predecessor's)."""
@@ -348,7 +379,7 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
                                              f"({tasks[name].process.returncode}) in the {phase()} phase; "
                                              f"see {logs[name]}")
                     samples.append({"seconds": now - rounds[0]["monotonic"],
-                                    **{name: process_sample(tasks[name].process.pid) for name in LONG_LIVED}})
+                                    **{name: _sample(tasks[name].process.pid) for name in LONG_LIVED}})
                     next_sample = now + SAMPLE_EVERY_S
                 # Before the first round TensorFlow starts up on every task: not a hang.
                 limit = (longest + WATCHDOG_SLACK_S) if rounds else WATCHDOG_SLACK_S * 3
@@ -414,6 +445,9 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
     # The baseline: the unfaulted phase's last samples.
     verdict = judge(samples, max(0, warmup_samples - SETTLE), GROWTH_BOUNDS, processes=LONG_LIVED)
     result.update(flatness=verdict, flat=all(q["flat"] for p in verdict.values() for q in p.values()))
+    # For the record, not judged (GRPC_POOL_THREAD): how gRPC's pool grew, over the same samples.
+    pool = judge(samples, max(0, warmup_samples - SETTLE), {"grpc_pool_threads": 0}, processes=LONG_LIVED)
+    result["grpc_pool_growth"] = {p: pool[p]["grpc_pool_threads"]["growth"] for p in LONG_LIVED}
     return result
 
 
@@ -461,8 +495,10 @@ def _fault(event):
 
 # Every cluster update gives the coordinator and each ps an eager client cache of the same size, so
 # each of them measures TensorFlow's threads per update; the most any grew over gRPC takes in a
-# thread TensorFlow starts or ends about an update beside it (over gRPC, ps 0 +5 in two runs of
-# nine, in one of them the coordinator +3; over tf_rdma the coordinator +3 in two).
+# client thread of an earlier cache that TensorFlow ends about an update (the coordinator's -1: a
+# completion-queue thread of an earlier cache, gdb's cq_next, ended as an update ended, in 2 runs of
+# 3 over tf_rdma; over gRPC the coordinator +3 in one of nine, over tf_rdma in two). gRPC's event-engine
+# pool's threads are not counted (GRPC_POOL_THREAD).
 ALIKE_IN_EVERY_PROCESS = ("threads",)
 
 
@@ -519,12 +555,15 @@ def render(report):
         row(f"{process} growth: RSS, fds, threads", lambda r: "-" if "flatness" not in r else ", ".join(
             [f"{r['flatness'][process]['rss_bytes']['growth'] / (1 << 20):+.1f} MiB"]
             + [f"{r['flatness'][process][q]['growth']:+d}" for q in ("fds", "threads")]))
+    row("event_engine threads chief/ps0/ps1", lambda r: "-" if "grpc_pool_growth" not in r else " / ".join(
+        f"{r['grpc_pool_growth'][p]:+d}" for p in LONG_LIVED))
     row("flat (*)", lambda r: "-" if r["transport"] == "grpc" or "flat" not in r else
         ("yes" if r["flat"] else "GREW"))
     lines.append(f"  (*) chief and ps: growth, the lowest of the run's last {SETTLE} samples less the lowest of "
                  f"the {SETTLE} before the faults, at most {GROWTH_BOUNDS['rss_bytes'] >> 20} MiB of RSS and 0 "
-                 "descriptors and threads, each plus what gRPC's run grew (if it grew) under the same schedule, per "
-                 "cluster update, times tf_rdma's run's updates")
+                 "descriptors and threads (not counting gRPC's event-engine pool's, its growth shown apart), "
+                 "each plus what gRPC's run grew (if it grew) under the same schedule, per cluster update, "
+                 "times tf_rdma's run's updates")
     for r in report["runs"]:
         if r["hang"]:
             h = r["hang"]

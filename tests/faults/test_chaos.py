@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -283,3 +284,42 @@ def test_the_coordinator_trains_on_until_its_cluster_updates_settle():
         assert updates.settled(8.0) and updates.begun == 2
     finally:
         coordinator.removeHandler(updates)
+
+
+def started_thread(name=None):
+    """A thread of this process that lives until the returned event is set, named `name` (as gRPC
+    names its event-engine pool's, in /proc) if given."""
+    stop, named = threading.Event(), threading.Event()
+
+    def body():
+        if name:
+            with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+                f.write(name)
+        named.set()
+        stop.wait()
+    threading.Thread(target=body, daemon=True).start()
+    named.wait()
+    return stop
+
+
+def test_grpcs_event_engine_pool_threads_are_sampled_apart_and_any_other_thread_is_growth():
+    pid = os.getpid()
+    before = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
+    pool = started_thread(bench_chaos.GRPC_POOL_THREAD)  # its lifeguard started one under a backlog
+    try:
+        after = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
+        verdict = bench_soak.judge(before + after, 0, bench_chaos.GROWTH_BOUNDS, processes=("chief",))
+        assert verdict["chief"]["threads"]["growth"] == 0, verdict
+        assert after[0]["chief"]["grpc_pool_threads"] == before[0]["chief"]["grpc_pool_threads"] + 1
+        # Counted as bench_soak counts them, the pool's thread was growth: the judgement failed.
+        assert bench_soak.process_sample(pid)["threads"] == after[0]["chief"]["threads"] + after[0]["chief"][
+            "grpc_pool_threads"]
+        kept = started_thread()  # a thread tf_rdma would keep: named after its starter's
+        try:
+            end = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
+            verdict = bench_soak.judge(before + end, 0, bench_chaos.GROWTH_BOUNDS, processes=("chief",))
+            assert verdict["chief"]["threads"]["growth"] == 1 and not verdict["chief"]["threads"]["flat"], verdict
+        finally:
+            kept.set()
+    finally:
+        pool.set()
