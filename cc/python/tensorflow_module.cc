@@ -36,6 +36,7 @@ py::dict PeerToDict(const PeerStats& s) {
   d["regrants"] = s.regrants;
   d["errors"] = s.errors;
   d["sends_discarded"] = s.sends_discarded;
+  d["resends"] = s.resends;
   d["connects"] = s.connects;
   d["fused_messages_sent"] = s.fused_messages_sent;
   d["fused_messages_received"] = s.fused_messages_received;

@@ -9,6 +9,8 @@ namespace {
 // Only PeerClosedConnection's kDeadlineExceeded wording has it: its other wordings put the peer's
 // own text after "closed the connection: ".
 constexpr char kHeardNothingFromThisProcess[] = "closed the connection because it heard nothing from this process for";
+// Only PeerFailure's kDeadlineExceeded wording has it.
+constexpr char kIsUnresponsive[] = " is unresponsive: ";
 
 }  // namespace
 
@@ -18,7 +20,7 @@ absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_a
   switch (cause.code()) {
     case absl::StatusCode::kDeadlineExceeded:
       return absl::UnavailableError(absl::StrCat(
-          who, " is unresponsive: ", cause.message(),
+          who, kIsUnresponsive, cause.message(),
           " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down."));
     case absl::StatusCode::kDataLoss:
       return absl::DataLossError(
@@ -57,6 +59,10 @@ absl::Status WentSilentReason(absl::Duration silence) {
 
 bool PeerFoundThisProcessSilent(const absl::Status& status) {
   return absl::IsUnavailable(status) && absl::StrContains(status.message(), kHeardNothingFromThisProcess);
+}
+
+bool PeerWentSilent(const absl::Status& status) {
+  return absl::IsUnavailable(status) && absl::StrContains(status.message(), kIsUnresponsive);
 }
 
 }  // namespace tf_rdma

@@ -31,6 +31,11 @@ absl::Status WentSilentReason(absl::Duration silence);
 // failure is then this process's, not the peer's, which callers that blame tasks need to know.
 bool PeerFoundThisProcessSilent(const absl::Status& status);
 
+// Whether `status` (PeerFailure's) says this process closed the connection because the peer went
+// silent for the peer timeout: it may be stopped or cut off for a while and then run again. A
+// peer's own REJECT text could read so too; callers only send a message once more on it.
+bool PeerWentSilent(const absl::Status& status);
+
 }  // namespace tf_rdma
 
 #endif  // TF_RDMA_CC_TRANSPORT_PEER_ERRORS_H_

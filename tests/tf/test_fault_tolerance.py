@@ -104,16 +104,24 @@ def copies_around_a_frozen_worker(tmp_path, transport, peer_timeout_s=2.0):
         cluster.signal("worker", 0, signal.SIGCONT)
         chief.stdin.write(b"resumed\n")
         chief.stdin.flush()
-        return outcome_of(cluster, output, timeout=60)
+        return outcome_of(cluster, output, timeout=150)
 
 
 @pytest.mark.timeout(600)
 def test_a_copy_to_a_worker_frozen_past_the_peer_timeout_does_not_stop_copies_to_the_others(tmp_path):
     """Found by `bench chaos`: the coordinator's write to a frozen worker failed when the peer timeout
     ended the connection, and that aborted the coordinator's eager rendezvous for good, so every later
-    copy to any worker was dropped and the training waited for ever."""
+    copy to any worker was dropped and the training waited for ever.
+
+    Then the copy to the frozen worker itself: once running again, the worker receives it, as over
+    gRPC (the coordinator keeps the tensor). Over tf_rdma the coordinator's write had failed with
+    the connection and only the coordinator dials (its name sorts earlier): the worker's receive
+    waited TF_RDMA_CONNECT_TIMEOUT_MS (60 s) for a dial that never came, then failed (chaos runs)."""
     expected = float(1 << 18)
+    peer_timeout_s = 2.0
     for transport in ("grpc", "rdma"):
-        outcome = copies_around_a_frozen_worker(tmp_path, transport)
+        outcome = copies_around_a_frozen_worker(tmp_path, transport, peer_timeout_s)
         assert outcome["before"] == [expected, expected], (transport, outcome)
         assert outcome["after"] == expected and outcome["after_seconds"] < 30, (transport, outcome)
+        to_frozen = outcome["to_frozen"]
+        assert to_frozen.get("sum") == expected and to_frozen["seconds"] < peer_timeout_s + 5, (transport, outcome)

@@ -9,6 +9,7 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "cc/tf/rendezvous/transfer_names.h"
+#include "cc/transport/peer_errors.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 
 namespace tf_rdma {
@@ -119,13 +120,13 @@ void RdmaRemoteRendezvous::CountSent(Runtime& runtime, const std::string& peer_t
 void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string what, bool fails_step,
                                    const TransferTags& tags, std::vector<Write> writes, std::shared_ptr<void> keep,
                                    std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc,
-                                   std::function<void()> sent) {
+                                   std::function<void()> sent, bool again) {
   Ref();
   tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
   auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
   runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, what = std::move(what), fails_step, tags,
                                        writes = std::move(writes), keep = std::move(keep),
-                                       over_grpc = std::move(over_grpc), sent = std::move(sent)](
+                                       over_grpc = std::move(over_grpc), sent = std::move(sent), again](
                                           absl::StatusOr<std::shared_ptr<Connection>> connection) {
     auto report = [runtime, step, peer_task, what, fails_step](const absl::Status& status) {
       if (status.ok()) return;
@@ -145,17 +146,49 @@ void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string wha
     if (!connection.ok()) return report(connection.status());
     const bool has_data_write = writes.size() > 1;
     const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write);
+    // The writes' failures on the peer's silence, held until the last write ends: if all of them
+    // failed so, nothing of the message reached the peer, and it is sent again.
+    struct Silenced {
+      std::mutex mu;
+      size_t writes_left;
+      std::vector<absl::Status> failures;
+    };
+    auto silenced = std::make_shared<Silenced>();
+    silenced->writes_left = writes.size();
+    auto resend = [runtime, step, peer_task, what, fails_step, tags, writes, keep, over_grpc] {
+      LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << ": its connection ended on the peer's "
+                   << "silence before the peer took it; sending it again over a new connection";
+      runtime->stats().Peer(peer_task, [](PeerStats& s) { s.resends++; });
+      (*step)->WriteTo(peer_task, what, fails_step, tags, writes, keep, over_grpc, nullptr, /*again=*/false);
+    };
     for (const Write& write : writes) {
-      (*connection)->Write(write.tag, write.bytes, write.length, [step, push, report, keep](const absl::Status& status) {
+      (*connection)->Write(write.tag, write.bytes, write.length, [step, push, report, keep, again, silenced, resend,
+                                                                  total = writes.size()](const absl::Status& status) {
         if (push) (*step)->WriteFinished(*push);
-        report(status);
+        const bool held_back = again && PeerWentSilent(status);
+        std::vector<absl::Status> held;
+        bool last, all_silenced = false;
+        {
+          std::lock_guard<std::mutex> lock(silenced->mu);
+          if (held_back) silenced->failures.push_back(status);
+          last = --silenced->writes_left == 0;
+          if (last) {
+            all_silenced = silenced->failures.size() == total;
+            held.swap(silenced->failures);
+          }
+        }
+        if (!held_back) report(status);
+        if (!last) return;
+        // A step that ended or was aborted meanwhile takes no transfer (Send's rule).
+        if (all_silenced && (*step)->Stopped().ok()) return resend();
+        for (const absl::Status& failure : held) report(failure);
       });
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
       (*connection)->DropWrites(tags.header);
       if (has_data_write) (*connection)->DropWrites(tags.data);
     }
-    sent();
+    if (sent) sent();
   });
 }
 

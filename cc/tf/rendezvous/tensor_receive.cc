@@ -7,6 +7,7 @@
 #include "cc/tf/planning/static_sizes.h"
 #include "cc/tf/rendezvous/transfer_names.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
+#include "cc/transport/peer_errors.h"
 
 namespace tf_rdma {
 
@@ -87,20 +88,31 @@ absl::Status TensorReceive::GrantLocked(const Tag& tag, uint64_t capacity, bool 
   // The buffer stays with the grant's callback until the grant completes, whatever happens to
   // the receive meanwhile: nothing else may use it while the peer may still write it.
   id = connection_->Grant(tag, buffer->region(), buffer->offset(), capacity,
-                          [self = shared_from_this(), buffer, is_header](const GrantResult& r) {
+                          [self = shared_from_this(), buffer, is_header, attempt = attempt_](const GrantResult& r) {
                             if (is_header) {
-                              self->OnHeader(r, *buffer);
+                              self->OnHeader(r, *buffer, attempt);
                             } else {
-                              self->OnData(r, buffer);
+                              self->OnData(r, buffer, attempt);
                             }
                           });
   runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.grants++; });
   return absl::OkStatus();
 }
 
-void TensorReceive::OnHeader(const GrantResult& result, const PoolBuffer& buffer) {
+void TensorReceive::OnHeader(const GrantResult& result, const PoolBuffer& buffer, int attempt) {
   Locked lock(this);
-  if (finished_) return;
+  if (finished_ || attempt != attempt_) return;
+  if (PeerFoundThisProcessSilent(result.status) && attempt_ == 0) {
+    // Nothing came on the connection the peer closed: grant again over the next one, where the
+    // sender sends the message again. This grant's data grant, if any, fails with the old
+    // connection and is ignored as an earlier attempt's.
+    ++attempt_;
+    connection_.reset();
+    pool_.reset();
+    header_grant_ = data_grant_ = 0;
+    needed_bytes_ = 0;
+    return StartGrants();
+  }
   if (!result.status.ok()) return FinishLocked(result.status);
   OnHeaderMessageLocked(buffer.data(), result.length, /*fused=*/false);
 }
@@ -133,9 +145,9 @@ void TensorReceive::OnHeaderMessageLocked(const char* message, uint64_t length, 
   MaybeOutputLocked();
 }
 
-void TensorReceive::OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer) {
+void TensorReceive::OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer, int attempt) {
   Locked lock(this);
-  if (finished_) return;
+  if (finished_ || attempt != attempt_) return;
   if (result.status.code() == absl::StatusCode::kResourceExhausted) {
     // The tensor outgrew what this transfer carried before. The size the sender asks for is
     // granted only once its header confirms it: a peer's word alone must not size our memory.

@@ -61,11 +61,12 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
 
   absl::Status GrantLocked(const Tag& tag, uint64_t capacity, bool is_header);
 
-  void OnHeader(const GrantResult& result, const PoolBuffer& buffer);
+  // `attempt`: the grants' attempt_; a result of an earlier attempt's grant only frees its buffer.
+  void OnHeader(const GrantResult& result, const PoolBuffer& buffer, int attempt);
 
   void OnHeaderMessageLocked(const char* message, uint64_t length, bool fused);
 
-  void OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer);
+  void OnData(const GrantResult& result, std::shared_ptr<PoolBuffer> buffer, int attempt);
 
   absl::Status RegrantLocked();
 
@@ -125,6 +126,10 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   std::shared_ptr<PoolBuffer> data_;
   uint64_t data_length_ = 0;
   uint64_t needed_bytes_ = 0;  // a too-small data grant's needed size, until the header vouches for it
+  // Grants are made again, once, over a new connection when the peer closed the first because this
+  // process went silent (stopped, cut off) before anything came: the sender, whose writes failed
+  // with that connection, sends the message again (RdmaRemoteRendezvous::WriteTo).
+  int attempt_ = 0;
 };
 
 }  // namespace tf_rdma

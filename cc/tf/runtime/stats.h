@@ -30,6 +30,8 @@ struct PeerStats {
   uint64_t regrants = 0;  // a message outgrew its grant (a transfer's first time, or it grew)
   uint64_t errors = 0;
   uint64_t sends_discarded = 0;  // writes dropped because their step was cancelled (either side)
+  // Messages sent again over a new connection, the first having ended on the peer's silence.
+  uint64_t resends = 0;
   uint64_t connects = 0;
   // Messages that carried a step's fused transfers (cc/tf/planning/fusion.h); their tensors count
   // in tensors_sent and tensors_received like the others.

@@ -121,12 +121,17 @@ def copies_past_a_frozen_worker(cluster, job, index, transport, output):
             to_frozen["sum"] = copy_to(0)
         except Exception as e:  # the outcome under test, whatever its class
             to_frozen["error"] = type(e).__name__
-    threading.Thread(target=copy_to_frozen, daemon=True).start()
+            to_frozen["message"] = str(e)[:2000]
+    copying = threading.Thread(target=copy_to_frozen, daemon=True)
+    copying.start()
     print("copying", flush=True)
     sys.stdin.readline()  # worker 0 resumed, after more than the peer timeout
     started = time.monotonic()
     outcome["after"] = copy_to(1)
     outcome["after_seconds"] = time.monotonic() - started
+    # The copy to the thawed worker ends, with its sum or an error, or the bound says it hung.
+    copying.join(timeout=90)
+    outcome["to_frozen"] = dict(to_frozen, seconds=time.monotonic() - started)
     _write(output, outcome)
 
 

@@ -42,5 +42,17 @@ TEST(PeerClosedConnection, AHostilePeersTextIsBounded) {
   EXPECT_LT(closed.message().size(), 512u);
 }
 
+TEST(PeerFailure, ThePeersSilenceIsToldFromOtherFailures) {
+  const absl::Status silent =
+      PeerFailure("/job:worker/replica:0/task:0", "host:1", absl::DeadlineExceededError("the peer sent nothing for 2002 ms"));
+  EXPECT_TRUE(PeerWentSilent(silent)) << silent;
+  EXPECT_FALSE(PeerFoundThisProcessSilent(silent)) << silent;
+  EXPECT_FALSE(PeerWentSilent(PeerFailure("peer", "host:1", absl::UnavailableError("connection reset")))) << silent;
+  // The other side's view: it closed because this process went silent.
+  const absl::Status reason = WentSilentReason(absl::Milliseconds(2002));
+  EXPECT_FALSE(PeerWentSilent(PeerClosedConnection("peer", "host:1", Code(reason.code()),
+                                                   std::string(reason.message()))));
+}
+
 }  // namespace
 }  // namespace tf_rdma
