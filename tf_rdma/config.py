@@ -17,7 +17,7 @@ class Config:
     verbs_port: int = 0      # TF_RDMA_VERBS_PORT; 0 = the port rdma_cm resolves
     verbs_gid_index: int = -1  # TF_RDMA_VERBS_GID_INDEX; -1 = the RoCE v2 GID rdma_cm resolves
     verbs_poll_us: int = 100  # TF_RDMA_VERBS_POLL_US; 0 = sleep on completion events at once
-    stream_poll_us: int = 100  # TF_RDMA_STREAM_POLL_US (tcp, shm); 0 = sleep at once
+    stream_poll_us: int = 0  # TF_RDMA_STREAM_POLL_US (tcp, shm); 0 = sleep at once
     io_threads: int = 2      # TF_RDMA_IO_THREADS: threads serving all connections
     # Bounds on what peers can make this process spend (defaults: cc/transport/transport.h).
     max_concurrent_handshakes: int = 64              # TF_RDMA_MAX_CONCURRENT_HANDSHAKES

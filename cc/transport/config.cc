@@ -212,11 +212,12 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "verbs: microseconds the I/O thread serving a connection keeps polling for its completions "
        "after the last one before it sleeps on completion events (0: sleep at once). Polling "
        "lowers small-message latency and spends a core while it lasts."},
-      {"TF_RDMA_STREAM_POLL_US", "100",
+      {"TF_RDMA_STREAM_POLL_US", "0",
        "tcp and shm: microseconds an I/O thread keeps polling its connections after the last "
        "message before it sleeps (0: sleep at once). Polling lowers small-message latency (a "
-       "thread's wake-up costs more than the message) and spends a core while it lasts; a thread "
-       "allowed on one core only does not poll."},
+       "thread's wake-up costs more than the message) but spends a core while it lasts, which "
+       "slows TensorFlow's own threads on a host with few cores; a thread allowed on one core only "
+       "does not poll."},
       {"TF_RDMA_IO_THREADS", "2",
        "Threads that serve all of a transport's connections (epoll loops), whatever the number of "
        "peers. More spread many busy peers over more cores."},

@@ -199,8 +199,9 @@ struct TransportOptions {
   // The threads that serve all of this transport's connections (TF_RDMA_IO_THREADS).
   size_t io_threads = 2;
   // tcp and shm: how long an I/O thread keeps polling its sockets after it last served one before
-  // it sleeps (TF_RDMA_STREAM_POLL_US; IoLoops). A thread's wake-up costs more than a hop.
-  absl::Duration stream_poll_window = absl::Microseconds(100);
+  // it sleeps (TF_RDMA_STREAM_POLL_US; IoLoops). Off by default: on a 2-core host it halved a
+  // ping-pong's latency but doubled TensorFlow's dependent hops, whose threads it took cores from.
+  absl::Duration stream_poll_window = absl::ZeroDuration();
   // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
   // mismatch between two builds is reported.
   uint32_t protocol_version_override = 0;

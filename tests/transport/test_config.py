@@ -29,10 +29,10 @@ def test_limits_are_read_from_the_environment():
     assert load_config({"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER": "4096"}).shm_max_mapped_bytes_per_peer == 4096
 
 
-@pytest.mark.parametrize("name, field", [("TF_RDMA_VERBS_POLL_US", "verbs_poll_us"),
-                                         ("TF_RDMA_STREAM_POLL_US", "stream_poll_us")])
-def test_the_poll_windows_are_read_and_bounded(name, field):
-    assert getattr(load_config({}), field) == 100
+@pytest.mark.parametrize("name, field, default", [("TF_RDMA_VERBS_POLL_US", "verbs_poll_us", 100),
+                                                  ("TF_RDMA_STREAM_POLL_US", "stream_poll_us", 0)])
+def test_the_poll_windows_are_read_and_bounded(name, field, default):
+    assert getattr(load_config({}), field) == default
     assert getattr(load_config({name: "50"}), field) == 50
     assert getattr(load_config({name: "0"}), field) == 0
     for bad in ("-1", "2000000", "50us"):
