@@ -479,8 +479,12 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
           absl::FormatDuration(options_.config.connect_timeout),
           " (TF_RDMA_CONNECT_TIMEOUT_MS). Is it running with tf_rdma?"));
     }
-    accepted_.wait_for(lock, absl::ToChronoMilliseconds(kAttempt));
-    if (state.connection && state.connection->health().ok()) return state.connection;
+    // Every accepted connection wakes every waiter: the peer is diagnosed (and its identity
+    // probed, which it refuses and logs) only once a whole attempt passed without its connection.
+    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(kAttempt), [&state] {
+      return state.connection && state.connection->health().ok();
+    });
+    if (connected) return state.connection;
     if (!state.address_known) continue;
     const TaskAddress address = state.address;
     lock.unlock();
