@@ -102,15 +102,18 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // its own (the connection ended, or never came). A peer the receiver's session renamed fetches
   // over gRPC instead (`over_grpc`). `sent` counts what went.
   // When every write of the message failed because this process closed the connection on the
-  // peer's silence (TF_RDMA_PEER_TIMEOUT_MS), the message is sent once more (`again`) over a new
+  // peer's silence (TF_RDMA_PEER_TIMEOUT_MS), the message is sent once more (Deliver) over a new
   // connection: the peer may have been stopped and run again, and its receive, which had not
   // granted yet, then waits for this message on a connection only this side may dial if it sorts
   // earlier. Without it, that receive waited TF_RDMA_CONNECT_TIMEOUT_MS for a dial that never came
   // (docs/faults.md). Once only: a peer that goes silent again fails the message.
   void WriteTo(const std::string& peer_task, std::string what, bool fails_step, const TransferTags& tags,
                std::vector<Write> writes, std::shared_ptr<void> keep,
-               std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc, std::function<void()> sent,
-               bool again = true);
+               std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc, std::function<void()> sent);
+  // A message WriteTo sends, shared by its writes' callbacks (rdma_remote_rendezvous_send.cc).
+  struct MessageInFlight;
+  // Writes `message` over the peer's connection (made or awaited first); `sent` once they started.
+  static void Deliver(std::shared_ptr<MessageInFlight> message, std::function<void()> sent);
 
   // A fused transfer's tensor goes into its slot of the step's fused message to its peer, which
   // leaves once every member is in. One that does not fit its slot (it came larger than its static

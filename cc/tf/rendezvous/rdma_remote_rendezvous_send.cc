@@ -117,71 +117,100 @@ void RdmaRemoteRendezvous::CountSent(Runtime& runtime, const std::string& peer_t
   });
 }
 
+struct RdmaRemoteRendezvous::MessageInFlight {
+  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<tsl::core::RefCountPtr<RdmaRemoteRendezvous>> step;
+  std::string peer_task;
+  std::string what;
+  bool fails_step;
+  TransferTags tags;
+  std::vector<Write> writes;
+  std::shared_ptr<void> keep;
+  std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc;
+  bool resent = false;
+  std::mutex mu;
+  size_t writes_left = 0;
+  // The writes that failed because this process closed the connection on the peer's silence, held
+  // back from Report: when all of them failed so, none of the message reached the peer.
+  size_t went_silent = 0;
+  absl::Status silence;
+
+  void Report(const absl::Status& status) const {
+    if (status.ok()) return;
+    if (status == DiscardedWrite()) {
+      runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
+      return;
+    }
+    LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << " failed: " << status;
+    runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
+    if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
+  }
+};
+
 void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string what, bool fails_step,
                                    const TransferTags& tags, std::vector<Write> writes, std::shared_ptr<void> keep,
                                    std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc,
-                                   std::function<void()> sent, bool again) {
+                                   std::function<void()> sent) {
   Ref();
   tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
-  auto step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
-  runtime_->WithConnection(peer_task, [runtime = runtime_, step, peer_task, what = std::move(what), fails_step, tags,
-                                       writes = std::move(writes), keep = std::move(keep),
-                                       over_grpc = std::move(over_grpc), sent = std::move(sent), again](
-                                          absl::StatusOr<std::shared_ptr<Connection>> connection) {
-    auto report = [runtime, step, peer_task, what, fails_step](const absl::Status& status) {
-      if (status.ok()) return;
-      if (status == DiscardedWrite()) {
-        runtime->stats().Peer(peer_task, [](PeerStats& s) { s.sends_discarded++; });
-        return;
-      }
-      LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << " failed: " << status;
-      runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
-      if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
-    };
-    if (!connection.ok() && runtime->Renamed(peer_task)) {
+  auto message = std::make_shared<MessageInFlight>();
+  message->runtime = runtime_;
+  message->step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
+  message->peer_task = peer_task;
+  message->what = std::move(what);
+  message->fails_step = fails_step;
+  message->tags = tags;
+  message->writes = std::move(writes);
+  message->keep = std::move(keep);
+  message->over_grpc = std::move(over_grpc);
+  Deliver(std::move(message), std::move(sent));
+}
+
+void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std::function<void()> sent) {
+  Runtime& runtime = *message->runtime;
+  runtime.WithConnection(message->peer_task, [message, sent = std::move(sent)](
+                                                  absl::StatusOr<std::shared_ptr<Connection>> connection) {
+    RdmaRemoteRendezvous& step = **message->step;
+    if (!connection.ok() && message->runtime->Renamed(message->peer_task)) {
       // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
-      runtime->stats().Fallback(kRenamedTask);
-      return report(over_grpc(**step));
+      message->runtime->stats().Fallback(kRenamedTask);
+      return message->Report(message->over_grpc(step));
     }
-    if (!connection.ok()) return report(connection.status());
-    const bool has_data_write = writes.size() > 1;
-    const std::optional<uint64_t> push = (*step)->TrackPush(*connection, tags, has_data_write);
-    // The writes' failures on the peer's silence, held until the last write ends: if all of them
-    // failed so, nothing of the message reached the peer, and it is sent again.
-    struct Silenced {
-      std::mutex mu;
-      size_t writes_left;
-      std::vector<absl::Status> failures;
-    };
-    auto silenced = std::make_shared<Silenced>();
-    silenced->writes_left = writes.size();
-    auto resend = [runtime, step, peer_task, what, fails_step, tags, writes, keep, over_grpc] {
-      LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << ": its connection ended on the peer's "
-                   << "silence before the peer took it; sending it again over a new connection";
-      runtime->stats().Peer(peer_task, [](PeerStats& s) { s.resends++; });
-      (*step)->WriteTo(peer_task, what, fails_step, tags, writes, keep, over_grpc, nullptr, /*again=*/false);
-    };
-    for (const Write& write : writes) {
-      (*connection)->Write(write.tag, write.bytes, write.length, [step, push, report, keep, again, silenced, resend,
-                                                                  total = writes.size()](const absl::Status& status) {
-        if (push) (*step)->WriteFinished(*push);
-        const bool held_back = again && PeerWentSilent(status);
-        std::vector<absl::Status> held;
-        bool last, all_silenced = false;
+    if (!connection.ok()) return message->Report(connection.status());
+    const TransferTags& tags = message->tags;
+    const bool has_data_write = message->writes.size() > 1;
+    const std::optional<uint64_t> push = step.TrackPush(*connection, tags, has_data_write);
+    {
+      std::lock_guard<std::mutex> lock(message->mu);
+      message->writes_left = message->writes.size();
+      message->went_silent = 0;  // a resent message's writes report every failure
+      message->silence = absl::OkStatus();
+    }
+    for (const Write& write : message->writes) {
+      (*connection)->Write(write.tag, write.bytes, write.length, [message, push](const absl::Status& status) {
+        if (push) (*message->step)->WriteFinished(*push);
+        const bool held_back = !message->resent && PeerWentSilent(status);
+        bool last, all_went_silent;
+        absl::Status silence;
         {
-          std::lock_guard<std::mutex> lock(silenced->mu);
-          if (held_back) silenced->failures.push_back(status);
-          last = --silenced->writes_left == 0;
-          if (last) {
-            all_silenced = silenced->failures.size() == total;
-            held.swap(silenced->failures);
-          }
+          std::lock_guard<std::mutex> lock(message->mu);
+          if (held_back && message->went_silent++ == 0) message->silence = status;
+          last = --message->writes_left == 0;
+          all_went_silent = message->went_silent == message->writes.size();
+          if (last) silence = message->silence;
         }
-        if (!held_back) report(status);
+        if (!held_back) message->Report(status);
         if (!last) return;
         // A step that ended or was aborted meanwhile takes no transfer (Send's rule).
-        if (all_silenced && (*step)->Stopped().ok()) return resend();
-        for (const absl::Status& failure : held) report(failure);
+        if (all_went_silent && (*message->step)->Stopped().ok()) {
+          LOG(WARNING) << "tf_rdma: " << message->what << " task " << message->peer_task
+                       << ": its connection ended on the peer's silence before the peer took it; sending it "
+                       << "again over a new connection";
+          message->runtime->stats().Peer(message->peer_task, [](PeerStats& s) { s.resends++; });
+          message->resent = true;  // the last write's callback: no other reads it meanwhile
+          return Deliver(message, nullptr);
+        }
+        message->Report(silence);
       });
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
