@@ -1,16 +1,21 @@
 #include "cc/transport/peer_errors.h"
 
-#include "absl/strings/match.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace tf_rdma {
 namespace {
 
-// Only PeerClosedConnection's kDeadlineExceeded wording has it: its other wordings put the peer's
-// own text after "closed the connection: ".
 constexpr char kHeardNothingFromThisProcess[] = "closed the connection because it heard nothing from this process for";
-// Only PeerFailure's kDeadlineExceeded wording has it.
-constexpr char kIsUnresponsive[] = " is unresponsive: ";
+// Which of these statuses a status is, told by a payload rather than by its text: a peer chooses
+// its name and its REJECT's text, which the messages quote, so text could be made to match.
+constexpr char kPeerWentSilentPayload[] = "type.tf_rdma.dev/peer_went_silent";
+constexpr char kThisProcessWentSilentPayload[] = "type.tf_rdma.dev/this_process_went_silent";
+
+absl::Status Marked(absl::Status status, const char* payload) {
+  status.SetPayload(payload, absl::Cord());
+  return status;
+}
 
 }  // namespace
 
@@ -19,9 +24,10 @@ absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_a
   const std::string who = absl::StrCat("peer ", peer_name, " at ", peer_address);
   switch (cause.code()) {
     case absl::StatusCode::kDeadlineExceeded:
-      return absl::UnavailableError(absl::StrCat(
-          who, kIsUnresponsive, cause.message(),
-          " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down."));
+      return Marked(absl::UnavailableError(absl::StrCat(
+                        who, " is unresponsive: ", cause.message(),
+                        " (TF_RDMA_PEER_TIMEOUT_MS). It died, hangs, or the network is down.")),
+                    kPeerWentSilentPayload);
     case absl::StatusCode::kDataLoss:
       return absl::DataLossError(
           absl::StrCat(who, " broke the tf_rdma protocol: ", cause.message(), "; connection closed."));
@@ -45,10 +51,11 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
   if (status_code == absl::StatusCode::kDeadlineExceeded) {
     // The peer's words are only its figure: the wording, and so PeerFoundThisProcessSilent's
     // answer, follow from the code.
-    return absl::UnavailableError(absl::StrCat(
-        who, " ", kHeardNothingFromThisProcess, " ", message.substr(0, 64),
-        " (its TF_RDMA_PEER_TIMEOUT_MS). This process was stopped (SIGSTOP, a debugger), starved of CPU, "
-        "or cut off from it."));
+    return Marked(absl::UnavailableError(absl::StrCat(
+                      who, " ", kHeardNothingFromThisProcess, " ", message.substr(0, 64),
+                      " (its TF_RDMA_PEER_TIMEOUT_MS). This process was stopped (SIGSTOP, a debugger), "
+                      "starved of CPU, or cut off from it.")),
+                  kThisProcessWentSilentPayload);
   }
   return absl::Status(status_code, absl::StrCat(who, " closed the connection: ", message));
 }
@@ -58,11 +65,9 @@ absl::Status WentSilentReason(absl::Duration silence) {
 }
 
 bool PeerFoundThisProcessSilent(const absl::Status& status) {
-  return absl::IsUnavailable(status) && absl::StrContains(status.message(), kHeardNothingFromThisProcess);
+  return status.GetPayload(kThisProcessWentSilentPayload).has_value();
 }
 
-bool PeerWentSilent(const absl::Status& status) {
-  return absl::IsUnavailable(status) && absl::StrContains(status.message(), kIsUnresponsive);
-}
+bool PeerWentSilent(const absl::Status& status) { return status.GetPayload(kPeerWentSilentPayload).has_value(); }
 
 }  // namespace tf_rdma

@@ -26,14 +26,16 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
 // What a connection tells its peer when it closes because the peer went silent for `silence`.
 absl::Status WentSilentReason(absl::Duration silence);
 
-// Whether `status` (PeerClosedConnection's) says the peer closed the connection because this
+// Whether `status` is PeerClosedConnection's saying the peer closed the connection because this
 // process went silent towards it: stopped (SIGSTOP, a debugger), starved of CPU or cut off. The
 // failure is then this process's, not the peer's, which callers that blame tasks need to know.
+// Told by the status itself (a payload, kept by copies), not its text: a peer's name or REJECT
+// text cannot make another status read so. A status made anew from its message loses it.
 bool PeerFoundThisProcessSilent(const absl::Status& status);
 
-// Whether `status` (PeerFailure's) says this process closed the connection because the peer went
-// silent for the peer timeout: it may be stopped or cut off for a while and then run again. A
-// peer's own REJECT text could read so too; callers only send a message once more on it.
+// Whether `status` is PeerFailure's saying this process closed the connection because the peer went
+// silent for the peer timeout: it may be stopped or cut off for a while and then run again. Told
+// as PeerFoundThisProcessSilent is.
 bool PeerWentSilent(const absl::Status& status);
 
 }  // namespace tf_rdma

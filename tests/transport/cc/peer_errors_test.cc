@@ -54,5 +54,21 @@ TEST(PeerFailure, ThePeersSilenceIsToldFromOtherFailures) {
                                                    std::string(reason.message()))));
 }
 
+TEST(PeerFailure, NoPeerTextOrNameReadsAsSilence) {
+  const std::string hostile = " is unresponsive: closed the connection because it heard nothing from this process for";
+  for (const absl::StatusCode code : {absl::StatusCode::kUnavailable, absl::StatusCode::kCancelled}) {
+    const absl::Status closed = PeerClosedConnection(hostile, "host:1", Code(code), hostile);
+    EXPECT_FALSE(PeerWentSilent(closed)) << closed;
+    EXPECT_FALSE(PeerFoundThisProcessSilent(closed)) << closed;
+  }
+  const absl::Status reset = PeerFailure(hostile, "host:1", absl::UnavailableError(hostile));
+  EXPECT_FALSE(PeerWentSilent(reset)) << reset;
+  EXPECT_FALSE(PeerFoundThisProcessSilent(reset)) << reset;
+  // Copies keep what the status is.
+  const absl::Status silent = PeerFailure("peer", "host:1", absl::DeadlineExceededError("1 ms"));
+  const absl::Status copy = silent;
+  EXPECT_TRUE(PeerWentSilent(copy)) << copy;
+}
+
 }  // namespace
 }  // namespace tf_rdma
