@@ -20,9 +20,17 @@
 namespace tf_rdma {
 namespace {
 
+// A handler that needs nothing of ticks or the loop's end.
+class EventsOnlyHandler : public IoHandler {
+ public:
+  bool OnTick(absl::Time) override { return true; }
+  void OnLoopStopped() override {}
+  void OnRemoved() override {}
+};
+
 // Reads the one byte its peer sends and says work is left, while asking for writable events: the
 // next event for its socket is writable only. Records the events of the call after that.
-class WorkLeftOverHandler : public IoHandler {
+class WorkLeftOverHandler : public EventsOnlyHandler {
  public:
   WorkLeftOverHandler(int fd, IoLoop* loop) : fd_(fd), loop_(loop) {}
   ~WorkLeftOverHandler() override { close(fd_); }
@@ -38,9 +46,6 @@ class WorkLeftOverHandler : public IoHandler {
     if (calls_ == 2) next_call_events_.set_value(events);
     return Progress::kWaiting;
   }
-  bool OnTick(absl::Time) override { return true; }
-  void OnLoopStopped() override {}
-  void OnRemoved() override {}
 
   std::future<uint32_t> NextCallEvents() { return next_call_events_.get_future(); }
 
@@ -69,7 +74,7 @@ TEST(IoLoopTest, AHandlerWithWorkLeftIsCalledWithEpollinWhenOnlyWritabilityIsRep
 }
 
 // Reads what comes and tells the test which clock counts its loop thread's CPU time.
-class ThreadClockHandler : public IoHandler {
+class ThreadClockHandler : public EventsOnlyHandler {
  public:
   explicit ThreadClockHandler(int fd) : fd_(fd) {}
   ~ThreadClockHandler() override { close(fd_); }
@@ -86,9 +91,6 @@ class ThreadClockHandler : public IoHandler {
     }
     return Progress::kWaiting;
   }
-  bool OnTick(absl::Time) override { return true; }
-  void OnLoopStopped() override {}
-  void OnRemoved() override {}
 
   std::future<clockid_t> LoopThreadClock() { return loop_thread_clock_.get_future(); }
 
