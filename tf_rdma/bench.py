@@ -558,8 +558,9 @@ def run(backends, sizes=DEFAULT_SIZES, latency_sizes=DEFAULT_LATENCY_SIZES,
             else:
                 results[backend] = run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips,
                                                host)
+                poll_us = load_config().stream_poll_us  # both processes' (the environment's)
                 for row in results[backend].get("latency", []):
-                    row["poll_us"] = load_config().stream_poll_us  # both processes' (the environment's)
+                    row["poll_us"] = poll_us
             results[backend]["cores"] = "kept awake (--busy-cores)" if busy_cores else "free to sleep"
             results[backend]["pinned_cpu"] = pin
     return results

@@ -443,6 +443,31 @@ def test_an_idle_connection_costs_no_cpu(backend):
         peer.wait()
 
 
+def cpu_after_one_message(backend, poll_us, monkeypatch):
+    """This process's CPU time (all threads) in the 0.25 s after one message crossed a connection
+    of its own, its transports made with TF_RDMA_STREAM_POLL_US=`poll_us`."""
+    monkeypatch.setenv("TF_RDMA_STREAM_POLL_US", str(poll_us))
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(64)
+        landed = from_sender.grant(1, region, 0, 64)
+        to_receiver.write(1, b"x" * 64).wait(10)
+        assert landed.wait(10) == 64
+        before = time.process_time()
+        time.sleep(0.25)
+        return time.process_time() - before
+
+
+@pytest.mark.stream_backends_only
+def test_the_stream_poll_window_keeps_the_io_threads_polling_after_a_message(backend, monkeypatch):
+    """TF_RDMA_STREAM_POLL_US reaches the transport's I/O loops: with a window longer than the
+    measurement their threads poll through it (CPU time runs); with none (the default) they sleep.
+    (The loops' own rules are io_loops_test.cc's; this is the setting's way to them.)"""
+    if len(os.sched_getaffinity(0)) == 1:
+        pytest.skip("confined to one core, where the loops do not poll (taskset)")
+    assert cpu_after_one_message(backend, 0, monkeypatch) < 0.05
+    assert cpu_after_one_message(backend, 1_000_000, monkeypatch) > 0.1
+
+
 def test_a_forked_child_that_lets_go_of_what_it_inherited_leaves_the_parent_working(backend):
     """A child forked from a process with a listener, a connection and a region, which drops the
     tf_rdma objects it inherited (a collection, or its interpreter exiting), must not tear them
