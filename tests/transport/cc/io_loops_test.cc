@@ -141,6 +141,24 @@ TEST(IoLoopTest, AfterAnEventTheLoopPollsForItsWindowThenSleeps) {
   EXPECT_LE(after_window, absl::Milliseconds(20)) << "the loop kept polling past its window";
 }
 
+TEST(IoLoopTest, ALoopConfinedToOneCoreDoesNotPoll) {
+  // The loop's thread inherits this thread's cores when it starts.
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const auto [in_window, after_window] = LoopCpuAfterAnEvent(absl::Milliseconds(300));
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_LE(in_window, absl::Milliseconds(20)) << "a loop held to one core polled";
+  EXPECT_LE(after_window, absl::Milliseconds(20));
+}
+
 TEST(IoLoopTest, WithNoPollWindowTheLoopSleepsAtOnce) {
   const auto [in_window, after_window] = LoopCpuAfterAnEvent(absl::ZeroDuration());
   EXPECT_LE(in_window, absl::Milliseconds(20)) << "the loop polled with no window";
