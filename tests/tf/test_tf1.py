@@ -4,6 +4,7 @@ import json
 import secrets
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -174,6 +175,36 @@ def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
     assert outcome["error"] == "FailedPreconditionError", outcome
     assert "task /job:worker/replica:0/task:0 runs TensorFlow without tf_rdma" in outcome["message"]
     assert outcome["seconds"] < 20
+
+
+@pytest.mark.timeout(180)
+def test_a_send_that_finds_its_step_aborted_by_a_silent_peer_fails_as_aborted_not_internal(tmp_path):
+    """Found by `bench chaos`: a write that failed aborted its step as Unavailable, and the step's
+    next send returned that status; TensorFlow's executor turns an UnavailableError from _Send (not
+    a communication op, as _Recv is) into an InternalError, which ParameterServerStrategy's
+    coordinator and MonitoredSession take for the program's own bug and stop on. The worker here
+    sends to the ps once at the step's start and once after a pause in which the ps is frozen."""
+    output = str(tmp_path / "outcome.json")
+    peer_timeout_s, connect_timeout_s, pause_s = 1.0, 2.0, 10.0
+    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000)),
+           "TF_RDMA_CONNECT_TIMEOUT_MS": str(int(connect_timeout_s * 1000))}
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        worker = cluster.start("worker", 0, "sends_past_a_frozen_ps_worker", transport="rdma", output=output,
+                               pause_s=pause_s, stdin=subprocess.PIPE)
+        cluster.wait_for_output("worker", 0, "warm", timeout=120)
+        cluster.signal("ps", 0, signal.SIGSTOP)
+        worker.stdin.write(b"frozen\n")
+        worker.stdin.flush()
+        # The first send fails (the peer timeout, then the resend's wait for the ps to dial) well
+        # before the second is made; the step's error then ends the session's run, the ps still
+        # frozen.
+        assert cluster.wait("worker", 0, timeout=pause_s + 30) == 0, cluster.log("worker", 0)[-3000:]
+        cluster.signal("ps", 0, signal.SIGCONT)
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["error"] == "AbortedError", (outcome, cluster.log("worker", 0)[-3000:])
+    assert "/job:ps/replica:0/task:0" in outcome["message"], outcome
 
 
 NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")

@@ -46,6 +46,10 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   bool End();
 
  private:
+  // Send, with the step's own abort status (as the peer's failure set it) when it was stopped.
+  absl::Status SendOrStopped(const ParsedKey& parsed, const Rendezvous::Args& args, const tensorflow::Tensor& value,
+                             bool is_dead);
+
   // Withdraws the step's sends still waiting for their receiver's grant, and any it starts later:
   // the step was aborted or ended, and the receiver will not take them.
   void WithdrawPendingPushes(const absl::Status& status);

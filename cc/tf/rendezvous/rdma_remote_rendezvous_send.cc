@@ -7,7 +7,10 @@
 #include <utility>
 
 #include "absl/log/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cc/tf/rendezvous/transfer_names.h"
 #include "cc/transport/peer_errors.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -17,8 +20,30 @@ namespace tf_rdma {
 using tensorflow::Rendezvous;
 using tensorflow::Tensor;
 
+namespace {
+
+// TensorFlow's executor turns an UnavailableError from an op that is not a communication op into
+// an InternalError (errors::ReplaceErrorFromNonCommunicationOps), and _Send is not one (_Recv is).
+// ParameterServerStrategy's coordinator takes an InternalError for the program's own fault and
+// stops, where it retries a worker's Unavailable or Aborted. A send that finds its step aborted by
+// a peer's failure therefore reports it as Aborted, with the same text and payloads.
+absl::Status AsSendError(absl::Status status) {
+  if (!absl::IsUnavailable(status)) return status;
+  absl::Status aborted = absl::AbortedError(status.message());
+  status.ForEachPayload(
+      [&aborted](absl::string_view type_url, const absl::Cord& payload) { aborted.SetPayload(type_url, payload); });
+  return aborted;
+}
+
+}  // namespace
+
 absl::Status RdmaRemoteRendezvous::Send(const ParsedKey& parsed, const Rendezvous::Args& args, const Tensor& value,
                                         bool is_dead) {
+  return AsSendError(SendOrStopped(parsed, args, value, is_dead));
+}
+
+absl::Status RdmaRemoteRendezvous::SendOrStopped(const ParsedKey& parsed, const Rendezvous::Args& args,
+                                                 const Tensor& value, bool is_dead) {
   if (IsSameWorker(parsed.src, parsed.dst)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
   if (!Carried(parsed)) return BaseRemoteRendezvous::Send(parsed, args, value, is_dead);
   // A step that was aborted or ended takes no transfer: the send fails with why, as TensorFlow's

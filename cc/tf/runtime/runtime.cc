@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/log/log.h"
@@ -481,11 +482,13 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
     }
     // Every accepted connection wakes every waiter: the peer is diagnosed (and its identity
     // probed, which it refuses and logs) only once a whole attempt passed without its connection.
-    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(kAttempt), [&state] {
+    // The wait ends at the deadline, so a timeout shorter than an attempt is kept.
+    const absl::Duration wait = std::max(std::min(kAttempt, deadline - absl::Now()), absl::ZeroDuration());
+    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state] {
       return state.connection && state.connection->health().ok();
     });
     if (connected) return state.connection;
-    if (!state.address_known) continue;
+    if (!state.address_known || absl::Now() > deadline) continue;
     const TaskAddress address = state.address;
     lock.unlock();
     absl::Status diagnosis = DiagnoseMissingPeer(address, absl::UnavailableError("it did not connect"));

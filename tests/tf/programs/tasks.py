@@ -439,6 +439,45 @@ def fused_stall_worker(cluster, job, index, transport, output, steps=3):
     os._exit(0)
 
 
+def sends_past_a_frozen_ps_worker(cluster, job, index, transport, output, pause_s):
+    """A step whose worker part only sends to the ps: one tensor at once, one after `pause_s`, in
+    which the test freezes the ps. The first send fails when the worker gives up on the silent ps,
+    which aborts the step; the second then meets the aborted step. Records the step's outcome."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    size = 1 << 16
+    with tf.device("/job:ps/task:0"):
+        first, second = tf.compat.v1.Variable(tf.zeros(size)), tf.compat.v1.Variable(tf.zeros(size))
+    with tf.device("/job:worker/task:0"):
+        pause = tf.compat.v1.placeholder(tf.float32, ())
+        now = tf.ones(size) * 2.0
+
+        def after_pause(seconds):
+            time.sleep(float(seconds))
+            return np.full(size, 3.0, np.float32)
+
+        later = tf.numpy_function(after_pause, [pause], tf.float32, stateful=True)
+        later.set_shape((size,))
+    step = tf.group(first.assign(now), second.assign(later))
+    sess = tf.compat.v1.Session(server.target)
+    sess.run([first.initializer, second.initializer])
+    sess.run(step, {pause: 0.0})  # connects the two tasks
+    print("warm", flush=True)
+    sys.stdin.readline()  # the test froze the ps
+    started = time.monotonic()
+    try:
+        sess.run(step, {pause: pause_s})
+        outcome = {"error": None}
+    except tf.errors.OpError as e:
+        outcome = {"error": type(e).__name__, "message": e.message}
+    outcome["seconds"] = time.monotonic() - started
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    print("done", flush=True)
+    os._exit(0)  # closing the session would ask the frozen ps to deregister its graphs
+
+
 def cross_once(cluster, job, index, transport, output, reader="worker", **server_options):
     """One step, run by this worker, in which the `reader` task reads the other task's variable
     (a ps variable on the worker, or with reader="ps" the worker's on the ps): records the outcome,
