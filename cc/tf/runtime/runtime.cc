@@ -438,6 +438,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::Dial(const Endpoint& addres
 absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string& peer_task) {
   const absl::Time deadline = absl::Now() + options_.config.connect_timeout;
   bool identity_checked = false;
+  bool diagnosed = false;
   // An explicit backend that cannot join the two tasks (shm with the peer on another host; verbs
   // when this task's address is on no RDMA device of this host, 127.0.0.1, so the peer's dial
   // through its RDMA device never arrives) fails the peer's connect at once, but its step may
@@ -488,7 +489,10 @@ absl::StatusOr<std::shared_ptr<Connection>> Runtime::AwaitFrom(const std::string
       return state.connection && state.connection->health().ok();
     });
     if (connected) return state.connection;
-    if (!state.address_known || absl::Now() > deadline) continue;
+    // Past the deadline only if no attempt diagnosed it yet: a timeout shorter than an attempt
+    // still finds a renamed or refusing peer.
+    if (!state.address_known || (absl::Now() > deadline && diagnosed)) continue;
+    diagnosed = true;
     const TaskAddress address = state.address;
     lock.unlock();
     absl::Status diagnosis = DiagnoseMissingPeer(address, absl::UnavailableError("it did not connect"));
