@@ -18,6 +18,8 @@ from the first restart, so that everything created lazily for steps, cancellatio
 sessions exists), each quantity must stay flat: its end value may exceed its value when warm-up
 ended by at most GROWTH_BOUNDS, each value the lowest of SETTLE samples in a row. A leak raises
 that floor; a transient (a thread or a descriptor alive for a moment, a step's tensors) does not.
+The run lasts its time, or longer where restarts took so much of it that fewer than 2 * SETTLE
+samples came after warm-up (a slow or loaded host), up to MOST_SECONDS_FACTOR times its time.
 """
 import json
 import logging
@@ -151,8 +153,10 @@ def _loop_ops_of(exit_tensor):
 
 
 def _train(spec):
-    """The worker: rounds of training steps, each followed by a step cancelled at its deadline, for
-    spec["seconds"]; reopens its session whenever a step fails (ps 1 was restarted)."""
+    """The worker: rounds of training steps, each followed by a step cancelled at its deadline,
+    until the driver sends SIGUSR1; reopens its session whenever a step fails (ps 1 was restarted)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: stop.set())
     import tensorflow as tf
     import tf_rdma
     # TF1 control flow: its while loop is partitioned per device, so each task runs its iterations
@@ -166,8 +170,7 @@ def _train(spec):
     step_deadline = tf.compat.v1.RunOptions(timeout_in_ms=params["step_timeout_ms"])
     cancel_deadline = tf.compat.v1.RunOptions(timeout_in_ms=params["cancel_after_ms"])
     counts = {"steps": 0, "cancelled_steps": 0, "failed_steps": 0, "sessions": 1}
-    end = time.monotonic() + spec["seconds"]
-    while time.monotonic() < end:
+    while not stop.is_set():
         round_end = time.monotonic() + params["round_seconds"]
         try:
             while time.monotonic() < round_end:
@@ -295,6 +298,15 @@ class Task:
 
 
 PARAMS = {"round_seconds": 1.0, "cancel_after_ms": 300, "step_timeout_ms": 60_000}
+# A slow or loaded host spends more of the run restarting ps 1 and reopening sessions: the run
+# goes on past its time until flatness has the samples it needs, up to this many times its time.
+MOST_SECONDS_FACTOR = 3
+
+
+def warmup_end(samples, seconds):
+    """The index of the first sample after warm-up (len(samples) while it lasts)."""
+    return next((i for i, s in enumerate(samples)
+                 if s["seconds"] >= seconds * WARMUP_FRACTION and s["sessions"] > 1), len(samples))
 
 
 def run_backend(backend, seconds, restart_seconds, progress=None):
@@ -302,8 +314,7 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
     cluster = local_cluster({"ps": 2, "worker": 1})
 
     def spec(job, index):
-        return {"cluster": cluster, "job": job, "index": index, "transport": backend,
-                "seconds": seconds, "params": PARAMS}
+        return {"cluster": cluster, "job": job, "index": index, "transport": backend, "params": PARAMS}
     ps, peer = Task(spec("ps", 0)), Task(spec("ps", 1))
     worker = Task(spec("worker", 0))
     tasks = {"ps": ps, "peer": peer, "worker": worker}
@@ -343,8 +354,11 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
                          f"{sample['cancelled_steps']} cancelled, {restarts} restarts, {tensors} tensors; "
                          f"RSS worker {sample['worker']['rss_bytes'] >> 20} MiB, "
                          f"ps {sample['ps']['rss_bytes'] >> 20} MiB")
+            enough = len(samples) - warmup_end(samples, seconds) >= 2 * SETTLE
+            if now - started >= seconds * (1 if enough else MOST_SECONDS_FACTOR):
+                worker.process.send_signal(signal.SIGUSR1)  # ends after its round, with @@done
             # None in the last quarter: the run ends on samples of a cluster that recovered.
-            if now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:
+            elif now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:
                 peer.process.send_signal(signal.SIGKILL)
                 peer.stop()
                 peer = tasks["peer"] = Task(spec("ps", 1))
@@ -353,8 +367,7 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
     finally:
         for t in tasks.values():
             t.stop()
-    warmup_samples = next((i for i, s in enumerate(samples)
-                           if s["seconds"] >= seconds * WARMUP_FRACTION and s["sessions"] > 1), len(samples))
+    warmup_samples = warmup_end(samples, seconds)
     verdict = judge(samples, warmup_samples)
     last = samples[-1]
     return {"backend": backend, "seconds": seconds, "restart_seconds": restart_seconds, **done,
