@@ -14,7 +14,8 @@ VENV_SPACE is free (seven venvs take 11 GiB, and a machine whose disk filled up 
 the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt into them each
 time, through ccache
 when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
-tests/tensorflow_versions/ runs the matrix; the README's support table lists exactly SUPPORTED.
+tests/tensorflow_versions/ runs the matrix (BUILT_APART: SUPPORTED but the test suite's own
+environment); the README's support table lists exactly SUPPORTED.
 """
 import argparse
 import os
@@ -25,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (pip requirement, what the README calls it). tensorflow-cpu 2.21.0 is also the test suite's own
-# environment (requirements-dev.txt); here it is built and run the way every other release is.
+# The pip requirements the README lists. tensorflow-cpu 2.21.0 is also the test suite's own
+# environment (requirements-dev.txt, .venv), where every test runs on it.
 SUPPORTED = [
     "tensorflow-cpu==2.16.2",
     "tensorflow-cpu==2.17.1",
@@ -36,6 +37,10 @@ SUPPORTED = [
     "tensorflow-cpu==2.21.0",
     "tensorflow==2.21.0",
 ]
+SUITE_ENVIRONMENT = "tensorflow-cpu==2.21.0"
+# Built apart and run by tests/tensorflow_versions/: all but the suite's own (its `pip install .`
+# path is tensorflow==2.21.0's, the same release).
+BUILT_APART = [wheel for wheel in SUPPORTED if wheel != SUITE_ENVIRONMENT]
 # Free disk a venv's making needs: the largest (tensorflow 2.21.0) takes 2.1 GiB, its unpacking more.
 VENV_SPACE = 4 << 30
 # What building tf_rdma without build isolation needs besides TensorFlow.
