@@ -9,8 +9,9 @@
 env:
 	tools/dev_env.sh
 
+# The examples train on scikit-learn's digits, from .venv/optional (requirements-optional.txt).
 demo: env
-	.venv/bin/python examples/demo_cluster.py
+	PYTHONPATH=.venv/optional .venv/bin/python examples/demo_cluster.py
 
 softroce-prereqs:
 	@if [ "$$(id -u)" = 0 ]; then tools/softroce/install.sh; \

@@ -1,11 +1,15 @@
 import os
+import sys
 
-from tests import REPO
+from tests import OPTIONAL_PACKAGES, REPO
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS
 
 # The programs the tests start (`python -m tests.…`) import the shared helpers as the tests do.
 # tests/tensorflow_versions takes it off again: its venvs' own tf_rdma must not be shadowed.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+# The tests that draw a bench's plot do so in this process (matplotlib); not on PYTHONPATH, so
+# that the processes the tests start do not import it.
+sys.path.append(str(OPTIONAL_PACKAGES))
 
 
 def pytest_addoption(parser):

@@ -13,7 +13,10 @@ if ! sha256sum --status -c "$stamp" 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
-  sha256sum requirements-dev.txt requirements-nodeps.txt > "$stamp"
+  # Out of site-packages (requirements-optional.txt says why); a .venv made before goes without.
+  .venv/bin/python -m pip uninstall -q -y scikit-learn matplotlib 2>/dev/null || true
+  .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/optional -r requirements-optional.txt
+  sha256sum requirements-dev.txt requirements-nodeps.txt requirements-optional.txt > "$stamp"
 fi
 # --no-build-isolation: build against the TensorFlow in .venv, without pip re-resolving build deps.
 .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .

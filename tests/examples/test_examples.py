@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import with_optional_packages
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import cluster_utils as cu  # noqa: E402
@@ -24,7 +26,7 @@ TRANSPORTS = os.environ.get("EXAMPLES_TRANSPORTS", "grpc,rdma").split(",")
 
 pytestmark = [pytest.mark.examples, pytest.mark.parametrize("transport", TRANSPORTS)]
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+ENV = with_optional_packages(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))  # digits
 
 
 def run_example(script, *args, timeout):

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests import with_optional_packages
 from tests.tf.programs.cluster import Cluster
 
 HERE = Path(__file__).resolve().parent
@@ -81,7 +82,7 @@ def _launcher(script, out_dir, transport, *args, timeout):
     argv = [sys.executable, str(script), "--launch-local", "--transport", transport, "--json",
             "--log-dir", str(out_dir / "logs"), *map(str, args)]
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          timeout=timeout, env=with_optional_packages(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")))
     try:
         doc = json.loads(proc.stdout)
     except ValueError:
@@ -119,7 +120,7 @@ def pss_keras_fit(transport, out_dir):
               "--hidden", ",".join(map(str, PSS_KERAS_HIDDEN))]
     stats = {}
     with cu.LocalCluster(str(out_dir / "logs"),
-                         dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **DETERMINISTIC)) as lc:
+                         with_optional_packages(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **DETERMINISTIC))) as lc:
         for job in ("ps", "worker"):
             lc.start(f"{job}0", cu.python_argv(str(EXAMPLES / "tf2_ps_keras.py"), "--job", job,
                                                "--task", 0, *common), daemon=True)

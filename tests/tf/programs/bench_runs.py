@@ -1,15 +1,19 @@
 """Runs `python -m tf_rdma bench ...` as a user does, and checks a bench's table and plot, for the
 bench tests."""
 import json
+import os
 import subprocess
 import sys
+
+from tests import with_optional_packages
 
 
 def bench_report(*arguments, timeout):
     """`python -m tf_rdma bench ARGUMENTS --json`, checked to exit 0: its report, and its stderr
     (where the progress lines go)."""
+    env = with_optional_packages(os.environ) if "--plot" in arguments else None
     result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", *arguments, "--json"],
-                            capture_output=True, text=True, timeout=timeout)
+                            capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout), result.stderr
 
