@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from tests.tf.programs.tasks import _server, digits, serve  # noqa: F401  (serve: the ps's program)
+from tests.tf.programs.tasks import _server, classification_set, serve  # noqa: F401  (serve: the ps's program)
 
 BATCH = 64
 
@@ -35,7 +35,7 @@ def driven_worker(cluster, job, index, transport, op_timeout_ms, hidden=256, lea
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     server = _server(cluster, job, index, transport)
-    features, labels = digits()
+    features, labels = classification_set()
     rng = np.random.default_rng(7)
     initial = {"w1": rng.standard_normal((64, hidden)).astype(np.float32) * 0.1,
                "w2": rng.standard_normal((hidden, 10)).astype(np.float32) * 0.1}

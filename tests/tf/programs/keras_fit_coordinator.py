@@ -13,9 +13,9 @@ def main(cluster, output, transport="rdma", epochs=3, steps_per_epoch=20):
     import tensorflow as tf
     import tf_keras as keras
 
-    from tests.tf.programs.tasks import digits, ps_strategy
+    from tests.tf.programs.tasks import classification_set, ps_strategy
     strategy = ps_strategy(cluster, transport)
-    features, labels = digits()
+    features, labels = classification_set()
 
     def dataset_fn(input_context):
         ds = tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(len(labels), seed=0)

@@ -209,11 +209,16 @@ def _save(output, results, transport, stats=None):
     print("done", flush=True)
 
 
-def digits():
-    """scikit-learn's digits (shipped with the package, no download): features in [0, 1], labels."""
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    return (data.data / 16.0).astype(np.float32), data.target.astype(np.int64)
+def classification_set():
+    """A classification set shaped like scikit-learn's digits (1,797 samples of 64 features in
+    [0, 1], 10 classes), made up: each class a fixed random pattern, each sample its class's with
+    noise. Made here, not loaded: scikit-learn stays out of the tasks' imports
+    (requirements-optional.txt), and nothing here depends on the images."""
+    rng = np.random.default_rng(1797)
+    patterns = rng.random((10, 64))
+    labels = rng.integers(0, 10, 1797)
+    features = np.clip(patterns[labels] + rng.normal(0, 0.25, (1797, 64)), 0, 1)
+    return features.astype(np.float32), labels.astype(np.int64)
 
 
 def ps_strategy(cluster, transport, variable_partitioner=None):
@@ -233,7 +238,7 @@ def train_worker(cluster, job, index, transport, output, steps=8, hidden=512, le
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     server = _server(cluster, job, index, transport)
-    features, labels = digits()
+    features, labels = classification_set()
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")):
         tf.compat.v1.set_random_seed(1)
         images = tf.compat.v1.placeholder(tf.float32, (None, 64))
@@ -511,7 +516,7 @@ def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
     import tensorflow as tf
     strategy = ps_strategy(cluster, transport)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    features, labels = digits()
+    features, labels = classification_set()
 
     def dataset_fn():
         return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
