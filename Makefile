@@ -20,8 +20,9 @@ softroce-prereqs:
 test-prereqs:
 	tools/install_test_prereqs.sh
 
+# --durations: CI's log shows where the suite's time went (issue notes compare it with local runs).
 test: softroce-prereqs test-prereqs env cc-tests
-	.venv/bin/python -m pytest tests
+	.venv/bin/python -m pytest tests --durations=30
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
 	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors \
