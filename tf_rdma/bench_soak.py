@@ -309,6 +309,14 @@ def warmup_end(samples, seconds):
                  if s["seconds"] >= seconds * WARMUP_FRACTION and s["sessions"] > 1), len(samples))
 
 
+def run_is_over(samples, seconds):
+    """Whether a run of `seconds` has its samples: the time is up and flatness can be judged, or
+    MOST_SECONDS_FACTOR times the time is up (judge then says to run longer)."""
+    elapsed = samples[-1]["seconds"]
+    enough = len(samples) - warmup_end(samples, seconds) >= 2 * SETTLE
+    return elapsed >= seconds * (1 if enough else MOST_SECONDS_FACTOR)
+
+
 def run_backend(backend, seconds, restart_seconds, progress=None):
     """One soak over `backend`: its samples, counts, transfers and flatness verdict."""
     cluster = local_cluster({"ps": 2, "worker": 1})
@@ -354,8 +362,7 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
                          f"{sample['cancelled_steps']} cancelled, {restarts} restarts, {tensors} tensors; "
                          f"RSS worker {sample['worker']['rss_bytes'] >> 20} MiB, "
                          f"ps {sample['ps']['rss_bytes'] >> 20} MiB")
-            enough = len(samples) - warmup_end(samples, seconds) >= 2 * SETTLE
-            if now - started >= seconds * (1 if enough else MOST_SECONDS_FACTOR):
+            if run_is_over(samples, seconds):
                 worker.process.send_signal(signal.SIGUSR1)  # ends after its round, with @@done
             # None in the last quarter: the run ends on samples of a cluster that recovered.
             elif now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:

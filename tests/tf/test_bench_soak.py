@@ -57,6 +57,18 @@ def test_a_descriptor_left_open_after_warmup_is_not_flat_but_one_open_for_a_mome
     assert bench_soak.judge(transient, warmup_samples=4)["ps"]["threads"]["flat"]
 
 
+def test_a_run_whose_restarts_took_its_time_goes_on_until_flatness_has_its_samples():
+    def run(seconds, first_restart_at):
+        return [{**sample(s, 600), "sessions": 1 if s < first_restart_at else 2} for s in range(seconds + 1)]
+    assert bench_soak.run_is_over(run(12, first_restart_at=4), 12)  # 9 samples after warm-up
+    # Warm-up ends with the first restart, at 10 s: 3 samples after it at 12 s, too few to judge.
+    assert not bench_soak.run_is_over(run(12, first_restart_at=10), 12)
+    assert bench_soak.run_is_over(run(15, first_restart_at=10), 12)
+    # A run that never gets there ends all the same, and judge says to run longer.
+    assert not bench_soak.run_is_over(run(35, first_restart_at=40), 12)
+    assert bench_soak.run_is_over(run(36, first_restart_at=40), 12)
+
+
 def test_too_few_samples_after_warmup_is_an_error_not_a_pass():
     with pytest.raises(bench_soak.SoakError, match="run longer"):
         bench_soak.judge([sample(s, 600) for s in range(8)], warmup_samples=4)
