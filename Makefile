@@ -11,7 +11,7 @@ env:
 
 # The examples train on scikit-learn's digits, from .venv/optional (requirements-optional.txt).
 demo: env
-	PYTHONPATH=.venv/optional .venv/bin/python examples/demo_cluster.py
+	PYTHONPATH=$(CURDIR)/.venv/optional .venv/bin/python examples/demo_cluster.py
 
 softroce-prereqs:
 	@if [ "$$(id -u)" = 0 ]; then tools/softroce/install.sh; \

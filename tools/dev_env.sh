@@ -9,12 +9,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.requirements.sha256
-if ! sha256sum --status -c "$stamp" 2>/dev/null; then
+if ! sha256sum --status -c "$stamp" 2>/dev/null || [ ! -d .venv/optional/sklearn ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
   # Out of site-packages (requirements-optional.txt says why); a .venv made before goes without.
-  .venv/bin/python -m pip uninstall -q -y scikit-learn matplotlib 2>/dev/null || true
+  if .venv/bin/python -m pip show -q scikit-learn matplotlib >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y scikit-learn matplotlib
+  fi
   .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/optional -r requirements-optional.txt
   sha256sum requirements-dev.txt requirements-nodeps.txt requirements-optional.txt > "$stamp"
 fi

@@ -4,8 +4,9 @@ it with `pip install --no-build-isolation .`, then `info`, a TF1 ps + worker ses
 MultiWorkerMirroredStrategy all-reduce, one over tcp and the other over shm (swapped from one
 release to the next), each compared bit for bit with stock gRPC on the same TensorFlow. What
 differs between releases is TensorFlow's side, which is the same code for every backend; each
-backend's own code has no TensorFlow in it. tensorflow-cpu 2.21.0 is the rest of the suite's own environment, where
-all of it runs: it is not built apart (tensorflow 2.21.0 is, the same release through pip)."""
+backend's own code has no TensorFlow in it. tensorflow-cpu 2.21.0 is the rest of the suite's own
+environment, where all of it runs: it is not built apart (tensorflow 2.21.0 is, the same release
+through pip)."""
 import json
 import os
 import re
