@@ -7,7 +7,9 @@ on different ports): `import tensorflow` under emulation costs minutes of CPU, a
 guest on a 2-core host more than doubled the run (measured: 531 s with four processes running
 tests/tf/programs/tasks.py's compare_worker, against the ~5 minutes CI can spare for the two-host tests).
 For the same reason the graph is small: a few SGD steps of a linear model whose variables live on
-the ps, a cond whose branches run on the ps (dead tensors cross), and the values read back.
+the ps, a cond whose branches run on the ps (dead tensors cross), tensors of changing shapes both
+ways (small, then growing: the receiver's grants after the header grow and shrink), strings, an
+empty tensor, and the values read back.
 
 Then the same again with the link impaired (link_impairment.py: 1% loss, 20 ms +- 5 ms, on both
 guests' egress; issue 27), over each transport in the same processes: the results must not
@@ -78,6 +80,15 @@ def train(tf, target):
                 return branch
 
             chosen = tf.compat.v1.cond(pred, on_ps(lambda: scale * 3.0), on_ps(lambda: scale - 3.0))
+            dynamic = tf.compat.v1.placeholder(tf.float32, shape=None)
+        with tf.device(PS):
+            on_ps = dynamic * 3.0
+            # Variables, not constants: a constant would be folded on the worker and never cross.
+            names = tf.compat.v1.Variable(np.array([b"", b"ps", b"x" * 300], dtype=object), name="names")
+            empty = tf.compat.v1.Variable(np.zeros((0, 7), np.float32), name="empty")
+        with tf.device(WORKER):
+            dynamic_back = on_ps + 1.0
+            strings_and_empty = (tf.identity(names), tf.concat([empty, empty], 0))
             read = {name: tf.identity(v) for name, v in
                     {"w": w, "b": b, "step": step, "counts": counts, "scale": scale}.items()}
         results = {}
@@ -90,6 +101,12 @@ def train(tf, target):
             steps_per_second = (STEPS - 1) / (time.monotonic() - timed)
             results["cond_true"] = sess.run(chosen, {pred: True})
             results["cond_false"] = sess.run(chosen, {pred: False})
+            # Both ways across: shapes that ride in their header's message, then larger ones (the
+            # ps's receiver grants data after the header, grows the grant, takes it back), an empty one.
+            for i, shape in enumerate([(2, 3), (64, 128), (256, 256), (2, 3), (0, 4)]):
+                results[f"dynamic_{i}"] = sess.run(dynamic_back, {dynamic: np.full(shape, i, np.float32)})
+            results["strings"], results["empty"] = sess.run(strings_and_empty)
+            results["strings"] = np.frombuffer(b"|".join(results["strings"]), np.uint8)
             results.update(sess.run(read))
     return {k: np.asarray(v) for k, v in results.items()}, steps_per_second
 
