@@ -13,7 +13,6 @@
 namespace tf_rdma::verbs {
 namespace {
 
-constexpr int kSendDepth = QueuePair::kSendDepth;
 // How long Close waits for the REJECT telling the peer why to be sent before stopping the QP.
 constexpr absl::Duration kRejectGrace = absl::Milliseconds(200);
 // How long a closed connection waits for its posted work requests to be flushed.

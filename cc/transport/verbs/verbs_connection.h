@@ -153,6 +153,8 @@ class VerbsConnection : public Connection,
     std::shared_ptr<MemoryRegion> region;  // a window's, while its bind is in flight
   };
 
+  static constexpr int kSendDepth = QueuePair::kSendDepth;
+  static constexpr size_t kSlotSize = QueuePair::kSlotSize;
   // One WRITE_WITH_IMM carries messages up to this size (or the port's max_msg_sz, if smaller:
   // ibv_query_port(3)); beyond, WRITEs and a DATA message.
   static constexpr uint64_t kMaxSingleWrite = uint64_t{16} << 20;

@@ -11,13 +11,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace tf_rdma::verbs {
-namespace {
-
-constexpr int kSendDepth = QueuePair::kSendDepth;
-constexpr size_t kSlotSize = QueuePair::kSlotSize;
-
-}  // namespace
-
 absl::Status VerbsConnection::PostReceive(int slot) {
   ibv_sge sge{reinterpret_cast<uint64_t>(queue_pair_.receive_buffer(slot)), kSlotSize,
               queue_pair_.receive_lkey()};

@@ -14,7 +14,6 @@
 namespace tf_rdma::verbs {
 namespace {
 
-constexpr size_t kSlotSize = QueuePair::kSlotSize;
 // Completion batches one call of the loop handles at most, so that one connection's stream of
 // completions cannot starve the loop's other connections.
 constexpr int kPollBatchSize = 32;
