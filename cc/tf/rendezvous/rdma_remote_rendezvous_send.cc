@@ -75,10 +75,10 @@ void RdmaRemoteRendezvous::WithdrawPendingPushes(const absl::Status& status) {
   // Outside the lock: a withdrawn write's callback runs here and finishes its push.
   for (const PendingPush& push : pending) {
     if (std::shared_ptr<Connection> connection = push.connection.lock()) {
-      connection->DropWrites(push.tags.header);
+      connection->DropWrites(push.tags.header, status);
       // An inline tensor has no data write; withdrawing its tag would only crowd the
       // connection's bounded memory of withdrawn tags.
-      if (push.has_data_write) connection->DropWrites(push.tags.data);
+      if (push.has_data_write) connection->DropWrites(push.tags.data, status);
     }
   }
 }
@@ -239,8 +239,9 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
       });
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
-      (*connection)->DropWrites(tags.header);
-      if (has_data_write) (*connection)->DropWrites(tags.data);
+      const absl::Status stopped = step.Stopped();
+      (*connection)->DropWrites(tags.header, stopped);
+      if (has_data_write) (*connection)->DropWrites(tags.data, stopped);
     }
     if (sent) sent();
   });
