@@ -27,6 +27,9 @@ auto* registry = new std::vector<std::shared_ptr<Runtime>>();
 
 constexpr size_t kMaxLearnedTransfers = 1 << 16;
 constexpr size_t kMaxPeers = 1 << 14;
+// Messages given up per peer that its next connection still answers (Runtime::GiveUp): a few
+// steps' worth of a task's transfers to one peer, and a few KiB per peer at most.
+constexpr size_t kGivenUpTagsPerPeer = 512;
 
 constexpr char kChosenByPeer[] = "chosen by the peer, which connects";
 
@@ -303,7 +306,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
     return;
   }
   if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
-  state.connection = std::move(connection);
+  AdoptLocked(state, std::move(connection));
   state.was_connected = true;
   RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
@@ -331,6 +334,33 @@ void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback do
   }
 }
 
+void Runtime::GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(peer_task);
+    if (it == peers_.end()) return;  // never connected, nor waited for: nobody granted anything
+    Peer& peer = it->second;
+    for (const Tag& tag : tags) {
+      const bool known = std::any_of(peer.given_up.begin(), peer.given_up.end(),
+                                     [&tag](const auto& entry) { return entry.first == tag; });
+      if (known) continue;
+      peer.given_up.emplace_back(tag, why);
+      if (peer.given_up.size() > kGivenUpTagsPerPeer) peer.given_up.pop_front();
+    }
+    connection = peer.connection;
+  }
+  // Unlocked: writes waiting under the tags complete here, and their callbacks may ask for the
+  // connection again. A connection adopted meanwhile got the tags from the list.
+  if (connection == nullptr) return;
+  for (const Tag& tag : tags) connection->DropWrites(tag, why);
+}
+
+void Runtime::AdoptLocked(Peer& peer, std::shared_ptr<Connection> connection) {
+  for (const auto& [tag, why] : peer.given_up) connection->DropWrites(tag, why);
+  peer.connection = std::move(connection);
+}
+
 void Runtime::Establish(const std::string& peer_task) {
   TaskAddress address;
   bool address_known;
@@ -356,7 +386,7 @@ void Runtime::Establish(const std::string& peer_task) {
     peer.connecting = false;
     if (result.ok() && peer.connection != *result) {
       if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
-      peer.connection = *result;
+      AdoptLocked(peer, *result);
     }
     if (result.ok()) peer.was_connected = true;
     waiters.swap(peer.waiters);
