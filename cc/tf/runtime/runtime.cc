@@ -306,7 +306,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
     return;
   }
   if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
-  AdoptLocked(state, std::move(connection));
+  AdoptLocked(peer, state, std::move(connection));
   state.was_connected = true;
   RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
@@ -337,27 +337,36 @@ void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback do
 void Runtime::GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {
   std::shared_ptr<Connection> connection;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(peer_task);
-    if (it == peers_.end()) return;  // never connected, nor waited for: nobody granted anything
-    Peer& peer = it->second;
+    std::lock_guard<std::mutex> lock(given_up_mu_);
+    GivenUp& given_up = given_up_[peer_task];
     for (const Tag& tag : tags) {
-      const bool known = std::any_of(peer.given_up.begin(), peer.given_up.end(),
+      const bool known = std::any_of(given_up.tags.begin(), given_up.tags.end(),
                                      [&tag](const auto& entry) { return entry.first == tag; });
       if (known) continue;
-      peer.given_up.emplace_back(tag, why);
-      if (peer.given_up.size() > kGivenUpTagsPerPeer) peer.given_up.pop_front();
+      given_up.tags.emplace_back(tag, why);
+      if (given_up.tags.size() > kGivenUpTagsPerPeer) given_up.tags.pop_front();
     }
-    connection = peer.connection;
+    connection = given_up.connection.lock();
   }
   // Unlocked: writes waiting under the tags complete here, and their callbacks may ask for the
-  // connection again. A connection adopted meanwhile got the tags from the list.
+  // connection again. A connection adopted after the tags were listed took them from the list.
   if (connection == nullptr) return;
   for (const Tag& tag : tags) connection->DropWrites(tag, why);
 }
 
-void Runtime::AdoptLocked(Peer& peer, std::shared_ptr<Connection> connection) {
-  for (const auto& [tag, why] : peer.given_up) connection->DropWrites(tag, why);
+void Runtime::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
+  std::deque<std::pair<Tag, absl::Status>> given_up;
+  {
+    std::lock_guard<std::mutex> lock(given_up_mu_);
+    auto it = given_up_.find(peer_task);
+    if (it != given_up_.end()) {
+      given_up = it->second.tags;
+      it->second.connection = connection;
+    } else {
+      given_up_[peer_task].connection = connection;
+    }
+  }
+  for (const auto& [tag, why] : given_up) connection->DropWrites(tag, why);
   peer.connection = std::move(connection);
 }
 
@@ -386,7 +395,7 @@ void Runtime::Establish(const std::string& peer_task) {
     peer.connecting = false;
     if (result.ok() && peer.connection != *result) {
       if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
-      AdoptLocked(peer, *result);
+      AdoptLocked(peer_task, peer, *result);
     }
     if (result.ok()) peer.was_connected = true;
     waiters.swap(peer.waiters);

@@ -122,9 +122,13 @@ class Runtime {
     // Set when the tf_rdma server at the address of this task name turned out to be another task's:
     // the cluster that named it renames tasks, and transfers with it stay on gRPC.
     std::string served_by;
-    // The tags of messages to this peer given up lately (GiveUp), oldest first, and why: a status
-    // copy shares its message, so a step's tags hold one between them.
-    std::deque<std::pair<Tag, absl::Status>> given_up;
+  };
+  // What GiveUp keeps per peer task.
+  struct GivenUp {
+    // The tags of messages given up lately, oldest first, and why: a status copy shares its
+    // message, so a step's tags hold one between them.
+    std::deque<std::pair<Tag, absl::Status>> tags;
+    std::weak_ptr<Connection> connection;  // the peer's, as AdoptLocked made it
   };
 
   explicit Runtime(RuntimeOptions options);
@@ -146,9 +150,9 @@ class Runtime {
   // Records that `peer`'s name is the tf_rdma server of task `identity`, warns, and returns the
   // error that sends transfers with it to gRPC. Holds mu_.
   absl::Status MarkRenamedLocked(const TaskAddress& peer, const std::string& identity);
-  // Makes `connection` the one to `peer`, which drops the messages given up lately (GiveUp).
-  // Holds mu_: a connection just made has no writes yet, so dropping runs no callback.
-  void AdoptLocked(Peer& peer, std::shared_ptr<Connection> connection);
+  // Makes `connection` the one to `peer_task` (`peer`), which drops the messages given up lately
+  // (GiveUp). Holds mu_: a connection just made has no writes yet, so dropping runs no callback.
+  void AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection);
   // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
   // The idle-region thread: one per runtime, whatever the number of peers, since a pool whose
@@ -167,6 +171,10 @@ class Runtime {
   std::unordered_map<const Connection*, ConnectionPool> pools_;
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<std::string, Peer> peers_;
+  // Apart from mu_, which a closing connection's callbacks may find held (RetireLocked), and they
+  // give messages up. Taken after mu_ when both are held.
+  std::mutex given_up_mu_;
+  std::unordered_map<std::string, GivenUp> given_up_;
   std::unordered_map<std::string, uint64_t> learned_bytes_;
   uint16_t port_ = 0;
   Stats stats_;
