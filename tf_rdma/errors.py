@@ -42,6 +42,11 @@ class CancelledError(TransportError):
     """The operation was revoked or its connection closed locally."""
 
 
+class AbortedError(TransportError):
+    """The sender gave the message up (its step was aborted, or ended); the message names the sender
+    and says why."""
+
+
 class OperationTimeoutError(TransportError, TimeoutError):
     """An operation did not finish within the time the caller allowed."""
 
@@ -58,6 +63,7 @@ _BY_CODE = {
     7: HandshakeError,
     8: MessageTooLargeError,
     9: HandshakeError,
+    10: AbortedError,
     12: BackendUnavailableError,
     14: PeerUnavailableError,
     15: ProtocolError,

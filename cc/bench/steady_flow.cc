@@ -118,7 +118,9 @@ absl::Status SteadyFlow::Stop(absl::Duration timeout) {
   State& state = *state_;
   state.stopping.store(true);
   if (state.side == Side::kSend) {
-    for (auto& peer : state.peers) peer.connection->DropWrites(kSteadyFlowTag);
+    for (auto& peer : state.peers) {
+      peer.connection->DropWrites(kSteadyFlowTag, absl::CancelledError("the flow stopped"));
+    }
   }
   std::unique_lock<std::mutex> lock(state.mu);
   if (!state.cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return state.outstanding == 0; })) {

@@ -301,12 +301,14 @@ PYBIND11_MODULE(_transport, m) {
            },
            py::arg("tag"),
            "Receiver side: the sender drops its writes under `tag`, waiting or to come; they complete as cancelled.")
-      .def("withdraw", [](PyConnection& c, const py::int_& tag) {
+      .def("withdraw", [](PyConnection& c, const py::int_& tag, const std::string& reason) {
              const Tag parsed = TagFromInt(tag);
              InsideConnectionCall inside;
-             c.get().DropWrites(parsed);
+             c.get().DropWrites(parsed, absl::AbortedError(reason));
            },
-           py::arg("tag"), "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled.")
+           py::arg("tag"), py::arg("reason") = "the sender's step was aborted",
+           "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled, and the "
+           "receiver's grants under it, made or to come, fail as aborted with `reason`.")
       .def("write",
            [](PyConnection& c, const py::int_& tag, const py::buffer& data) {
              py::buffer_info info = data.request();

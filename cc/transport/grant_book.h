@@ -9,8 +9,12 @@
 // must have `uint64_t length` and `WriteDone done`.
 //
 // A receiver whose step was cancelled discards its tags: the sender drops writes under them, now
-// or when they come. Tags name one transfer each in tf_rdma's use, so the book remembers only the
-// last kDiscardMemory of them; a write later than that waits until the connection closes.
+// or when they come. A sender whose step was aborted or ended gives its tags up (withdraws them):
+// it drops its writes under them alike, and answers the receiver's grants under them, unused now
+// or coming later, with WITHDRAWN and why, so that no receive waits for a message that will not
+// come. Tags name one transfer each in tf_rdma's use, so the book remembers only the last
+// kDiscardMemory discarded tags and, apart, the last kDiscardMemory withdrawn ones; a write later
+// than that waits until the connection closes, and so does a grant under a withdrawn tag.
 #ifndef TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
 #define TF_RDMA_CC_TRANSPORT_GRANT_BOOK_H_
 
@@ -52,6 +56,28 @@ struct IssuedGrant {
 
 constexpr size_t kDiscardMemory = 16384;
 
+// The last kDiscardMemory tags remembered, each with a `Value`; the oldest is forgotten first.
+template <typename Value>
+class RecentTags {
+ public:
+  void Remember(const Tag& tag, Value value) {
+    if (!values_.emplace(tag, std::move(value)).second) return;
+    order_.push_back(tag);
+    if (order_.size() > kDiscardMemory) {
+      values_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  const Value* Find(const Tag& tag) const {
+    auto it = values_.find(tag);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::unordered_map<Tag, Value, TagHash> values_;
+  std::deque<Tag> order_;  // oldest first
+};
+
 template <typename Write>
 class GrantBook {
  public:
@@ -66,6 +92,12 @@ class GrantBook {
     std::optional<std::pair<wire::Grant, Write>> ready;  // write it into this grant
     std::vector<wire::TooSmall> too_small;               // tell the peer
     std::optional<Write> discarded;                      // complete it as cancelled
+    std::vector<wire::Withdrawn> withdrawn;              // tell the peer: its grant's tag was given up
+  };
+  // What the sender's giving up a tag lets go.
+  struct Dropped {
+    std::vector<Write> writes;               // complete them as cancelled
+    std::vector<wire::Withdrawn> withdrawn;  // tell the peer: its grants under the tag
   };
 
   // ---- receiver side ----
@@ -116,6 +148,15 @@ class GrantBook {
     }
     return Take(it);
   }
+  // The peer withdrew the message grant `id` waited for (WITHDRAWN): the grant is done. Any grant
+  // still out may get it, one being revoked too (the peer gave it up before the REVOKE came).
+  absl::StatusOr<IssuedGrant> TakeWithdrawn(uint64_t id) {
+    auto it = issued_.find(id);
+    if (it == issued_.end()) {
+      return absl::DataLossError(absl::StrCat("WITHDRAWN for grant ", id, ", which is not outstanding"));
+    }
+    return Take(it);
+  }
   // Receiver side: takes back grant `id`, which the peer has not seen yet (verbs: its grant is not
   // written yet), so no REVOKE is needed.
   absl::StatusOr<IssuedGrant> TakeUnseen(uint64_t id) {
@@ -141,6 +182,11 @@ class GrantBook {
       return absl::DataLossError(absl::StrCat("grant id ", grant.grant_id, " granted twice"));
     }
     Pairing pairing;
+    if (const absl::Status* why = withdrawn_.Find(grant.tag)) {
+      // Nothing will ever be written under the tag: the receive learns it now, not never.
+      pairing.withdrawn.push_back(WithdrawnAnswer(grant.grant_id, *why));
+      return pairing;
+    }
     auto writes = waiting_.find(grant.tag);
     if (writes == waiting_.end()) {
       if (peer_grant_ids_.size() >= max_peer_grants_) {
@@ -162,7 +208,7 @@ class GrantBook {
   // the tag that fits (smaller ones go back as TOO_SMALL), or kept until one arrives.
   Pairing OnWrite(const Tag& tag, Write write) {
     Pairing pairing;
-    if (discarded_.count(tag) != 0) {
+    if (discarded_.Find(tag) != nullptr || withdrawn_.Find(tag) != nullptr) {
       pairing.discarded.emplace(std::move(write));
       return pairing;
     }
@@ -195,21 +241,28 @@ class GrantBook {
     }
     return true;
   }
-  // Sender side: nothing more is sent under `tag` (the peer discarded it, or the sender gave it
-  // up): the writes waiting under it, to complete as cancelled, and those to come, dropped too.
-  std::vector<Write> DropWrites(const Tag& tag) {
-    if (discarded_.insert(tag).second) {
-      discard_order_.push_back(tag);
-      if (discard_order_.size() > kDiscardMemory) {
-        discarded_.erase(discard_order_.front());
-        discard_order_.pop_front();
-      }
+  // Sender side: the peer discarded `tag` (DISCARD): the writes waiting under it, to complete as
+  // cancelled, and those to come, dropped too. The peer's grants under it are its own to revoke.
+  std::vector<Write> DiscardWrites(const Tag& tag) {
+    discarded_.Remember(tag, true);
+    return TakeWaiting(tag);
+  }
+  // Sender side: this process gives `tag` up for `why` (its step was aborted or ended): its writes
+  // are dropped as after DiscardWrites, and the peer's grants under it, unused now or to come, are
+  // answered WITHDRAWN with `why` (an OK `why` reads as cancelled). `why` is kept as it is: the
+  // copies a step's tags share hold one message between them.
+  Dropped DropWrites(const Tag& tag, const absl::Status& why) {
+    withdrawn_.Remember(tag, why.ok() ? absl::CancelledError("the sender gave the message up") : why);
+    const absl::Status& remembered = *withdrawn_.Find(tag);
+    Dropped dropped;
+    dropped.writes = TakeWaiting(tag);
+    auto grants = peer_grants_.find(tag);
+    if (grants == peer_grants_.end()) return dropped;
+    for (const wire::Grant& grant : grants->second) {
+      peer_grant_ids_.erase(grant.grant_id);
+      dropped.withdrawn.push_back(WithdrawnAnswer(grant.grant_id, remembered));
     }
-    std::vector<Write> dropped;
-    auto writes = waiting_.find(tag);
-    if (writes == waiting_.end()) return dropped;
-    for (auto& write : writes->second) dropped.push_back(std::move(write));
-    waiting_.erase(writes);
+    peer_grants_.erase(grants);
     return dropped;
   }
   // The peer's unused grants are dropped, without allocating: what frees the memory a peer made
@@ -241,6 +294,20 @@ class GrantBook {
     return true;
   }
 
+  static wire::Withdrawn WithdrawnAnswer(uint64_t grant_id, const absl::Status& why) {
+    return wire::Withdrawn{grant_id, static_cast<uint32_t>(why.code()),
+                           std::string(why.message().substr(0, wire::kMaxWithdrawnReasonLength))};
+  }
+
+  std::vector<Write> TakeWaiting(const Tag& tag) {
+    std::vector<Write> taken;
+    auto writes = waiting_.find(tag);
+    if (writes == waiting_.end()) return taken;
+    for (auto& write : writes->second) taken.push_back(std::move(write));
+    waiting_.erase(writes);
+    return taken;
+  }
+
   IssuedGrant Take(typename std::unordered_map<uint64_t, IssuedGrant>::iterator it) {
     IssuedGrant grant = std::move(it->second);
     issued_.erase(it);
@@ -254,8 +321,8 @@ class GrantBook {
   std::unordered_map<Tag, std::deque<Write>, TagHash> waiting_;
   std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> peer_grants_;
   std::unordered_set<uint64_t> peer_grant_ids_;
-  std::unordered_set<Tag, TagHash> discarded_;
-  std::deque<Tag> discard_order_;  // oldest first, to forget beyond kDiscardMemory
+  RecentTags<bool> discarded_;             // by the peer (DISCARD)
+  RecentTags<absl::Status> withdrawn_;     // by this process (DropWrites), with why
 };
 
 }  // namespace tf_rdma

@@ -60,6 +60,14 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
   return absl::Status(status_code, absl::StrCat(who, " closed the connection: ", message));
 }
 
+absl::Status PeerWithdrewMessage(const std::string& peer_name, const std::string& peer_address,
+                                 uint32_t code, const std::string& reason) {
+  return absl::AbortedError(absl::StrCat("peer ", peer_name, " at ", peer_address,
+                                         " gave up the message this process waited for (",
+                                         absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+                                         "): ", reason));
+}
+
 absl::Status WentSilentReason(absl::Duration silence) {
   return absl::DeadlineExceededError(absl::StrCat(absl::ToInt64Milliseconds(silence), " ms"));
 }

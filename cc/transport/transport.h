@@ -74,7 +74,8 @@ class MemoryRegion {
 
 // Outcome of a grant, delivered once. status is OK with `length` bytes written at the granted
 // offset; kResourceExhausted when the sender's message needs `length` bytes, more than granted;
-// kCancelled after Revoke; otherwise the connection's error.
+// kCancelled after Revoke; kAborted when the sender gave the message up (DropWrites), saying why;
+// otherwise the connection's error.
 struct GrantResult {
   absl::Status status;
   uint64_t length = 0;
@@ -85,7 +86,7 @@ using WriteDone = std::function<void(const absl::Status&)>;
 // Which thread runs a callback. Every backend serves all connections of a transport from a few I/O
 // threads (TransportOptions::io_threads), "the transport's threads". Callbacks run once, never with a lock of the transport held, and
 // must not block: the thread that runs one serves other peers' connections too.
-//   * GrantDone runs on a transport thread when the peer's DATA, TOO_SMALL or REVOKED frame
+//   * GrantDone runs on a transport thread when the peer's DATA, TOO_SMALL, REVOKED or WITHDRAWN frame
 //     arrives or the peer is found silent (TransportOptions::peer_timeout). It runs on the
 //     caller's thread inside Grant only when the grant is refused at once (a bad range, or the
 //     connection failed already), and inside Close (on whichever thread closes) for grants that
@@ -120,13 +121,16 @@ class Connection {
 
   // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
   virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;
-  // The sender gives up on `tag` (its step was aborted) and drops its writes under it: those still
-  // waiting for a grant, and any that come later, complete with DiscardedWrite(), as after the
-  // receiver's DiscardPeerWrites. A receiver tells only about receives it issued; one whose step
-  // ended before it issued a receive never will, and the write would hold its memory until the
-  // connection closes. A write already paired with a grant goes on. Remembered like discarded
-  // tags (grant_book.h).
-  virtual void DropWrites(const Tag& tag) = 0;
+  // The sender gives up on `tag` for `why` (its step was aborted, or ended) and drops its writes
+  // under it: those still waiting for a grant, and any that come later, complete with
+  // DiscardedWrite(), as after the receiver's DiscardPeerWrites. A receiver tells only about
+  // receives it issued; one whose step ended before it issued a receive never will, and the write
+  // would hold its memory until the connection closes. The receiver's grants under the tag, unused
+  // now or made later, are answered with a WITHDRAWN frame: their GrantDone gets kAborted with
+  // `why`'s code and message and this process's name, where it would otherwise wait for a message
+  // that never comes. A write already paired with a grant goes on. Remembered apart from
+  // discarded tags, as many (grant_book.h).
+  virtual void DropWrites(const Tag& tag, const absl::Status& why) = 0;
 
   // Fails every pending and future operation with `reason` and tells the peer why.
   virtual void Close(const absl::Status& reason) = 0;

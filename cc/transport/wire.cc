@@ -152,6 +152,7 @@ const char* FrameTypeName(FrameType type) {
     case FrameType::kShmRegion: return "SHM_REGION";
     case FrameType::kDiscard: return "DISCARD";
     case FrameType::kShmRegionGone: return "SHM_REGION_GONE";
+    case FrameType::kWithdrawn: return "WITHDRAWN";
   }
   return "UNKNOWN";
 }
@@ -163,7 +164,7 @@ absl::StatusOr<Header> DecodeHeader(std::string_view bytes) {
   }
   const uint8_t type = static_cast<uint8_t>(bytes[0]);
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
-      type > static_cast<uint8_t>(FrameType::kShmRegionGone)) {
+      type > static_cast<uint8_t>(FrameType::kWithdrawn)) {
     return absl::DataLossError(absl::StrCat("unknown frame type ", type));
   }
   if (bytes[1] != 0 || bytes[2] != 0 || bytes[3] != 0) {
@@ -250,11 +251,27 @@ absl::StatusOr<Frame> DecodeBody(FrameType type, std::string_view body) {
     case FrameType::kShmRegionGone:
       frame.body = ShmRegionGone{r.U32()};
       break;
+    case FrameType::kWithdrawn: {
+      Withdrawn w;
+      w.grant_id = r.U64();
+      w.code = r.U32();
+      w.reason = r.String(kMaxWithdrawnReasonLength);
+      frame.body = std::move(w);
+      break;
+    }
     default:
       return absl::DataLossError(absl::StrCat("unknown frame type ", static_cast<int>(type)));
   }
   absl::Status status = r.Finish(type);
   if (!status.ok()) return status;
+  if (const auto* withdrawn = std::get_if<Withdrawn>(&frame.body)) {
+    // A status code other than OK: the receiver's grant fails with it.
+    if (withdrawn->code == 0 ||
+        withdrawn->code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::DataLossError(absl::StrCat("malformed WITHDRAWN frame: status code ",
+                                              withdrawn->code, " is not an error code"));
+    }
+  }
   return frame;
 }
 
@@ -293,6 +310,10 @@ std::string Encode(const Frame& frame) {
           body.U64(b.tag.lo);
         } else if constexpr (std::is_same_v<T, ShmRegionGone>) {
           body.U32(b.region_id);
+        } else if constexpr (std::is_same_v<T, Withdrawn>) {
+          body.U64(b.grant_id);
+          body.U32(b.code);
+          body.String(b.reason.substr(0, kMaxWithdrawnReasonLength));
         }
       },
       frame.body);

@@ -19,12 +19,15 @@
 namespace tf_rdma::wire {
 
 // Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 6;
+constexpr uint32_t kProtocolVersion = 7;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;
 constexpr size_t kNonceLength = 32;
 constexpr size_t kMacLength = 32;
+// A WITHDRAWN's reason: enough for a status message naming a task and its failure; longer ones are
+// cut when sent and refused when received, so a peer cannot make every answered grant hold KiBs.
+constexpr size_t kMaxWithdrawnReasonLength = 256;
 
 enum class FrameType : uint8_t {
   kHello = 1,      // client -> server: who I am, my nonce
@@ -41,6 +44,7 @@ enum class FrameType : uint8_t {
   kShmRegion = 12, // receiver -> sender (shm): a region's file descriptor rides along
   kDiscard = 13,   // receiver -> sender: no message under this tag is wanted any more
   kShmRegionGone = 14,  // receiver -> sender (shm): a region is freed, no grant into it is out: unmap it
+  kWithdrawn = 15,  // sender -> receiver: the message this grant waits for will never come, and why
 };
 
 using Nonce = std::array<uint8_t, kNonceLength>;
@@ -91,9 +95,14 @@ struct ShmRegion {
   uint64_t size = 0;
 };
 struct ShmRegionGone { uint32_t region_id = 0; };
+struct Withdrawn {
+  uint64_t grant_id = 0;
+  uint32_t code = 0;   // absl::StatusCode of why the sender gave the message up; never OK
+  std::string reason;  // decoded: unprintable bytes escaped (it is the peer's text)
+};
 
 using Body = std::variant<Greeting, Proof, Accept, Reject, Grant, Data, TooSmall, Revoke, Revoked,
-                          Ping, ShmRegion, Discard, ShmRegionGone>;
+                          Ping, ShmRegion, Discard, ShmRegionGone, Withdrawn>;
 struct Frame {
   FrameType type;
   Body body;

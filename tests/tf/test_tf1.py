@@ -212,6 +212,41 @@ def test_a_send_that_finds_its_step_aborted_by_a_silent_peer_fails_as_aborted_no
     assert "/job:ps/replica:0/task:0" in outcome["message"], outcome
 
 
+def test_a_receive_of_tensors_its_sender_gave_up_fails_as_aborted_naming_the_sender_not_hangs(tmp_path):
+    """Issue 27's hang: the worker's part of the step makes both sends before the first fails (its
+    sends are asynchronous, so that part ends at once). With the ps frozen past the peer timeout,
+    and not dialling back within the connect timeout, the worker gives both messages up and its
+    rendezvous is aborted; but the master waits on the ps's part alone. Once running again, the ps
+    grants for them over a new connection (the old one ended on its silence). The worker answers
+    those grants WITHDRAWN, so the step fails with AbortedError naming the worker. Before, the ps
+    waited for ever, and with it session.run (gRPC's receiver fetches the abort from the sender's
+    rendezvous)."""
+    output = str(tmp_path / "outcome.json")
+    peer_timeout_s, connect_timeout_s = 1.0, 2.0
+    env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(peer_timeout_s * 1000)),
+           "TF_RDMA_CONNECT_TIMEOUT_MS": str(int(connect_timeout_s * 1000))}
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, env) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        worker = cluster.start("worker", 0, "sends_past_a_frozen_ps_worker", transport="rdma", output=output,
+                               pause_s=0.1, stdin=subprocess.PIPE)
+        cluster.wait_for_output("worker", 0, "warm", timeout=120)
+        cluster.signal("ps", 0, signal.SIGSTOP)
+        worker.stdin.write(b"frozen\n")
+        worker.stdin.flush()
+        # Both messages failed: the peer timeout, then the resend's wait for the ps to dial.
+        deadline = time.monotonic() + peer_timeout_s + connect_timeout_s + 30
+        while cluster.log("worker", 0).count("to task /job:ps/replica:0/task:0 failed") < 2:
+            assert time.monotonic() < deadline, cluster.log("worker", 0)[-3000:]
+            time.sleep(0.2)
+        cluster.signal("ps", 0, signal.SIGCONT)
+        assert cluster.wait("worker", 0, timeout=60) == 0, cluster.log("worker", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["error"] == "AbortedError", (outcome, cluster.log("ps", 0)[-3000:])
+    assert "/job:worker/replica:0/task:0" in outcome["message"], outcome
+    assert "gave up the message this process waited for" in outcome["message"], outcome
+
+
 NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")
 
 

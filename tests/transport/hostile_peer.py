@@ -25,7 +25,7 @@ SHM_MAX_MAPPED_BYTES = 64 << 30
 OUR_REGION_ID, OUR_REGION_SIZE, OUR_CANARY = 1, 64 << 10, 0x3C
 NAMES = {getattr(w, n): n for n in ("HELLO", "CHALLENGE", "PROOF", "ACCEPT", "REJECT", "GRANT", "DATA",
                                     "TOO_SMALL", "REVOKE", "REVOKED", "PING", "SHM_REGION", "DISCARD",
-                                    "SHM_REGION_GONE")}
+                                    "SHM_REGION_GONE", "WITHDRAWN")}
 
 
 def memfd(size, seal=True, fill=None):
@@ -179,7 +179,7 @@ class Fuzzer:
             # Frames a peer may send after the handshake are likelier: a batch then runs longer
             # before the frame that ends it, and exercises the state the earlier ones built.
             weights=[0.5, 0.5, 0.5, 0.5, 0.3, 6, 6, 3, 3, 1, 3, 3 if model.backend == "shm" else 0.5, 2,
-                     1 if model.backend == "shm" else 0.3])[0]
+                     1 if model.backend == "shm" else 0.3, 2])[0]
         return getattr(self, f"fuzz_{NAMES[kind].lower()}")(model)
 
     # Each fuzz_* returns (bytes, fds, expected, effect): expected is None for a frame the victim
@@ -349,6 +349,27 @@ class Fuzzer:
                 model.waiting.pop(tag, None)  # the victim's write under it ends cancelled
         return encoded, [], None, effect
 
+    def fuzz_withdrawn(self, model):
+        grant_id = self.victim_grant_id(model)
+        code = self.pick(1, 10, 14, 16, 0, 17, self.u32())
+        reason = self.text()[:self.pick(0, 100, 256, 257)]
+        body = struct.pack("<QI", grant_id, code) + w.string(reason)
+        cut = self.maybe_cut(body)
+        encoded = w.frame(w.WITHDRAWN, cut)
+        if cut != body:
+            # Where the cut falls decides which field the decoder finds wrong first.
+            return encoded, [], r"malformed WITHDRAWN frame: (truncated|\d+ trailing bytes|string of \d+ bytes)", None
+        if len(reason) > 256:
+            return encoded, [], rf"malformed WITHDRAWN frame: string of {len(reason)} bytes exceeds the limit of 256", None
+        if not 1 <= code <= 16:
+            return encoded, [], rf"malformed WITHDRAWN frame: status code {code} is not an error code", None
+        if grant_id not in model.victim_grants:
+            return encoded, [], rf"WITHDRAWN for grant {grant_id}, which is not outstanding", None
+
+        def effect(model):
+            del model.victim_grants[grant_id]  # it fails as aborted, with our reason
+        return encoded, [], None, effect
+
     def fuzz_shm_region(self, model):
         region_id = self.pick(OUR_REGION_ID, *model.shared, self.u32(), self.random.randrange(2, 50))
         actual = self.pick(0, 4096, 65536)
@@ -407,7 +428,7 @@ class Fuzzer:
     def terminal_frame(self, backend):
         """What ends a batch of acceptable frames: a frame the victim must refuse for its framing."""
         kinds = [
-            (w.frame(self.pick(0, 15, 99, 255)), [], "unknown frame type"),
+            (w.frame(self.pick(0, w.WITHDRAWN + 1, 99, 255)), [], "unknown frame type"),
             (w.frame(w.PING, reserved=self.pick(b"\1\0\0", b"\0\0\1", b"\xff\xff\xff")), [],
              "malformed frame header: reserved bytes are not zero"),
             (w.frame(w.DATA, length=self.pick(4097, 1 << 20, U32)), [], "exceeds the limit of 4096"),
@@ -526,7 +547,7 @@ def handshake_attack(backend, endpoint, key, fuzzer):
     if case == 0:
         # At least a header's worth, so that the victim refuses it at once instead of waiting
         # for the rest of a frame until its handshake deadline.
-        peer.send(bytes([rand.choice([0, 15, 200, w.HELLO])]) + b"\xff" + os.urandom(rand.randrange(6, 80)))
+        peer.send(bytes([rand.choice([0, w.WITHDRAWN + 1, 200, w.HELLO])]) + b"\xff" + os.urandom(rand.randrange(6, 80)))
     elif case == 3:
         kind = rand.choice([k for k in NAMES if k != w.HELLO] + [0, 99])
         peer.send(w.frame(kind, os.urandom(rand.choice([0, 8, 16, 40]))))

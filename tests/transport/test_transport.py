@@ -209,6 +209,45 @@ def test_a_tag_given_up_cancels_its_writes_waiting_and_later_only(backend, given
         assert grant.wait(10) == 64 and memoryview(region) == b"z" * 64
 
 
+def test_a_grant_for_a_message_its_sender_gave_up_fails_as_aborted_with_why(backend):
+    """The sender's step was aborted (a write to another peer failed): it gives its tag up. A grant
+    the receiver made before, and one it makes after (its receive began late, or asks again), learn
+    that the message will not come, and why, instead of waiting for it for ever."""
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        region = receiver.allocate_region(256)
+        waiting_write = to_receiver.write(31, b"w" * 200)
+        too_small = from_sender.grant(31, region, 0, 100)
+        with pytest.raises(errors.MessageTooLargeError):
+            too_small.wait(10)
+        before = from_sender.grant(32, region, 0, 100)  # no write under its tag yet
+        time.sleep(0.1)  # the grant reached the sender
+        assert not before.done()
+        for tag in (31, 32):
+            to_receiver.withdraw(tag, "lost connection to peer /job:ps/replica:0/task:1: it went silent")
+        with pytest.raises(errors.CancelledError, match="discarded"):
+            waiting_write.wait(10)
+        expected = r"peer sender at .* gave up the message .*\(ABORTED\): lost connection to peer /job:ps"
+        with pytest.raises(errors.AbortedError, match=expected):
+            before.wait(10)
+        # The receive asks again, bigger, as after TOO_SMALL: answered alike.
+        with pytest.raises(errors.AbortedError, match=expected):
+            from_sender.grant(31, region, 0, 256).wait(10)
+        # Other tags are untouched, and the connection is healthy.
+        grant = from_sender.grant(33, region, 0, 64)
+        to_receiver.write(33, b"z" * 64).wait(10)
+        assert grant.wait(10) == 64 and memoryview(region)[:64] == b"z" * 64
+        from_sender.check()
+        to_receiver.check()
+
+
+def test_a_withdrawals_reason_reaches_the_receiver_escaped(backend):
+    with connected_pair(backend) as (receiver, from_sender, to_receiver):
+        to_receiver.withdraw(34, "bad\nI0000 forged \xff line")
+        with pytest.raises(errors.AbortedError) as raised:
+            from_sender.grant(34, receiver.allocate_region(8), 0, 8).wait(10)
+        assert "bad\\x0aI0000 forged \\xc3\\xbf line" in str(raised.value)
+
+
 def test_grant_outside_region_is_refused(backend):
     with connected_pair(backend) as (receiver, from_sender, _):
         region = receiver.allocate_region(100)

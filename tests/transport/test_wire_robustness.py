@@ -61,6 +61,12 @@ CASES = {
     "unexpected HELLO": [w.frame(w.HELLO, w.greeting(1, "tcp", b"\0" * 32, "again"))],
     # The grant (id 1) is outstanding, but the receiver never asked for it back.
     "REVOKED for grant 1, which was never revoked": [w.revoked(1)],
+    # A sender may withdraw only a message a grant of ours waits for, with an error code and a
+    # bounded reason.
+    "WITHDRAWN for grant 12345, which is not outstanding": [w.withdrawn(12345, 10, "gone")],
+    "string of 257 bytes exceeds the limit of 256": [w.withdrawn(1, 10, "r" * 257)],
+    "status code 0 is not an error code": [w.withdrawn(1, 0, "ok?")],
+    "status code 17 is not an error code": [w.withdrawn(1, 17, "")],
 }
 
 

@@ -7,9 +7,9 @@ import socket
 import struct
 
 (HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD,
- SHM_REGION_GONE) = range(1, 15)
+ SHM_REGION_GONE, WITHDRAWN) = range(1, 16)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):
@@ -40,6 +40,11 @@ def too_small(grant_id, needed):
 
 def revoked(grant_id):
     return frame(REVOKED, struct.pack("<Q", grant_id))
+
+
+def withdrawn(grant_id, code, reason):
+    """WITHDRAWN {u64 grant id, u32 status code, u16-prefixed reason}: the sender gave the message up."""
+    return frame(WITHDRAWN, struct.pack("<QI", grant_id, code) + string(reason))
 
 
 def reject(code, message):

@@ -155,11 +155,12 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // the connection until it closes. Returns the push's id, or nothing if the step was aborted.
   absl::Status Stopped();
 
-  std::optional<uint64_t> TrackPush(const std::shared_ptr<Connection>& connection, const TransferTags& tags,
-                                    bool has_data_write);
+  std::optional<uint64_t> TrackPush(const std::shared_ptr<Connection>& connection, const std::string& peer_task,
+                                    const TransferTags& tags, bool has_data_write);
   void WriteFinished(uint64_t push);
   struct PendingPush {
     std::weak_ptr<Connection> connection;  // a closed connection has failed the writes already
+    std::string peer_task;
     TransferTags tags;
     bool has_data_write;
     int writes_left;

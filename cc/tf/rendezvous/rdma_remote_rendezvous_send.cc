@@ -27,6 +27,11 @@ namespace {
 // ParameterServerStrategy's coordinator takes an InternalError for the program's own fault and
 // stops, where it retries a worker's Unavailable or Aborted. A send that finds its step aborted by
 // a peer's failure therefore reports it as Aborted, with the same text and payloads.
+std::vector<Tag> TagsWritten(const TransferTags& tags, bool has_data_write) {
+  if (has_data_write) return {tags.header, tags.data};
+  return {tags.header};
+}
+
 absl::Status AsSendError(absl::Status status) {
   if (!absl::IsUnavailable(status)) return status;
   absl::Status aborted = absl::AbortedError(status.message());
@@ -74,12 +79,14 @@ void RdmaRemoteRendezvous::WithdrawPendingPushes(const absl::Status& status) {
   for (const std::shared_ptr<FusedReceive>& message : fused_receives) message->Abort(status);
   // Outside the lock: a withdrawn write's callback runs here and finishes its push.
   for (const PendingPush& push : pending) {
+    // An inline tensor has no data write; withdrawing its tag would only crowd the connection's
+    // bounded memory of withdrawn tags.
+    const std::vector<Tag> tags = TagsWritten(push.tags, push.has_data_write);
     if (std::shared_ptr<Connection> connection = push.connection.lock()) {
-      connection->DropWrites(push.tags.header);
-      // An inline tensor has no data write; withdrawing its tag would only crowd the
-      // connection's bounded memory of withdrawn tags.
-      if (push.has_data_write) connection->DropWrites(push.tags.data);
+      for (const Tag& tag : tags) connection->DropWrites(tag, status);
     }
+    // And the peer's next connection: its receive grants again there after a freeze.
+    runtime_->GiveUp(push.peer_task, tags, status);
   }
 }
 
@@ -168,6 +175,10 @@ struct RdmaRemoteRendezvous::MessageInFlight {
     }
     LOG(WARNING) << "tf_rdma: " << what << " task " << peer_task << " failed: " << status;
     runtime->stats().Peer(peer_task, [](PeerStats& s) { s.errors++; });
+    // The message is given up, and no step's withdrawal knows it (it is no longer pending): the
+    // peer's receive, should it grant again over a new connection (it was frozen and runs again),
+    // learns why instead of waiting.
+    runtime->GiveUp(peer_task, TagsWritten(tags, writes.size() > 1), status);
     if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
   }
 };
@@ -204,7 +215,7 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
     if (!connection.ok()) return message->Report(connection.status());
     const TransferTags& tags = message->tags;
     const bool has_data_write = message->writes.size() > 1;
-    const std::optional<uint64_t> push = step.TrackPush(*connection, tags, has_data_write);
+    const std::optional<uint64_t> push = step.TrackPush(*connection, message->peer_task, tags, has_data_write);
     {
       std::lock_guard<std::mutex> lock(message->mu);
       message->writes_left = message->writes.size();
@@ -239,8 +250,10 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
       });
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
-      (*connection)->DropWrites(tags.header);
-      if (has_data_write) (*connection)->DropWrites(tags.data);
+      const absl::Status stopped = step.Stopped();
+      const std::vector<Tag> given_up = TagsWritten(tags, has_data_write);
+      for (const Tag& tag : given_up) (*connection)->DropWrites(tag, stopped);
+      message->runtime->GiveUp(message->peer_task, given_up, stopped);
     }
     if (sent) sent();
   });
@@ -302,11 +315,12 @@ absl::Status RdmaRemoteRendezvous::SendFused(const ParsedKey& parsed, const Rend
 }
 
 std::optional<uint64_t> RdmaRemoteRendezvous::TrackPush(const std::shared_ptr<Connection>& connection,
-                                                        const TransferTags& tags, bool has_data_write) {
+                                                        const std::string& peer_task, const TransferTags& tags,
+                                                        bool has_data_write) {
   std::lock_guard<std::mutex> lock(pushes_mu_);
   if (!stopped_.ok()) return std::nullopt;
   const uint64_t id = next_push_++;
-  pending_pushes_.emplace(id, PendingPush{connection, tags, has_data_write, has_data_write ? 2 : 1});
+  pending_pushes_.emplace(id, PendingPush{connection, peer_task, tags, has_data_write, has_data_write ? 2 : 1});
   return id;
 }
 

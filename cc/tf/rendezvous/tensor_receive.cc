@@ -63,7 +63,11 @@ void TensorReceive::Grant(std::shared_ptr<Connection> connection) {
   if (!pool.ok()) return FinishLocked(pool.status());
   connection_ = std::move(connection);
   pool_ = *pool;
+  const int attempt = attempt_;
   absl::Status granted = GrantLocked(tags_.header, kHeaderMessageCapacity, true);
+  // A grant on a connection that failed meanwhile completes inside Grant: the receive may have
+  // finished, or started its next attempt, already.
+  if (finished_ || attempt != attempt_) return;
   // A tensor expected small comes inside the header's message; if it turns out larger, its
   // header says so and the data is granted then.
   const uint64_t expected = FirstGrantBytes();
@@ -99,20 +103,24 @@ absl::Status TensorReceive::GrantLocked(const Tag& tag, uint64_t capacity, bool 
   return absl::OkStatus();
 }
 
+bool TensorReceive::GrantAgainAfterOwnSilenceLocked(const absl::Status& status) {
+  if (!PeerFoundThisProcessSilent(status) || attempt_ != 0 || header_) return false;
+  // Nothing came on the connection the peer closed: grant again over the next one, where the
+  // sender sends the message again (or, having given it up, says so). The other grant of this
+  // attempt fails with the old connection and is ignored as an earlier attempt's.
+  ++attempt_;
+  connection_.reset();
+  pool_.reset();
+  header_grant_ = data_grant_ = 0;
+  needed_bytes_ = 0;
+  StartGrants();
+  return true;
+}
+
 void TensorReceive::OnHeader(const GrantResult& result, const PoolBuffer& buffer, int attempt) {
   Locked lock(this);
   if (finished_ || attempt != attempt_) return;
-  if (PeerFoundThisProcessSilent(result.status) && attempt_ == 0) {
-    // Nothing came on the connection the peer closed: grant again over the next one, where the
-    // sender sends the message again. This grant's data grant, if any, fails with the old
-    // connection and is ignored as an earlier attempt's.
-    ++attempt_;
-    connection_.reset();
-    pool_.reset();
-    header_grant_ = data_grant_ = 0;
-    needed_bytes_ = 0;
-    return StartGrants();
-  }
+  if (GrantAgainAfterOwnSilenceLocked(result.status)) return;
   if (!result.status.ok()) return FinishLocked(result.status);
   OnHeaderMessageLocked(buffer.data(), result.length, /*fused=*/false);
 }
@@ -157,6 +165,8 @@ void TensorReceive::OnData(const GrantResult& result, std::shared_ptr<PoolBuffer
     if (!regranted.ok()) FinishLocked(regranted);
     return;
   }
+  // The connection's end may reach the data grant before the header's.
+  if (GrantAgainAfterOwnSilenceLocked(result.status)) return;
   if (!result.status.ok()) return FinishLocked(result.status);
   data_ = std::move(buffer);
   data_length_ = result.length;

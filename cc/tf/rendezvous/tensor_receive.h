@@ -61,6 +61,10 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
 
   absl::Status GrantLocked(const Tag& tag, uint64_t capacity, bool is_header);
 
+  // Whether `status`, a grant's, made the receive start its next attempt: the peer closed the
+  // connection on this process's silence before anything came (once per receive).
+  bool GrantAgainAfterOwnSilenceLocked(const absl::Status& status);
+
   // `attempt`: the grants' attempt_; a result of an earlier attempt's grant only frees its buffer.
   void OnHeader(const GrantResult& result, const PoolBuffer& buffer, int attempt);
 

@@ -27,6 +27,9 @@ auto* registry = new std::vector<std::shared_ptr<Runtime>>();
 
 constexpr size_t kMaxLearnedTransfers = 1 << 16;
 constexpr size_t kMaxPeers = 1 << 14;
+// Messages given up per peer that its next connection still answers (Runtime::GiveUp): a few
+// steps' worth of a task's transfers to one peer, and a few KiB per peer at most.
+constexpr size_t kGivenUpTagsPerPeer = 512;
 
 constexpr char kChosenByPeer[] = "chosen by the peer, which connects";
 
@@ -303,7 +306,7 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
     return;
   }
   if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
-  state.connection = std::move(connection);
+  AdoptLocked(peer, state, std::move(connection));
   state.was_connected = true;
   RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
@@ -331,6 +334,42 @@ void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback do
   }
 }
 
+void Runtime::GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(given_up_mu_);
+    GivenUp& given_up = given_up_[peer_task];
+    for (const Tag& tag : tags) {
+      const bool known = std::any_of(given_up.tags.begin(), given_up.tags.end(),
+                                     [&tag](const auto& entry) { return entry.first == tag; });
+      if (known) continue;
+      given_up.tags.emplace_back(tag, why);
+      if (given_up.tags.size() > kGivenUpTagsPerPeer) given_up.tags.pop_front();
+    }
+    connection = given_up.connection.lock();
+  }
+  // Unlocked: writes waiting under the tags complete here, and their callbacks may ask for the
+  // connection again. A connection adopted after the tags were listed took them from the list.
+  if (connection == nullptr) return;
+  for (const Tag& tag : tags) connection->DropWrites(tag, why);
+}
+
+void Runtime::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
+  std::deque<std::pair<Tag, absl::Status>> given_up;
+  {
+    std::lock_guard<std::mutex> lock(given_up_mu_);
+    auto it = given_up_.find(peer_task);
+    if (it != given_up_.end()) {
+      given_up = it->second.tags;
+      it->second.connection = connection;
+    } else {
+      given_up_[peer_task].connection = connection;
+    }
+  }
+  for (const auto& [tag, why] : given_up) connection->DropWrites(tag, why);
+  peer.connection = std::move(connection);
+}
+
 void Runtime::Establish(const std::string& peer_task) {
   TaskAddress address;
   bool address_known;
@@ -356,7 +395,7 @@ void Runtime::Establish(const std::string& peer_task) {
     peer.connecting = false;
     if (result.ok() && peer.connection != *result) {
       if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
-      peer.connection = *result;
+      AdoptLocked(peer_task, peer, *result);
     }
     if (result.ok()) peer.was_connected = true;
     waiters.swap(peer.waiters);

@@ -6,6 +6,7 @@
 #define TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,6 +73,15 @@ class Runtime {
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
   void WithConnection(const std::string& peer_task, ConnectionCallback done);
 
+  // This task gave up its messages to `peer_task` under `tags` for `why` (their step was aborted
+  // or ended, or their write failed): the peer's connection drops them (Connection::DropWrites),
+  // answering the peer's grants under them with why. So does the peer's next connection: a peer
+  // that was frozen past the peer timeout and runs again grants anew over a new connection, which
+  // the step's own withdrawal (on the connection it wrote on) never reaches. The last
+  // kGivenUpTagsPerPeer tags are remembered per peer; tags name one step's transfer, so no later
+  // step's is touched.
+  void GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why);
+
   // A connection to the tf_rdma listener at `address` whoever serves it (a tf.data service worker,
   // known by address alone). One attempt: the caller got the address from a server already up.
   // Not shared: the caller owns it.
@@ -113,6 +123,13 @@ class Runtime {
     // the cluster that named it renames tasks, and transfers with it stay on gRPC.
     std::string served_by;
   };
+  // What GiveUp keeps per peer task.
+  struct GivenUp {
+    // The tags of messages given up lately, oldest first, and why: a status copy shares its
+    // message, so a step's tags hold one between them.
+    std::deque<std::pair<Tag, absl::Status>> tags;
+    std::weak_ptr<Connection> connection;  // the peer's, as AdoptLocked made it
+  };
 
   explicit Runtime(RuntimeOptions options);
   absl::Status Listen();
@@ -133,6 +150,9 @@ class Runtime {
   // Records that `peer`'s name is the tf_rdma server of task `identity`, warns, and returns the
   // error that sends transfers with it to gRPC. Holds mu_.
   absl::Status MarkRenamedLocked(const TaskAddress& peer, const std::string& identity);
+  // Makes `connection` the one to `peer_task` (`peer`), which drops the messages given up lately
+  // (GiveUp). Holds mu_: a connection just made has no writes yet, so dropping runs no callback.
+  void AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection);
   // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
   // The idle-region thread: one per runtime, whatever the number of peers, since a pool whose
@@ -151,6 +171,10 @@ class Runtime {
   std::unordered_map<const Connection*, ConnectionPool> pools_;
   std::vector<std::unique_ptr<Listener>> listeners_;
   std::map<std::string, Peer> peers_;
+  // Apart from mu_, which a closing connection's callbacks may find held (RetireLocked), and they
+  // give messages up. Taken after mu_ when both are held.
+  std::mutex given_up_mu_;
+  std::unordered_map<std::string, GivenUp> given_up_;
   std::unordered_map<std::string, uint64_t> learned_bytes_;
   uint16_t port_ = 0;
   Stats stats_;

@@ -139,6 +139,9 @@ void StreamConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pai
   for (const wire::TooSmall& too_small : pairing.too_small) {
     EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kTooSmall, too_small}}});
   }
+  for (wire::Withdrawn& withdrawn : pairing.withdrawn) {
+    EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kWithdrawn, std::move(withdrawn)}}});
+  }
   if (pairing.ready) {
     EnqueueLocked(Outgoing{std::nullopt, pairing.ready->first, std::move(pairing.ready->second)});
   }
@@ -399,8 +402,10 @@ absl::Status StreamConnection::Dispatch(wire::Frame frame) {
       return OnGrantReturned(std::get<wire::Revoked>(frame.body).grant_id,
                              {absl::CancelledError("grant revoked"), 0}, false);
     case wire::FrameType::kDiscard:
-      DropWrites(std::get<wire::Discard>(frame.body).tag);  // the sender drops them alike
+      OnPeerDiscard(std::get<wire::Discard>(frame.body).tag);
       return absl::OkStatus();
+    case wire::FrameType::kWithdrawn:
+      return OnWithdrawn(std::get<wire::Withdrawn>(frame.body));
     case wire::FrameType::kShmRegion: {
       int fd = -1;
       if (!received_fds_.empty()) {
@@ -449,13 +454,39 @@ void StreamConnection::OnPeerRevoke(uint64_t grant_id) {
   FlushLocked(lock);
 }
 
-void StreamConnection::DropWrites(const Tag& tag) {
+void StreamConnection::OnPeerDiscard(const Tag& tag) {
   std::vector<PendingWrite> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dropped = book_.DropWrites(tag);
+    dropped = book_.DiscardWrites(tag);
   }
   for (auto& write : dropped) write.done(DiscardedWrite());
+}
+
+void StreamConnection::DropWrites(const Tag& tag, const absl::Status& why) {
+  GrantBook<PendingWrite>::Dropped dropped;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    dropped = book_.DropWrites(tag, why);
+    if (status_.ok()) {
+      for (wire::Withdrawn& answer : dropped.withdrawn) {
+        EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kWithdrawn, std::move(answer)}}});
+      }
+      FlushLocked(lock);
+    }
+  }
+  for (auto& write : dropped.writes) write.done(DiscardedWrite());
+}
+
+absl::Status StreamConnection::OnWithdrawn(const wire::Withdrawn& withdrawn) {
+  absl::StatusOr<IssuedGrant> grant;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    grant = book_.TakeWithdrawn(withdrawn.grant_id);
+  }
+  if (!grant.ok()) return grant.status();
+  grant->done({PeerWithdrewMessage(peer_name_, peer_address_, withdrawn.code, withdrawn.reason), 0});
+  return absl::OkStatus();
 }
 
 absl::Status StreamConnection::OnData(const wire::Data& data) {

@@ -43,7 +43,7 @@ class StreamConnection : public Connection,
   void Revoke(uint64_t grant_id) override;
   void DiscardPeerWrites(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
-  void DropWrites(const Tag& tag) override;
+  void DropWrites(const Tag& tag, const absl::Status& why) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
@@ -144,7 +144,11 @@ class StreamConnection : public Connection,
   absl::Status OnData(const wire::Data& data);
   absl::Status OnGrantReturned(uint64_t grant_id, GrantResult result, bool must_exceed_capacity);
   void OnPeerRevoke(uint64_t grant_id);
-  // Queues what the grant book decided: TOO_SMALL answers, then the paired message. Lock held.
+  // The peer discarded `tag` (DISCARD): the writes waiting under it complete as cancelled.
+  void OnPeerDiscard(const Tag& tag);
+  absl::Status OnWithdrawn(const wire::Withdrawn& withdrawn);
+  // Queues what the grant book decided: TOO_SMALL and WITHDRAWN answers, then the paired message.
+  // Lock held.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   void EnqueueLocked(Outgoing item);
   // Sends what is queued from the calling thread while it is cheap (control frames, small

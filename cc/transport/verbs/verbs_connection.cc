@@ -231,13 +231,18 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
   EnqueuePairingLocked(std::move(pairing));
 }
 
-void VerbsConnection::DropWrites(const Tag& tag) {
-  std::vector<std::function<void()>> callbacks;
+void VerbsConnection::DropWrites(const Tag& tag, const absl::Status& why) {
+  GrantBook<PendingWrite>::Dropped dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    DropWritesLocked(tag, &callbacks);
+    dropped = book_.DropWrites(tag, why);
+    if (status_.ok()) {
+      for (const wire::Withdrawn& answer : dropped.withdrawn) {
+        EnqueueFrameLocked({wire::FrameType::kWithdrawn, answer});
+      }
+    }
   }
-  for (auto& callback : callbacks) callback();
+  for (auto& write : dropped.writes) write.done(DiscardedWrite());
 }
 
 void VerbsConnection::DiscardPeerWrites(const Tag& tag) {
@@ -248,6 +253,9 @@ void VerbsConnection::DiscardPeerWrites(const Tag& tag) {
 void VerbsConnection::EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing) {
   for (const wire::TooSmall& too_small : pairing.too_small) {
     EnqueueFrameLocked({wire::FrameType::kTooSmall, too_small});
+  }
+  for (const wire::Withdrawn& withdrawn : pairing.withdrawn) {
+    EnqueueFrameLocked({wire::FrameType::kWithdrawn, withdrawn});
   }
   if (pairing.ready) {
     data_queue_.push_back(Outgoing{pairing.ready->first, std::move(pairing.ready->second)});

@@ -86,7 +86,7 @@ class VerbsConnection : public Connection,
   void Revoke(uint64_t grant_id) override;
   void DiscardPeerWrites(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
-  void DropWrites(const Tag& tag) override;
+  void DropWrites(const Tag& tag, const absl::Status& why) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }
@@ -177,7 +177,7 @@ class VerbsConnection : public Connection,
                   const TransportOptions& options, const VerbsSettings& settings,
                   std::string peer_address);
   absl::Status Setup();
-  // Queues what the grant book decided: TOO_SMALL answers, then the paired message.
+  // Queues what the grant book decided: TOO_SMALL and WITHDRAWN answers, then the paired message.
   void EnqueuePairingLocked(GrantBook<PendingWrite>::Pairing pairing);
   // Has the loop serve the connection now (a close, the end of the handshake).
   void Wake();
@@ -225,7 +225,9 @@ class VerbsConnection : public Connection,
   absl::Status OnGrantReturnedLocked(uint64_t grant_id, GrantResult result, bool must_exceed_capacity,
                                      std::vector<std::function<void()>>* callbacks);
   void OnPeerRevokeLocked(uint64_t grant_id);
-  void DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
+  // The peer discarded `tag` (DISCARD): the writes waiting under it complete as cancelled.
+  void OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks);
+  absl::Status OnWithdrawnLocked(const wire::Withdrawn& withdrawn, std::vector<std::function<void()>>* callbacks);
   // Checks that grant `grant_id`, which the peer is answering with `answer`, was written to its
   // grant table (else the peer cannot know it).
   absl::Status CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const;

@@ -267,8 +267,10 @@ absl::Status VerbsConnection::DispatchLocked(wire::Frame frame, std::vector<std:
       OnPeerRevokeLocked(std::get<wire::Revoke>(frame.body).grant_id);
       return absl::OkStatus();
     case wire::FrameType::kDiscard:
-      DropWritesLocked(std::get<wire::Discard>(frame.body).tag, callbacks);
+      OnPeerDiscardLocked(std::get<wire::Discard>(frame.body).tag, callbacks);
       return absl::OkStatus();
+    case wire::FrameType::kWithdrawn:
+      return OnWithdrawnLocked(std::get<wire::Withdrawn>(frame.body), callbacks);
     case wire::FrameType::kRevoked:
       return OnGrantReturnedLocked(std::get<wire::Revoked>(frame.body).grant_id,
                                    {absl::CancelledError("grant revoked"), 0}, false, callbacks);
@@ -345,10 +347,24 @@ void VerbsConnection::OnPeerRevokeLocked(uint64_t grant_id) {
   if (book_.OnPeerRevoke(grant_id)) EnqueueFrameLocked({wire::FrameType::kRevoked, wire::Revoked{grant_id}});
 }
 
-void VerbsConnection::DropWritesLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
-  for (auto& write : book_.DropWrites(tag)) {
+void VerbsConnection::OnPeerDiscardLocked(const Tag& tag, std::vector<std::function<void()>>* callbacks) {
+  for (auto& write : book_.DiscardWrites(tag)) {
     callbacks->push_back([done = std::move(write.done)] { done(DiscardedWrite()); });
   }
+}
+
+absl::Status VerbsConnection::OnWithdrawnLocked(const wire::Withdrawn& withdrawn,
+                                                std::vector<std::function<void()>>* callbacks) {
+  absl::Status written = CheckWrittenLocked(withdrawn.grant_id, "WITHDRAWN");
+  if (!written.ok()) return written;
+  absl::StatusOr<IssuedGrant> grant = book_.TakeWithdrawn(withdrawn.grant_id);
+  if (!grant.ok()) return PeerError(grant.status());
+  grant_tables_.Release(withdrawn.grant_id);
+  callbacks->push_back([done = std::move(grant->done),
+                        status = PeerWithdrewMessage(peer_name_, peer_address_, withdrawn.code, withdrawn.reason)] {
+    done({status, 0});
+  });
+  return absl::OkStatus();
 }
 
 absl::Status VerbsConnection::CheckWrittenLocked(uint64_t grant_id, std::string_view answer) const {

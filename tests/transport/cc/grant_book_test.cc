@@ -80,7 +80,7 @@ TEST(GrantBookSender, DiscardDropsTheWaitingWritesAndCancelsLaterOnes) {
   Book book(1000, 16);
   const Tag tag{7, 7};
   book.OnWrite(tag, FakeWrite{10, 1});
-  std::vector<FakeWrite> dropped = book.DropWrites(tag);
+  std::vector<FakeWrite> dropped = book.DiscardWrites(tag);
   ASSERT_EQ(dropped.size(), 1u);
   EXPECT_EQ(dropped[0].id, 1);
   EXPECT_TRUE(book.OnWrite(tag, FakeWrite{10, 2}).discarded);
@@ -89,9 +89,81 @@ TEST(GrantBookSender, DiscardDropsTheWaitingWritesAndCancelsLaterOnes) {
 
 TEST(GrantBookSender, DiscardedTagsAreForgottenOldestFirstBeyondTheMemory) {
   Book book(1000, 16);
-  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DropWrites(Tag{0, i});
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DiscardWrites(Tag{0, i});
   EXPECT_FALSE(book.OnWrite(Tag{0, 0}, FakeWrite{1, 1}).discarded);
   EXPECT_TRUE(book.OnWrite(Tag{0, kDiscardMemory}, FakeWrite{1, 2}).discarded);
+}
+
+TEST(GrantBookSender, AGrantUnderADiscardedTagWaitsForItsReceiverToRevokeIt) {
+  // The receiver discarded the tag itself: its grants are its own to take back.
+  Book book(1000, 16);
+  book.DiscardWrites(Tag{2, 2});
+  absl::StatusOr<Book::Pairing> pairing = book.OnPeerGrant(PeerGrant(3, Tag{2, 2}, 8));
+  ASSERT_TRUE(pairing.ok());
+  EXPECT_TRUE(pairing->withdrawn.empty());
+  EXPECT_TRUE(book.OnPeerRevoke(3));
+}
+
+TEST(GrantBookSender, AWithdrawnTagDropsItsWritesAndAnswersItsUnusedGrantsWithWhy) {
+  Book book(1000, 16);
+  const Tag tag{9, 9};
+  book.OnWrite(tag, FakeWrite{100, 1});
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(4, tag, 10)).ok());  // too small: the write waits on
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(5, Tag{9, 10}, 10)).ok());
+  Book::Dropped dropped = book.DropWrites(tag, absl::UnavailableError("peer ps:0 is unresponsive"));
+  ASSERT_EQ(dropped.writes.size(), 1u);
+  EXPECT_EQ(dropped.writes[0].id, 1);
+  EXPECT_TRUE(dropped.withdrawn.empty());  // grant 4 went back as TOO_SMALL already
+  // The receiver grants again, bigger: it learns the message will not come.
+  absl::StatusOr<Book::Pairing> regrant = book.OnPeerGrant(PeerGrant(6, tag, 100));
+  ASSERT_TRUE(regrant.ok());
+  EXPECT_FALSE(regrant->ready);
+  ASSERT_EQ(regrant->withdrawn.size(), 1u);
+  EXPECT_EQ(regrant->withdrawn[0].grant_id, 6u);
+  EXPECT_EQ(regrant->withdrawn[0].code, static_cast<uint32_t>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(regrant->withdrawn[0].reason, "peer ps:0 is unresponsive");
+  EXPECT_FALSE(book.OnPeerRevoke(6));  // answered, not kept
+  EXPECT_TRUE(book.OnWrite(tag, FakeWrite{1, 2}).discarded);
+  // Another tag's grant is untouched.
+  EXPECT_TRUE(book.OnWrite(Tag{9, 10}, FakeWrite{10, 3}).ready);
+}
+
+TEST(GrantBookSender, AGrantWaitingUnderATagWhenItIsWithdrawnIsAnsweredAtOnce) {
+  Book book(1000, 16);
+  const Tag tag{8, 8};
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(1, tag, 10)).ok());
+  ASSERT_TRUE(book.OnPeerGrant(PeerGrant(2, tag, 10)).ok());
+  Book::Dropped dropped = book.DropWrites(tag, absl::OkStatus());
+  EXPECT_TRUE(dropped.writes.empty());
+  ASSERT_EQ(dropped.withdrawn.size(), 2u);
+  EXPECT_EQ(dropped.withdrawn[0].grant_id, 1u);
+  EXPECT_EQ(dropped.withdrawn[1].grant_id, 2u);
+  // An OK reason reads as cancelled: a WITHDRAWN never carries OK.
+  EXPECT_EQ(dropped.withdrawn[0].code, static_cast<uint32_t>(absl::StatusCode::kCancelled));
+  // The grants are gone, so they count no more against the peer's limit and cannot be revoked.
+  EXPECT_FALSE(book.OnPeerRevoke(1));
+}
+
+TEST(GrantBookSender, AWithdrawalsReasonIsCutToTheWiresBound) {
+  Book book(1000, 16);
+  book.DropWrites(Tag{1, 1}, absl::AbortedError(std::string(10000, 'r')));
+  absl::StatusOr<Book::Pairing> pairing = book.OnPeerGrant(PeerGrant(1, Tag{1, 1}, 8));
+  ASSERT_TRUE(pairing.ok());
+  ASSERT_EQ(pairing->withdrawn.size(), 1u);
+  EXPECT_EQ(pairing->withdrawn[0].reason.size(), wire::kMaxWithdrawnReasonLength);
+}
+
+TEST(GrantBookSender, WithdrawnTagsAreRememberedApartFromDiscardedOnesAndForgottenOldestFirst) {
+  Book book(1000, 16);
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DropWrites(Tag{0, i}, absl::AbortedError("gone"));
+  // As many discarded tags do not push the withdrawn ones out.
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DiscardWrites(Tag{1, i});
+  absl::StatusOr<Book::Pairing> oldest = book.OnPeerGrant(PeerGrant(1, Tag{0, 0}, 8));
+  ASSERT_TRUE(oldest.ok());
+  EXPECT_TRUE(oldest->withdrawn.empty());
+  absl::StatusOr<Book::Pairing> newest = book.OnPeerGrant(PeerGrant(2, Tag{0, kDiscardMemory}, 8));
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->withdrawn.size(), 1u);
 }
 
 TEST(GrantBookSender, ARevokedUnusedGrantIsGivenBackOnceAndAUsedOneIsNot) {

@@ -51,6 +51,7 @@ TEST(Wire, AHeaderOfTheWrongLengthIsRefused) {
 TEST(Wire, UnknownTypesAreRefused) {
   EXPECT_FALSE(DecodeHeader(HeaderBytes(0, 0)).ok());
   EXPECT_FALSE(DecodeHeader(HeaderBytes(0xff, 0)).ok());
+  EXPECT_FALSE(DecodeHeader(HeaderBytes(static_cast<uint8_t>(FrameType::kWithdrawn) + 1, 0)).ok());
 }
 
 TEST(Wire, ReservedBytesMustBeZero) {
@@ -79,6 +80,40 @@ TEST(Wire, APeersTextCannotForgeLogLinesNorBreakUtf8) {
       RoundTrip(Frame{FrameType::kReject, Reject{3, "bad\nI0000 forged line \xff"}});
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(std::get<Reject>(decoded->body).message, "bad\\x0aI0000 forged line \\xff");
+}
+
+TEST(Wire, AWithdrawnRoundTripsWithItsReasonEscapedAndCut) {
+  absl::StatusOr<Frame> decoded = RoundTrip(
+      Frame{FrameType::kWithdrawn, Withdrawn{77, 10, "step aborted\nI0000 forged " + std::string(1000, 'x')}});
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const Withdrawn& got = std::get<Withdrawn>(decoded->body);
+  EXPECT_EQ(got.grant_id, 77u);
+  EXPECT_EQ(got.code, 10u);
+  // Cut to the bound when sent, then escaped: "\n" takes four characters.
+  EXPECT_EQ(got.reason.substr(0, 30), "step aborted\\x0aI0000 forged x");
+  EXPECT_EQ(got.reason.size(), kMaxWithdrawnReasonLength + 3);
+}
+
+std::string WithdrawnBody(uint32_t code, size_t reason_length) {
+  std::string body(8, '\1');  // grant id
+  for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>((code >> (8 * i)) & 0xff));
+  body.push_back(static_cast<char>(reason_length & 0xff));
+  body.push_back(static_cast<char>(reason_length >> 8));
+  return body + std::string(reason_length, 'r');
+}
+
+TEST(Wire, AWithdrawnWithAnOverlongReasonOrANonErrorCodeIsRefused) {
+  EXPECT_TRUE(DecodeBody(FrameType::kWithdrawn, WithdrawnBody(10, kMaxWithdrawnReasonLength)).ok());
+  absl::StatusOr<Frame> long_reason = DecodeBody(FrameType::kWithdrawn, WithdrawnBody(10, kMaxWithdrawnReasonLength + 1));
+  ASSERT_FALSE(long_reason.ok());
+  EXPECT_NE(long_reason.status().message().find("exceeds the limit of 256"), absl::string_view::npos);
+  for (uint32_t code : {0u, 17u, 0xffffffffu}) {
+    absl::StatusOr<Frame> bad = DecodeBody(FrameType::kWithdrawn, WithdrawnBody(code, 3));
+    ASSERT_FALSE(bad.ok()) << code;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(bad.status().message().find("is not an error code"), absl::string_view::npos);
+  }
+  EXPECT_TRUE(DecodeBody(FrameType::kWithdrawn, WithdrawnBody(16, 0)).ok());
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ RECEIVES = 64
 GRANT_SLOT_BYTES = 64
 GRANT_IMM_BIT = 1 << 31
 U32, U64 = 2**32 - 1, 2**64 - 1
-FRAME_KINDS = list(range(1, 14)) + [REGION_MESSAGE, GRANT_TABLE_MESSAGE]
+FRAME_KINDS = list(range(1, 14)) + [wire_client.WITHDRAWN, REGION_MESSAGE, GRANT_TABLE_MESSAGE]
 
 
 class VerbsPeer:
@@ -211,6 +211,9 @@ class Fuzzer:
             body = struct.pack("<QQ", self.u64(), self.u64())
         elif kind in (wire_client.REVOKE, wire_client.REVOKED):
             body = struct.pack("<Q", self.u64())
+        elif kind == wire_client.WITHDRAWN:
+            body = struct.pack("<QI", self.u64(), self.pick(10, 0, 17, self.u32())) + wire_client.string(
+                os.urandom(self.pick(0, 256, 257)))
         else:
             body = os.urandom(self.pick(0, 8, 16, 37, 100, 4000, 4152, 4153, 5000))
         if self.random.random() < 0.1 and body:

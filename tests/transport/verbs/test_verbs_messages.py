@@ -31,6 +31,7 @@ def valid_messages(rand):
         (w.grant(u64, 0, 1, rand.getrandbits(32), u64, u64), "GRANT"),
         (w.data(u64, u64), "DATA"),
         (w.frame(w.PING), "PING"),
+        (w.withdrawn(u64, rand.randrange(1, 17), os.urandom(rand.randrange(257))), "WITHDRAWN"),
     ])
 
 
@@ -61,6 +62,19 @@ def test_every_fuzzed_verbs_message_decodes_or_is_refused_as_a_protocol_error():
             refused += 1
     # A flipped bit inside a field's value still decodes; most mutations must not.
     assert refused > MESSAGES // 2, f"seed {SEED}: only {refused} of {MESSAGES} mutations refused"
+
+
+def test_a_withdrawn_message_is_refused_past_its_bounds():
+    """WITHDRAWN {u64 grant id, u32 status code, u16-prefixed reason}: the code must be an error's
+    (1..16) and the reason at most 256 bytes."""
+    assert _transport.decode_verbs_message(w.withdrawn(1, 16, b"r" * 256)) == "WITHDRAWN"
+    for code in (0, 17, 2**32 - 1):
+        with pytest.raises(errors.ProtocolError, match=f"status code {code} is not an error code"):
+            _transport.decode_verbs_message(w.withdrawn(1, code, b"why"))
+    with pytest.raises(errors.ProtocolError, match="string of 257 bytes exceeds the limit of 256"):
+        _transport.decode_verbs_message(w.withdrawn(1, 10, b"r" * 257))
+    with pytest.raises(errors.ProtocolError, match="malformed WITHDRAWN frame: truncated"):
+        _transport.decode_verbs_message(w.frame(w.WITHDRAWN, struct.pack("<QI", 1, 10)[:10]))
 
 
 def test_a_grant_table_slot_holds_exactly_one_grant():
