@@ -6,6 +6,9 @@ TensorFlow wheel from the package index).
     tools/tensorflow_versions.py list              the supported wheels, one a line
     tools/tensorflow_versions.py install WHEEL     its venv (made once, then reused) with this tf_rdma
                                                    built into it; prints the venv's python
+    tools/tensorflow_versions.py prepare --build-id ID WHEEL...
+                                                   installs each in turn and marks its build ID: a
+                                                   later `install_tf_rdma(WHEEL, ID)` reuses it
 
 The venvs live in TF_RDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
 reused between runs on the same machine, as far as the disk allows: before a venv is made, the
@@ -15,9 +18,14 @@ the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt 
 time, through ccache
 when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
 tests/tensorflow_versions/ runs the matrix (BUILT_APART: SUPPORTED but the test suite's own
-environment); the README's support table lists exactly SUPPORTED.
+environment); the README's support table lists exactly SUPPORTED. It starts `prepare` in the
+background as the session starts (tests/tensorflow_versions/conftest.py), so processes may share a
+venv: each venv is locked while it is made, filled or built into, and skipped by make_room while
+locked; tf_rdma is built into one venv at a time (they share the checkout's build/).
 """
 import argparse
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -59,6 +67,32 @@ def venv_of(wheel):
     return cache_root() / wheel.replace("==", "-")
 
 
+@contextlib.contextmanager
+def _locked(path):
+    """Held until the block ends; waits for whoever holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _lock_of(venv):
+    return venv.with_name(venv.name + ".lock")
+
+
+def _in_use(venv):
+    try:
+        f = open(_lock_of(venv))
+    except FileNotFoundError:
+        return False  # never locked
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
 def _run(command, what, **kwargs):
     result = subprocess.run(command, capture_output=True, text=True, **kwargs)
     if result.returncode != 0:
@@ -88,16 +122,16 @@ def ensure_venv(wheel):
 
 
 def make_room(venv):
-    """Deletes cached venvs other than `venv` until VENV_SPACE is free: first those an interrupted run
-    left half made (no marker: never reused, as ensure_venv makes them again), then the least
-    recently used."""
+    """Deletes cached venvs other than `venv` and those in use until VENV_SPACE is free: first those
+    an interrupted run left half made (no marker: never reused, as ensure_venv makes them again),
+    then the least recently used."""
 
     def last_used(v):
         marker = v / ".tensorflow-installed"
         return marker.stat().st_mtime if marker.exists() else float("-inf")
 
-    others = sorted((v for v in cache_root().iterdir() if v != venv and (v / "pyvenv.cfg").exists()),
-                    key=last_used)
+    others = sorted((v for v in cache_root().iterdir()
+                     if v != venv and (v / "pyvenv.cfg").exists() and not _in_use(v)), key=last_used)
     while shutil.disk_usage(cache_root()).free < VENV_SPACE and others:
         shutil.rmtree(others.pop(0), ignore_errors=True)
     free = shutil.disk_usage(cache_root()).free
@@ -119,12 +153,36 @@ def build_environment():
     return env
 
 
-def install_tf_rdma(wheel):
-    """Builds this checkout into the venv of `wheel` as a user's `pip install` would; returns its python."""
-    python = ensure_venv(wheel)
-    _run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall",
-          str(ROOT)], f"pip install tf_rdma into {wheel}", env=build_environment(), timeout=1800)
+def install_tf_rdma(wheel, build_id=None):
+    """Builds this checkout into the venv of `wheel` as a user's `pip install` would; returns its python.
+    With `build_id`, a build marked with the same ID (by `prepare`, from the same checkout) is kept."""
+    venv = venv_of(wheel)
+    with _locked(_lock_of(venv)):
+        python = ensure_venv(wheel)
+        built = venv / ".tf_rdma-build"
+        if build_id and built.exists() and built.read_text() == build_id:
+            return python
+        built.unlink(missing_ok=True)
+        with _locked(cache_root() / "build.lock"):
+            _run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                  "--force-reinstall", str(ROOT)], f"pip install tf_rdma into {wheel}", env=build_environment(),
+                 timeout=1800)
+        if build_id:
+            built.write_text(build_id)
     return python
+
+
+def prepare(wheels, build_id):
+    """Installs each wheel in turn; one that fails is left for its test to install again and report."""
+    failed = 0
+    for wheel in wheels:
+        try:
+            install_tf_rdma(wheel, build_id)
+            print(f"tensorflow_versions: prepared {wheel}", flush=True)
+        except VersionsError as e:
+            failed += 1
+            print(f"tensorflow_versions: preparing {wheel}: {e}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 def main(argv=None):
@@ -133,10 +191,15 @@ def main(argv=None):
     commands.add_parser("list")
     install = commands.add_parser("install")
     install.add_argument("wheel", choices=SUPPORTED)
+    prepare_parser = commands.add_parser("prepare")
+    prepare_parser.add_argument("--build-id", required=True)
+    prepare_parser.add_argument("wheels", nargs="+", choices=SUPPORTED)
     args = parser.parse_args(argv)
     if args.command == "list":
         print("\n".join(SUPPORTED))
         return 0
+    if args.command == "prepare":
+        return prepare(args.wheels, args.build_id)
     try:
         print(install_tf_rdma(args.wheel))
     except VersionsError as e:

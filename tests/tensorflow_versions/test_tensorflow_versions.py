@@ -65,8 +65,8 @@ def carried(stats, backend):
 
 @pytest.mark.timeout(1800)  # a fresh machine downloads the wheel and builds tf_rdma from scratch
 @pytest.mark.parametrize("wheel", tensorflow_versions.BUILT_APART)
-def test_tf_rdma_installs_and_carries_tensors_on(wheel, tmp_path):
-    python = str(tensorflow_versions.install_tf_rdma(wheel))
+def test_tf_rdma_installs_and_carries_tensors_on(wheel, tmp_path, matrix_build_id):
+    python = str(tensorflow_versions.install_tf_rdma(wheel, matrix_build_id))
     version = wheel.split("==")[1]
 
     info = subprocess.run([python, "-m", "tf_rdma", "info", "--json"], cwd=tmp_path, env=clean_environment(),
@@ -145,3 +145,38 @@ def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_roo
     with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TF_RDMA_TEST_VERSIONS_CACHE"):
         tensorflow_versions.make_room(tmp_path / "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache"]  # all deleted before giving up
+
+
+def test_a_venv_in_use_is_not_deleted_to_make_room(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
+    for name in ["used", "unused"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyvenv.cfg").write_text("")
+    free = {"bytes": 0}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, free["bytes"]))
+    with tensorflow_versions._locked(tensorflow_versions._lock_of(tmp_path / "used")):
+        with pytest.raises(tensorflow_versions.VersionsError):
+            tensorflow_versions.make_room(tmp_path / "new")
+    assert (tmp_path / "used").exists() and not (tmp_path / "unused").exists()
+
+
+def test_a_build_prepared_for_the_session_is_used_and_any_other_is_redone(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
+    wheel = tensorflow_versions.BUILT_APART[0]
+    monkeypatch.setattr(tensorflow_versions, "ensure_venv", lambda w: tensorflow_versions.venv_of(w) / "bin" / "python")
+    tensorflow_versions.venv_of(wheel).mkdir()
+    builds = []
+    monkeypatch.setattr(tensorflow_versions, "_run", lambda command, what, **kwargs: builds.append(what))
+    assert tensorflow_versions.prepare([wheel], "session-1") == 0
+    tensorflow_versions.install_tf_rdma(wheel, "session-1")
+    assert len(builds) == 1  # the prepared build, kept
+    tensorflow_versions.install_tf_rdma(wheel, "session-2")
+    tensorflow_versions.install_tf_rdma(wheel)
+    assert len(builds) == 3, builds  # another session's build, and no session: built again
+
+    def failing(command, what, **kwargs):
+        raise tensorflow_versions.VersionsError(f"{what} failed")
+
+    monkeypatch.setattr(tensorflow_versions, "_run", failing)
+    assert tensorflow_versions.prepare([wheel], "session-3") == 1  # reported, and left to the test
+    assert not (tensorflow_versions.venv_of(wheel) / ".tf_rdma-build").exists()

@@ -1,0 +1,53 @@
+"""The matrix's venvs are made and built into in the background from the session's start, at the
+lowest CPU priority (SCHED_IDLE: it runs only on a core nothing else wants, such as the one the
+Soft-RoCE guest's transport suite leaves idle, or while fault tests wait out their timeouts), and
+the matrix runs last: a fresh machine downloads six TensorFlow wheels and builds tf_rdma six times,
+minutes of CI that would otherwise come on top of the rest."""
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests import REPO
+from tools import tensorflow_versions
+
+MATRIX_TEST = "test_tf_rdma_installs_and_carries_tensors_on"
+_preparation = {}
+
+
+def _at_lowest_priority():
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+@pytest.hookimpl(trylast=True)  # after `-k` and `-m` deselected theirs
+def pytest_collection_modifyitems(config, items):
+    matrix = [item for item in items if item.originalname == MATRIX_TEST]
+    if not matrix or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item.originalname != MATRIX_TEST] + matrix
+    wheels = [item.callspec.params["wheel"] for item in matrix]
+    build_id = uuid.uuid4().hex
+    log = tensorflow_versions.cache_root() / "prepare.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        _preparation["process"] = subprocess.Popen(
+            [sys.executable, str(REPO / "tools" / "tensorflow_versions.py"), "prepare", "--build-id", build_id,
+             *wheels], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+            preexec_fn=_at_lowest_priority, start_new_session=True)
+    _preparation["build_id"] = build_id
+
+
+@pytest.fixture
+def matrix_build_id():
+    """The background build's ID: a venv it built for this session is used as it is."""
+    return _preparation.get("build_id")
+
+
+def pytest_sessionfinish(session):
+    process = _preparation.pop("process", None)
+    if process and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)  # a run that ended early: pip and the compilers too
+        process.wait()
