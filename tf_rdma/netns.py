@@ -3,28 +3,47 @@ joined by a veth pair to a bridge in a switch namespace of its own. Faults are n
 that bridge (the link, not the hosts: neither end sees a refused packet, an ICMP error or an RST),
 so a partition is silence both ways, as a cut cable or a dead switch port.
 
-This kernel has no sch_netem (`tc qdisc ... netem` answers "Specified qdisc kind is unknown"), so
-delay, jitter and reordering cannot be made here; loss and partitions are nftables drops.
+Loss and partitions are nftables drops. Delay and jitter: this kernel has no sch_netem (`tc qdisc
+... netem` answers "Specified qdisc kind is unknown") and no nft `queue` (CONFIG_NFT_QUEUE), but it
+has br_netfilter and legacy iptables' NFQUEUE target. So delay() has the bridge hand IPv4 packets to
+iptables (net.bridge.bridge-nf-call-iptables=1, in the switch namespace only), where a rule in the
+mangle table's FORWARD chain queues every one of them to a userspace delayer
+(tf_rdma/nfqueue_delay.py) running in the switch namespace, which accepts each after a delay drawn
+uniformly from [ms - jitter, ms + jitter]. Every packet crosses the bridge once: each direction is
+delayed once, a round trip twice. Packets whose delays cross are reordered, as netem's are. The
+delayer holds at most QUEUE_MAXLEN packets (the kernel drops what comes beyond, as netem beyond its
+limit); undelay() removes the rule, then lets the delayer release what it holds, each at its time,
+and exit.
 
 Every name carries this process's id and a counter, so concurrent runs never share one; the
 addresses (10.213.0.0/24) exist only inside these namespaces, which have no route anywhere else.
 `close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's;
 a network or host whose making fails half way deletes what it made before the error propagates.
-Every ip and nft command is bounded (COMMAND_TIMEOUT_S) and its failure names it.
+Every ip, nft and iptables command, and the delayer's start and stop, is bounded (COMMAND_TIMEOUT_S)
+and its failure names it; close() stops a delayer still running.
 
 Also the checks every user of namespaces makes (tests/tf/coverage/netns.py's too): root, and the
 tools it runs.
 """
 import itertools
 import os
+import select
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 SUBNET = "10.213.0"
 _networks = itertools.count()
 # ip and nft answer in milliseconds, even on a busy machine; one still running after this is stuck
 # (on a lock in the kernel or a wedged netns mount) and would hang whatever waits for the network.
 COMMAND_TIMEOUT_S = 30.0
+DELAYER = Path(__file__).with_name("nfqueue_delay.py")
+# The delayer's kernel queue, in packets: at 20 ms a link moving 1 GB/s in 64 KiB GSO packets holds
+# ~300 (and as many ACKs); what comes beyond is dropped. Queue numbers are per namespace.
+QUEUE_MAXLEN, QUEUE = 10000, 0
+# iptables-legacy, not the nft-backed `iptables`: this kernel has no nft queue expression.
+QUEUE_RULE = ("FORWARD", "-j", "NFQUEUE", "--queue-num", str(QUEUE))
 
 
 def unavailable_reason(purpose):
@@ -39,7 +58,7 @@ def check_tools(tools=("ip", "nft"), purpose="the fault tests"):
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         raise RuntimeError(f"{' and '.join(missing)} not found: run tools/install_test_prereqs.sh "
-                           f"(it installs util-linux, iproute2 and nftables; {purpose} need them)")
+                           f"(it installs util-linux, iproute2, nftables and iptables; {purpose} need them)")
 
 
 def _run(*command, input=None):
@@ -76,6 +95,7 @@ class Network:
         self.switch = f"{self.prefix}-sw"
         self.hosts = {}                # name -> (namespace, address)
         self.rules = {}                # fault name -> nftables rule handles
+        self.delayer = None            # the nfqueue_delay process while delay() holds
         try:
             _run("ip", "netns", "add", self.switch)
             self._in_switch("ip", "link", "add", "br0", "type", "bridge")
@@ -159,12 +179,64 @@ class Network:
     def keep_all(self):
         self._lift(("loss",))
 
+    def delay(self, ms, jitter_ms=0.0, seed=0):
+        """Delays every IPv4 packet on the bridge by a time drawn uniformly from [ms - jitter_ms,
+        ms + jitter_ms] (by a random.Random(seed)), each direction, until undelay()."""
+        assert self.delayer is None, "delay already applied"
+        assert 0 <= jitter_ms <= ms, (ms, jitter_ms)
+        check_tools(("iptables-legacy",), "delays on the link")
+        _run("ip", "netns", "exec", self.switch, "tee", "/proc/sys/net/bridge/bridge-nf-call-iptables", input="1\n")
+        command = ["ip", "netns", "exec", self.switch, sys.executable, str(DELAYER), str(QUEUE),
+                   str(ms), str(jitter_ms), str(seed), str(QUEUE_MAXLEN)]
+        name = " ".join(command)
+        # ip netns exec execs the delayer: this is its process, and SIGTERM reaches it.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            ready, _, _ = select.select([process.stdout], [], [], COMMAND_TIMEOUT_S)
+            said = process.stdout.readline() if ready else ""
+            if said != "bound\n":
+                how = "exited" if process.poll() is not None else f"was killed after {COMMAND_TIMEOUT_S:g} s"
+                process.kill()
+                _, stderr = process.communicate(timeout=COMMAND_TIMEOUT_S)
+                raise RuntimeError(f"{name} did not bind its queue: it {how} (said {said!r}, "
+                                   f"exit status {process.returncode}): {stderr.strip()}")
+            self._in_switch("iptables-legacy", "-w", "-t", "mangle", "-A", *QUEUE_RULE)
+        except BaseException:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            raise
+        self.delayer = process
+
+    def undelay(self):
+        """Removes delay()'s rule, then stops its delayer once it has released every packet it
+        holds (each at its time): a status other than 0 or a stuck delayer raises, naming it."""
+        process, self.delayer = self.delayer, None
+        try:
+            self._in_switch("iptables-legacy", "-w", "-t", "mangle", "-D", *QUEUE_RULE)
+        finally:
+            process.terminate()
+            try:
+                _, stderr = process.communicate(timeout=COMMAND_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise RuntimeError(f"{' '.join(process.args)} did not stop within {COMMAND_TIMEOUT_S:g} s "
+                                   "of SIGTERM and was killed") from None
+        if process.returncode != 0:
+            raise RuntimeError(f"{' '.join(process.args)} failed ({process.returncode}): {stderr.strip()}")
+
     def _lift(self, fault):
         for handle in self.rules.pop(fault):
             self._in_switch("nft", "delete", "rule", "bridge", "faults", "forward", "handle", handle)
 
     def close(self):
         errors = []
+        if self.delayer is not None:  # a process in the switch namespace would keep it alive
+            try:
+                self.undelay()
+            except RuntimeError as e:
+                errors.append(str(e))
         for namespace in [self.switch] + [n for n, _ in self.hosts.values()]:
             try:
                 _run("ip", "netns", "del", namespace)
