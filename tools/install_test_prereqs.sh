@@ -6,9 +6,11 @@
 #   libgtest-dev GoogleTest for the C++ unit tests (tests/transport/cc, `make cc-tests`)
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
+#   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a
+#              userspace delayer (tf_rdma/netns.py; no sch_netem, and no nft queue expression)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux libgtest-dev iproute2 nftables)
+PACKAGES=(ccache util-linux libgtest-dev iproute2 nftables iptables)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
