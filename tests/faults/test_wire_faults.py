@@ -1,14 +1,15 @@
 """Faults on the wire, tf_rdma (tcp backend) beside stock gRPC under the same faults: a TF1 ps and
 worker, each in its own network namespace (tf_rdma/netns.py), the worker driven step by step
-(wire_programs.driven_worker) while the test partitions their link, loses packets on it, freezes
-the ps, and makes the ps's host vanish (no FIN) and come back on the same address.
+(wire_programs.driven_worker) while the test partitions their link, loses and delays packets on
+it, freezes the ps, and makes the ps's host vanish (no FIN) and come back on the same address.
 
 One cluster per transport plays the whole schedule (TensorFlow's start-up dominates a run), which
 `schedules` records; each test asserts one behaviour on it, tf_rdma's against gRPC's. The
 schedule's phases run in order on live connections, so each phase also starts from the aftermath
 of the one before, as in a real cluster.
 
-No netem on this kernel (tf_rdma/netns.py): loss and partitions only, no delay."""
+No netem on this kernel: loss and partitions are nftables drops, delay and jitter an NFQUEUE rule
+and a userspace delayer on the link (tf_rdma/netns.py), so each direction is delayed once."""
 import json
 import os
 import signal
@@ -41,7 +42,12 @@ STEPS = 400
 # From lifting a fault to the worker's first good probe: a healed link and a thawed ps at once; a
 # restarted ps after its start (TensorFlow's import, seconds on a busy machine).
 RECOVERY_S = {"long_partition": LONG_FAULT_S + 2, "frozen": 1.0, "restarted": 30.0}
-LOSS_PERCENT = 1
+# The impaired link: both directions lose LOSS_PERCENT% of packets and delay each by
+# DELAY_MS ± JITTER_MS (uniform). A step waits for several round trips of 30-50 ms, so that phase
+# runs fewer steps than the others (against an unimpaired run of as many, in the same processes).
+LOSS_PERCENT, DELAY_MS, JITTER_MS = 1, 20, 5
+IMPAIRED_STEPS = 40
+IMPAIRMENT = f"{LOSS_PERCENT}% loss, {DELAY_MS} ± {JITTER_MS} ms"
 
 NEEDS = netns.unavailable_reason("each task runs in its own network namespace, faults are nftables rules")
 pytestmark = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
@@ -198,10 +204,14 @@ def wire_faults(worker, net, record, to_ps):
     net.heal("ps0", "worker0")
     record["short_partition"] = worker.answer("trained", "error", timeout=OP_TIMEOUT_S * 2 + STEPS)
 
-    # Loss on the link for a whole training run.
+    # Loss and delay on the link for a whole training run, after an unimpaired one as long.
+    worker.command("init")
+    record["unimpaired"] = worker.command(f"train {IMPAIRED_STEPS}")
     worker.command("init")
     net.lose(LOSS_PERCENT)
-    record["loss"] = worker.command(f"train {STEPS}", timeout=STEPS * OP_TIMEOUT_S)
+    net.delay(DELAY_MS, JITTER_MS)
+    record["loss_and_delay"] = worker.command(f"train {IMPAIRED_STEPS}", timeout=IMPAIRED_STEPS * OP_TIMEOUT_S)
+    net.undelay()
     net.keep_all()
 
     # A partition longer than the peer timeout and the step deadline; then healed.
@@ -251,6 +261,11 @@ def schedules(tmp_path_factory):
     runs = {"grpc": play(tmp_path, "grpc"), "rdma": play(tmp_path, "rdma"),
             "rdma-shm": play(tmp_path, "rdma", backend="shm")}
     print(json.dumps(runs, indent=1))  # what each did, for the record (pytest -s)
+    rates = {t: IMPAIRED_STEPS / runs[t]["loss_and_delay"]["seconds"] for t in ("grpc", "rdma")
+             if "digest" in runs[t]["loss_and_delay"]}  # an error fails the tests below
+    if len(rates) == 2:
+        print(json.dumps({"impairment": IMPAIRMENT, "steps": IMPAIRED_STEPS, "steps_per_s": rates,
+                          "rdma_to_grpc": rates["rdma"] / rates["grpc"]}))
     return runs
 
 
@@ -263,21 +278,22 @@ def test_both_train_identically_unimpaired(schedules):
     assert len(set(digests.values())) == 1, digests
 
 
-@pytest.mark.parametrize("phase", ["short_partition", "loss"])
-def test_a_short_partition_and_loss_lose_no_step_and_change_no_result(schedules, phase):
+@pytest.mark.parametrize("phase, reference", [("short_partition", "reference"), ("loss_and_delay", "unimpaired")])
+def test_a_short_partition_and_loss_with_delay_lose_no_step_and_change_no_result(schedules, phase, reference):
     for transport in ("grpc", "rdma"):
         run = schedules[transport]
         assert "error" not in run[phase], (transport, run[phase])
-        assert run[phase]["digest"] == run["reference"]["digest"], (transport, run)
+        assert run[phase]["digest"] == run[reference]["digest"], (transport, run)
+    assert schedules["rdma"]["unimpaired"]["digest"] == schedules["grpc"]["unimpaired"]["digest"]
 
 
-def test_loss_step_rate_against_grpc(schedules):
-    """Under 1% loss a step's time is mostly retransmission timeouts (200 ms and up) of whichever
-    packets were lost, so the rate varies from run to run (tf_rdma/gRPC 0.74 to 1.81 in four runs
-    of 400 steps): the bound catches a transport that stalls on loss, not a few percent."""
-    rate = {t: STEPS / schedules[t]["loss"]["seconds"] for t in ("grpc", "rdma")}
-    clean = {t: STEPS / schedules[t]["reference"]["seconds"] for t in ("grpc", "rdma")}
-    print(f"steps/s under {LOSS_PERCENT}% loss: rdma {rate['rdma']:.1f}, grpc {rate['grpc']:.1f} "
+def test_loss_with_delay_step_rate_against_grpc(schedules):
+    """Under 1% loss and 20 ± 5 ms each way a step takes a few round trips of 30-50 ms, and a lost
+    packet's retransmission timeout (200 ms and up) more, so the rate varies from run to run: the
+    bound catches a transport that stalls on an impaired link, not a few percent."""
+    rate = {t: IMPAIRED_STEPS / schedules[t]["loss_and_delay"]["seconds"] for t in ("grpc", "rdma")}
+    clean = {t: IMPAIRED_STEPS / schedules[t]["unimpaired"]["seconds"] for t in ("grpc", "rdma")}
+    print(f"steps/s under {IMPAIRMENT}: rdma {rate['rdma']:.1f}, grpc {rate['grpc']:.1f} "
           f"(ratio {rate['rdma'] / rate['grpc']:.2f}); unimpaired: rdma {clean['rdma']:.1f}, "
           f"grpc {clean['grpc']:.1f}")
     assert rate["rdma"] > 0.4 * rate["grpc"], (rate, clean)
@@ -317,17 +333,18 @@ MWMS_PROGRAM = PROGRAMS / "collective.py"
 MWMS_STEPS, MWMS_ELEMENTS = 40, 1 << 20
 
 
-def mwms_all_reduces(tmp_path, transport, loss_percent):
-    """Two MultiWorkerMirroredStrategy workers on hosts of their own, all-reducing a 4 MiB vector
-    MWMS_STEPS times with `loss_percent`% of the link's packets dropped from the start; the digest
-    of every result, and the seconds of the steps after the first."""
-    run_dir = tmp_path / f"mwms-{transport}-{loss_percent}"
+def mwms_all_reduces(tmp_path, transport, impaired):
+    """Two MultiWorkerMirroredStrategy workers on hosts of their own, all-reducing a vector of
+    MWMS_ELEMENTS floats MWMS_STEPS times, `impaired`: with the link losing and delaying packets
+    from the start; the digest of every result, and the seconds of the steps after the first."""
+    run_dir = tmp_path / f"mwms-{transport}-{'impaired' if impaired else 'unimpaired'}"
     run_dir.mkdir()
     outputs = [str(run_dir / f"worker{i}.npz") for i in range(2)]
     env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(PEER_TIMEOUT_S * 1000)), "TF_RDMA_BACKEND": "tcp"}
     with netns.Network() as net, NamespacedCluster(run_dir, net, {"worker": 2}, env) as cluster:
-        if loss_percent:
-            net.lose(loss_percent)
+        if impaired:
+            net.lose(LOSS_PERCENT)
+            net.delay(DELAY_MS, JITTER_MS)
         for i in range(2):
             cluster.start("worker", i, "all_reduce_worker", program=MWMS_PROGRAM, transport=transport,
                           output=outputs[i], steps=MWMS_STEPS, elements=MWMS_ELEMENTS)
@@ -338,16 +355,15 @@ def mwms_all_reduces(tmp_path, transport, loss_percent):
 
 
 @pytest.mark.timeout(3 * 2 * 240 + 60)
-def test_multi_worker_mirrored_all_reduces_under_loss_are_identical_to_unimpaired(tmp_path):
-    """1% loss between the workers changes no bit of any all-reduce, over gRPC and tf_rdma; the
-    step rate under loss is tf_rdma's against gRPC's (same bound and reason as for TF1 above: a step
-    takes ~30 ms unimpaired, so each 200 ms retransmission timeout weighs; 11 steps measured 0.52,
-    hence 39)."""
-    reference, _ = mwms_all_reduces(tmp_path, "grpc", 0)
-    stock, stock_seconds = mwms_all_reduces(tmp_path, "grpc", LOSS_PERCENT)
-    ours, seconds = mwms_all_reduces(tmp_path, "rdma", LOSS_PERCENT)
+def test_multi_worker_mirrored_all_reduces_under_loss_and_delay_are_identical_to_unimpaired(tmp_path):
+    """1% loss and 20 ± 5 ms each way between the workers change no bit of any all-reduce, over
+    gRPC and tf_rdma; the step rate so impaired is tf_rdma's against gRPC's (same bound and reason
+    as for TF1 above)."""
+    reference, _ = mwms_all_reduces(tmp_path, "grpc", False)
+    stock, stock_seconds = mwms_all_reduces(tmp_path, "grpc", True)
+    ours, seconds = mwms_all_reduces(tmp_path, "rdma", True)
     assert stock == reference and ours == reference, (reference, stock, ours)
-    print(f"MultiWorkerMirrored, {MWMS_STEPS - 1} all-reduces of {MWMS_ELEMENTS * 4 >> 20} MiB under "
-          f"{LOSS_PERCENT}% loss: rdma {seconds:.2f} s, grpc {stock_seconds:.2f} s "
+    print(f"MultiWorkerMirrored, {MWMS_STEPS - 1} all-reduces of {MWMS_ELEMENTS * 4 >> 10} KiB under "
+          f"{IMPAIRMENT}: rdma {seconds:.2f} s, grpc {stock_seconds:.2f} s "
           f"(rate ratio {stock_seconds / seconds:.2f})")
     assert seconds < stock_seconds / 0.4, (seconds, stock_seconds)
