@@ -22,7 +22,8 @@ gRPC's under the same schedule. A hang names the round and phase, the faults in 
 task's log (LOG_DIR/TRANSPORT/TASK.log, each line timestamped); an error the coordinator raised
 before the first fault is reported as such, with none of the run's figures.
 
-No delay or jitter: this host's kernel has no sch_netem (tf_rdma/netns.py).
+No delay or jitter in the schedule: tf_rdma/netns.py delays a link through a userspace delayer
+(this host's kernel has no sch_netem), which tests/faults/test_wire_faults.py uses, not this run.
 """
 import json
 import logging
