@@ -134,6 +134,12 @@ class Runtime {
   explicit Runtime(RuntimeOptions options);
   absl::Status Listen();
   absl::StatusOr<Transport*> TransportFor(Backend backend);
+  // Whether a peer that proved the cluster key under the name `peer` may connect now: the
+  // listeners' AdmitCallback, so a refusal reaches the peer as its connect's outcome, which it
+  // retries: kUnavailable while the peer's previous connection is alive. Whether that name may
+  // connect at all OnAccepted judges, after the handshake (why there: its comment).
+  absl::Status Admit(const std::string& peer) const;
+  absl::Status AdmitLocked(const std::string& peer) const;
   void OnAccepted(std::shared_ptr<Connection> connection);
   // The one place a connection is counted in stats (accepted, connected to a task, or dialled for
   // tf.data), with the backend it runs on and why.
