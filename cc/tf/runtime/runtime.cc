@@ -276,20 +276,28 @@ void Runtime::RecordConnection(const std::string& peer, Backend backend, const s
   });
 }
 
-absl::Status Runtime::AdmitLocked(const std::string& peer) const {
+absl::Status Runtime::AdmitLocked(const std::string& peer) {
   // Any key holder can claim any task's name: a live connection is replaced only once it ended (a
   // restarted task's old connection ends when its process does; a task frozen past the peer
   // timeout reads the close of its old one soon after it runs again). Until then the peer is told
   // "not now" in its handshake, and its connect tries again until TF_RDMA_CONNECT_TIMEOUT_MS.
   auto known = peers_.find(peer);
-  if (known != peers_.end() && known->second.connection && known->second.connection->health().ok()) {
-    return absl::UnavailableError(absl::StrCat("its connection with task ", peer,
-                                               " is alive still; a new one is admitted once it ends"));
+  if (known == peers_.end() || !known->second.connection || !known->second.connection->health().ok()) {
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  Peer& state = known->second;
+  // Once per live connection, not once per retry of the dial.
+  if (state.wait_logged_for != state.connection.get()) {
+    state.wait_logged_for = state.connection.get();
+    LOG(WARNING) << "tf_rdma: task " << options_.local_task << " told a dial claiming to be task " << peer
+                 << " to wait: that task's connection is alive. An impersonator, or that task connecting "
+                 << "again before its old connection was seen to end (admitted once it has)";
+  }
+  return absl::UnavailableError(absl::StrCat("its connection with task ", peer,
+                                             " is alive still; a new one is admitted once it ends"));
 }
 
-absl::Status Runtime::Admit(const std::string& peer) const {
+absl::Status Runtime::Admit(const std::string& peer) {
   if (options_.serve_any_peer) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   return AdmitLocked(peer);
