@@ -210,7 +210,7 @@ absl::Status Serve(Backend backend, const TransportOptions& options, const Bench
         std::lock_guard<std::mutex> lock(mu);
         if (!connection) connection = std::move(c);
         accepted.notify_all();
-      });
+      }, /*admit=*/AdmitCallback());
   if (!listener.ok()) return listener.status();
   uint16_t baseline_port = 0;
   absl::StatusOr<int> baseline_listener = ListenPlainTcp(host, &baseline_port);

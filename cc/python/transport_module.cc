@@ -149,11 +149,13 @@ class PyListener {
  public:
   PyListener(Transport& transport, const std::string& endpoint) {
     listener_ = ValueOrThrow(transport.Listen(
-        ValueOrThrow(Endpoint::Parse(endpoint)), [this](std::shared_ptr<Connection> connection) {
+        ValueOrThrow(Endpoint::Parse(endpoint)),
+        [this](std::shared_ptr<Connection> connection) {
           std::lock_guard<std::mutex> lock(mu_);
           accepted_.push_back(std::move(connection));
           cv_.notify_all();
-        }));
+        },
+        [this](const std::string& peer) { return Admit(peer); }));
   }
   ~PyListener() {
     if (owner_.Inherited()) {
@@ -183,13 +185,47 @@ class PyListener {
     }
     return std::make_unique<PyConnection>(std::move(connection));
   }
+  // The listener's admission (AdmitCallback), as tests drive it: the next `times` handshakes of the
+  // peer named `peer` are refused with `code` ("unavailable": not now; "permission_denied": never).
+  void Refuse(const std::string& peer, const std::string& code, uint64_t times) {
+    absl::StatusCode parsed;
+    if (code == "unavailable") {
+      parsed = absl::StatusCode::kUnavailable;
+    } else if (code == "permission_denied") {
+      parsed = absl::StatusCode::kPermissionDenied;
+    } else {
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("refusal code '", code, "': expected unavailable or permission_denied")));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_peer_ = peer;
+    refusal_code_ = parsed;
+    refusals_left_ = times;
+  }
+  // How many handshakes the admission refused so far.
+  uint64_t refusals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refusals_;
+  }
 
  private:
+  absl::Status Admit(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refusals_left_ == 0 || peer != refused_peer_) return absl::OkStatus();
+    --refusals_left_;
+    ++refusals_;
+    return absl::Status(refusal_code_, absl::StrCat("the test refuses ", peer, " ", refusals_left_, " more times"));
+  }
+
   OwningProcess owner_;
   std::unique_ptr<Listener> listener_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Connection>> accepted_;
+  std::string refused_peer_;
+  absl::StatusCode refusal_code_ = absl::StatusCode::kUnavailable;
+  uint64_t refusals_left_ = 0;
+  uint64_t refusals_ = 0;
 };
 
 TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_key,
@@ -329,7 +365,9 @@ PYBIND11_MODULE(_transport, m) {
   py::class_<PyListener>(m, "Listener")
       .def_property_readonly("endpoint", &PyListener::endpoint)
       .def_property_readonly("port", &PyListener::port)
-      .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0);
+      .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0)
+      .def("refuse", &PyListener::Refuse, py::arg("peer"), py::arg("code"), py::arg("times"))
+      .def_property_readonly("refusals", &PyListener::refusals);
 
   py::class_<PyTransport>(m, "Transport")
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,

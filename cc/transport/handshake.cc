@@ -5,6 +5,7 @@
 #include <map>
 #include <string_view>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/crypto.h"
 
@@ -14,6 +15,12 @@
 
 namespace tf_rdma {
 namespace {
+
+// Marks a ClientHandshake's failure as the listener's "not now" (RefusedForNow).
+constexpr char kRefusedForNowPayload[] = "tf_rdma/listener-refused-for-now";
+// What of a listener's admission reason travels: enough for a sentence naming two tasks, so a
+// refusal costs the dialer (which may retry for the whole connect timeout) little to carry.
+constexpr size_t kMaxAdmissionReasonLength = 1024;
 
 // The nonces of handshakes this process is running, in either role, with the name each was issued
 // under. A peer that sends back one issued under the name it is talking to is relaying that
@@ -115,8 +122,12 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
     const auto& reject = std::get<wire::Reject>(frame->body);
     const auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
                                                            : absl::StatusCode::kUnknown;
-    return absl::Status(code, absl::StrCat("peer at ", channel.PeerAddress(),
-                                           " refused the connection: ", reject.message));
+    absl::Status refused(code, absl::StrCat("peer at ", channel.PeerAddress(),
+                                            " refused the connection: ", reject.message));
+    // The listener's "not now" (its admission, ServerHandshake); a handshake that failed because
+    // the connection ended reads as kUnavailable too, but without a REJECT, and is not marked.
+    if (code == absl::StatusCode::kUnavailable) refused.SetPayload(kRefusedForNowPayload, absl::Cord());
+    return refused;
   }
   if (frame->type != type) {
     return absl::DataLossError(absl::StrCat("handshake with ", channel.PeerAddress(), ": expected ",
@@ -221,7 +232,7 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
 }
 
 absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,
-                                             const TransportOptions& options) {
+                                             const TransportOptions& options, const AdmitCallback& admit) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   absl::StatusOr<wire::Frame> frame = Expect(channel, wire::FrameType::kHello, deadline);
   if (!frame.ok()) return frame.status();
@@ -251,11 +262,23 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
                     std::get<wire::Proof>(frame->body).mac)) {
     return Refuse(channel, KeyMismatch(hello.name, channel.PeerAddress()));
   }
+  // Judged now, by the name the PROOF just proved, so that the initiator learns the verdict as its
+  // connect's outcome (and can try again) rather than as a connection closed after it succeeded.
+  absl::Status admitted = admit ? admit(hello.name) : absl::OkStatus();
+  if (!admitted.ok()) {
+    return Refuse(channel, absl::Status(admitted.code(),
+                                        absl::StrCat(options.local_name, " does not admit ", hello.name, ": ",
+                                                     admitted.message().substr(0, kMaxAdmissionReasonLength))));
+  }
   sent = channel.Send(wire::Frame{
       wire::FrameType::kAccept,
       wire::Accept{HandshakeToken(options.cluster_key, TokenDirection::kResponderToInitiator, exchange)}});
   if (!sent.ok()) return sent;
   return PeerIdentity{hello.name, hello.build};
+}
+
+bool RefusedForNow(const absl::Status& status) {
+  return status.GetPayload(kRefusedForNowPayload).has_value();
 }
 
 }  // namespace tf_rdma

@@ -5,7 +5,9 @@
 //   initiator -> PROOF     HMAC(key, "initiator->responder", version, backend, I, R, Ni, Nr)
 //   responder -> ACCEPT    HMAC(key, "responder->initiator", version, backend, I, R, Ni, Nr)
 // The key never travels. Either side refuses a peer that uses its own name or one of the nonces
-// this process has in flight (a relay of its own handshake back to it).
+// this process has in flight (a relay of its own handshake back to it). A responder whose listener
+// does not admit the initiator (AdmitCallback, judged by the name the PROOF proved) sends a REJECT
+// in place of the ACCEPT, with the listener's code: kUnavailable asks the initiator to try again.
 #ifndef TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 #define TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 
@@ -57,8 +59,13 @@ wire::Mac HandshakeToken(const std::string& key, TokenDirection direction,
                          const HandshakeTranscript& exchange);
 absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options);
+// `admit` (may be empty: everyone) judges the initiator once its PROOF checked out.
 absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,
-                                             const TransportOptions& options);
+                                             const TransportOptions& options,
+                                             const AdmitCallback& admit = nullptr);
+// Whether a ClientHandshake failed because the listener refused this process for now (its
+// admission answered kUnavailable): another attempt, after a backoff, may be admitted.
+bool RefusedForNow(const absl::Status& status);
 
 }  // namespace tf_rdma
 

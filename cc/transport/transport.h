@@ -147,6 +147,13 @@ class Connection {
 absl::Status DiscardedWrite();
 
 using AcceptCallback = std::function<void(std::shared_ptr<Connection>)>;
+// A listener's judgement of a peer that proved the cluster key, by the name it proved, before the
+// handshake's ACCEPT goes out: OK admits it. An error refuses it in the handshake, in place of the
+// ACCEPT, so the dialer's connect fails with that code and the reason, naming the listener:
+// kUnavailable means "not now" (e.g. the peer's previous connection has not been seen to end yet),
+// and the dialer tries again with its backoff until its connect timeout; any other code is final.
+// It runs on a handshake thread and must not block. Empty admits every peer.
+using AdmitCallback = std::function<absl::Status(const std::string& peer_name)>;
 
 class Listener {
  public:
@@ -220,7 +227,8 @@ class Transport {
   virtual Backend backend() const = 0;
   virtual absl::StatusOr<std::shared_ptr<MemoryRegion>> AllocateRegion(size_t bytes) = 0;
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
-                                                           AcceptCallback on_accept) = 0;
+                                                           AcceptCallback on_accept,
+                                                           AdmitCallback admit) = 0;
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) = 0;
 };
 

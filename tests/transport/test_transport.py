@@ -408,6 +408,53 @@ def test_wrong_cluster_key_is_refused_and_the_listener_keeps_serving(backend):
     assert listener.accept(10).peer_name == "member"
 
 
+def test_a_peer_the_listener_admits_only_later_connects_after_retrying(backend):
+    """A listener's admission that says "not now" (kUnavailable: the peer's previous connection has
+    not been seen to end yet) refuses the dial in its handshake; the dialer tries again with its
+    backoff and connects once admitted, within its connect timeout (issue 27)."""
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    listener.refuse("sender", "unavailable", 4)
+    started = time.monotonic()
+    to_receiver = transport(backend, "sender", connect_timeout=20).connect(listener.endpoint)
+    assert to_receiver.peer_name == "receiver"
+    assert listener.refusals == 4
+    assert listener.accept(10).peer_name == "sender"
+    # Four backoffs of 10, 20, 40 and 80 ms, with slack for a loaded host: not the timeout.
+    assert time.monotonic() - started < 10
+
+
+def test_a_peer_the_listener_admits_never_fails_at_once_naming_the_listener_and_why(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    listener.refuse("sender", "permission_denied", 100)
+    started = time.monotonic()
+    with pytest.raises(errors.HandshakeError) as raised:
+        transport(backend, "sender", connect_timeout=20).connect(listener.endpoint)
+    assert "receiver does not admit sender: the test refuses sender 99 more times" in str(raised.value)
+    assert listener.refusals == 1
+    assert time.monotonic() - started < 10
+    with pytest.raises(errors.OperationTimeoutError):
+        listener.accept(0.3)
+    # Others are admitted meanwhile.
+    transport(backend, "member").connect(listener.endpoint)
+    assert listener.accept(10).peer_name == "member"
+
+
+def test_a_peer_kept_waiting_past_the_connect_timeout_fails_saying_why(backend):
+    receiver = transport(backend, "receiver")
+    listener = receiver.listen(f"{HOST}:0")
+    listener.refuse("sender", "unavailable", 1 << 30)
+    started = time.monotonic()
+    with pytest.raises(errors.PeerUnavailableError) as raised:
+        transport(backend, "sender", connect_timeout=1.0).connect(listener.endpoint)
+    assert "TF_RDMA_CONNECT_TIMEOUT_MS" in str(raised.value)
+    assert "receiver does not admit sender" in str(raised.value)
+    assert 1.0 <= time.monotonic() - started < 6
+    # Tried a few times a second (ConnectBackoff), not thousands.
+    assert 2 <= listener.refusals <= 12
+
+
 def test_protocol_version_mismatch_names_both_versions(backend):
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")

@@ -249,7 +249,8 @@ absl::Status Runtime::Listen() {
     absl::StatusOr<Transport*> transport = TransportFor(backend);
     if (!transport.ok()) return transport.status();
     absl::StatusOr<std::unique_ptr<Listener>> listener = (*transport)->Listen(
-        Endpoint{"", port}, [this](std::shared_ptr<Connection> c) { OnAccepted(std::move(c)); });
+        Endpoint{"", port}, [this](std::shared_ptr<Connection> c) { OnAccepted(std::move(c)); },
+        [this](const std::string& peer) { return Admit(peer); });
     if (!listener.ok()) {
       return absl::Status(listener.status().code(),
                           absl::StrCat("tf_rdma cannot listen for task ", self.task, " on port ",
@@ -275,6 +276,33 @@ void Runtime::RecordConnection(const std::string& peer, Backend backend, const s
   });
 }
 
+absl::Status Runtime::AdmitLocked(const std::string& peer) {
+  // Any key holder can claim any task's name: a live connection is replaced only once it ended (a
+  // restarted task's old connection ends when its process does; a task frozen past the peer
+  // timeout reads the close of its old one soon after it runs again). Until then the peer is told
+  // "not now" in its handshake, and its connect tries again until TF_RDMA_CONNECT_TIMEOUT_MS.
+  auto known = peers_.find(peer);
+  if (known == peers_.end() || !known->second.connection || !known->second.connection->health().ok()) {
+    return absl::OkStatus();
+  }
+  Peer& state = known->second;
+  // Once per live connection, not once per retry of the dial.
+  if (state.wait_logged_for != state.connection.get()) {
+    state.wait_logged_for = state.connection.get();
+    LOG(WARNING) << "tf_rdma: task " << options_.local_task << " told a dial claiming to be task " << peer
+                 << " to wait: that task's connection is alive. An impersonator, or that task connecting "
+                 << "again before its old connection was seen to end (admitted once it has)";
+  }
+  return absl::UnavailableError(absl::StrCat("its connection with task ", peer,
+                                             " is alive still; a new one is admitted once it ends"));
+}
+
+absl::Status Runtime::Admit(const std::string& peer) {
+  if (options_.serve_any_peer) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  return AdmitLocked(peer);
+}
+
 void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   const std::string peer = connection->peer_name();
   if (options_.serve_any_peer) {
@@ -286,6 +314,9 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   // A task this server has not heard of yet may be a client whose cluster reaches us with its first
   // request (an eager context, a coordinator); it proved the cluster key, so it may connect.
   // Names a peer claims become records here: a key holder must not grow them without bound.
+  // Judged after the handshake, not in it (Admit): a peer that does not connect to this task and
+  // dials anyway wants the handshake itself, which proves the listener's name and key to it
+  // (`tf_rdma doctor`, named as no task; IdentityAt, asking who serves an address).
   const bool new_name_past_limit = peers_.count(peer) == 0 && peers_.size() >= kMaxPeers;
   if (!TaskOfDevice(peer + "/device:CPU:0").ok() || !(peer < options_.local_task) || new_name_past_limit) {
     connection->Close(absl::PermissionDeniedError(absl::StrCat(
@@ -293,18 +324,18 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
         "': not a task name, not the side that connects, or past ", kMaxPeers, " peer tasks")));
     return;
   }
-  Peer& state = peers_[peer];
-  // Any key holder can claim any task's name: a live connection is replaced only once it ended
-  // (a restarted task's old connection ends when its process does).
-  if (state.connection && state.connection->health().ok()) {
-    LOG(WARNING) << "tf_rdma: task " << options_.local_task << " refused a second connection claiming to be task "
-                 << peer << ", whose connection is alive: an impersonator, or that task restarted before its "
-                 << "old connection was seen to end (its next transfer connects again)";
-    connection->Close(absl::UnavailableError(absl::StrCat(
-        "task ", options_.local_task, " is connected to task ", peer,
-        " already, and that connection is alive; a new one is accepted once it ends")));
+  // Admitted in its handshake, but judged again under the lock that adopts it: of two connections
+  // claiming one name admitted at once (an impersonator's beside the task's), only the first is
+  // adopted; the other is closed, and its peer's next transfer connects again.
+  absl::Status admitted = AdmitLocked(peer);
+  if (!admitted.ok()) {
+    LOG(WARNING) << "tf_rdma: task " << options_.local_task << " closed a connection claiming to be task " << peer
+                 << ", admitted alongside another: an impersonator, or two dials at once";
+    connection->Close(absl::Status(admitted.code(), absl::StrCat("task ", options_.local_task,
+                                                                 " does not accept it: ", admitted.message())));
     return;
   }
+  Peer& state = peers_[peer];
   if (state.connection) RetireLocked(state.connection, absl::UnavailableError("peer reconnected"));
   AdoptLocked(peer, state, std::move(connection));
   state.was_connected = true;

@@ -122,6 +122,8 @@ class Runtime {
     // Set when the tf_rdma server at the address of this task name turned out to be another task's:
     // the cluster that named it renames tasks, and transfers with it stay on gRPC.
     std::string served_by;
+    // The live connection a dial claiming this name was last told to wait for (logged once each).
+    const Connection* wait_logged_for = nullptr;
   };
   // What GiveUp keeps per peer task.
   struct GivenUp {
@@ -134,6 +136,12 @@ class Runtime {
   explicit Runtime(RuntimeOptions options);
   absl::Status Listen();
   absl::StatusOr<Transport*> TransportFor(Backend backend);
+  // Whether a peer that proved the cluster key under the name `peer` may connect now: the
+  // listeners' AdmitCallback, so a refusal reaches the peer as its connect's outcome, which it
+  // retries: kUnavailable while the peer's previous connection is alive. Whether that name may
+  // connect at all OnAccepted judges, after the handshake (why there: its comment).
+  absl::Status Admit(const std::string& peer);
+  absl::Status AdmitLocked(const std::string& peer);
   void OnAccepted(std::shared_ptr<Connection> connection);
   // The one place a connection is counted in stats (accepted, connected to a task, or dialled for
   // tf.data), with the backend it runs on and why.

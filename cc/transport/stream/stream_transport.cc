@@ -362,16 +362,17 @@ absl::Status StreamTransport::AdmitPeerName(const std::string& name) {
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint& endpoint,
-                                                                  AcceptCallback on_accept) {
+                                                                  AcceptCallback on_accept, AdmitCallback admit) {
   Endpoint bound;
   absl::StatusOr<int> fd = OpenListeningSocket(endpoint, &bound);
   if (!fd.ok()) return fd.status();
-  auto handshake = [this, bound, on_accept = std::move(on_accept)](int client) {
+  auto handshake = [this, bound, on_accept = std::move(on_accept), admit = std::move(admit)](int client) {
     const std::string address = DescribePeer(client);
     SocketFrameChannel channel(client, address);
-    absl::StatusOr<PeerIdentity> peer = ServerHandshake(channel, backend(), options_);
+    absl::StatusOr<PeerIdentity> peer = ServerHandshake(channel, backend(), options_, admit);
     if (!peer.ok()) {
-      // A client that leaves without a word is a liveness probe (or a port scan), not news.
+      // A client that leaves without a word is a liveness probe (or a port scan), not news; one
+      // told "not now" by the admission (kUnavailable too) tries again, and is not news either.
       if (peer.status().code() != absl::StatusCode::kUnavailable) {
         LOG(WARNING) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
                      << bound.ToString() << ": " << peer.status();
@@ -410,8 +411,10 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     if (!peer.ok()) {
       close(*fd);
       // A listener short of handshake slots (a connection storm) refuses with kResourceExhausted:
-      // a slot frees within a handshake's time, so that is worth another attempt too.
-      return {peer.status(), peer.status().code() == absl::StatusCode::kResourceExhausted};
+      // a slot frees within a handshake's time, so that is worth another attempt too; so is a
+      // listener's admission saying "not now" (RefusedForNow).
+      return {peer.status(),
+              peer.status().code() == absl::StatusCode::kResourceExhausted || RefusedForNow(peer.status())};
     }
     absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(*fd, *peer, endpoint.ToString());
     if (!connection.ok()) return {connection.status()};

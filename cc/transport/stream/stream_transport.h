@@ -25,8 +25,8 @@ class StreamTransport : public Transport {
  public:
   ~StreamTransport() override;
   Backend backend() const override { return backend_; }
-  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
-                                                   AcceptCallback on_accept) override;
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint, AcceptCallback on_accept,
+                                                   AdmitCallback admit) override;
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint& endpoint) override;
 
  protected:

@@ -121,9 +121,9 @@ class VerbsTransport;
 class VerbsListener : public Listener {
  public:
   VerbsListener(VerbsTransport* transport, rdma_event_channel* channel, rdma_cm_id* id, Endpoint endpoint,
-                size_t max_concurrent_handshakes, AcceptCallback on_accept)
+                size_t max_concurrent_handshakes, AcceptCallback on_accept, AdmitCallback admit)
       : transport_(transport), channel_(channel), id_(id), endpoint_(std::move(endpoint)),
-        on_accept_(std::move(on_accept)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        on_accept_(std::move(on_accept)), admit_(std::move(admit)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
         handshakes_(std::in_place, max_concurrent_handshakes) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -148,6 +148,7 @@ class VerbsListener : public Listener {
   rdma_cm_id* const id_;
   const Endpoint endpoint_;
   const AcceptCallback on_accept_;
+  const AdmitCallback admit_;
   const int stop_fd_;
   std::atomic<bool> stopping_{false};
   std::optional<HandshakeThreads> handshakes_;  // reset: joined before id_ goes
@@ -209,7 +210,8 @@ class VerbsTransport : public Transport {
                                                 std::move(registrations), devices_);
   }
 
-  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint, AcceptCallback on_accept) override {
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint, AcceptCallback on_accept,
+                                                   AdmitCallback admit) override {
     absl::StatusOr<sockaddr_storage> address = ResolveIp(endpoint, true);
     if (!address.ok()) return address.status();
     absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
@@ -226,7 +228,7 @@ class VerbsTransport : public Transport {
     Endpoint bound{endpoint.host.empty() ? "0.0.0.0" : endpoint.host, ntohs(rdma_get_src_port(cm.id))};
     auto listener = std::make_unique<VerbsListener>(this, cm.channel, cm.id, bound,
                                                     options_.limits.max_concurrent_handshakes,
-                                                    std::move(on_accept));
+                                                    std::move(on_accept), std::move(admit));
     cm.Release();
     return listener;
   }
@@ -360,6 +362,8 @@ class VerbsTransport : public Transport {
         ClientHandshake(connection->handshake_channel(), Backend::kVerbs, options_);
     if (!peer.ok()) {
       connection->Close(peer.status());
+      // The listener's admission said "not now" (RefusedForNow): another attempt may be admitted.
+      *retry = RefusedForNow(peer.status());
       return peer.status();
     }
     connection->Established(*peer);
@@ -448,9 +452,11 @@ void VerbsListener::Accept(rdma_cm_id* child) {
   }
   connection->Start(transport_->loops());
   absl::StatusOr<PeerIdentity> peer =
-      ServerHandshake(connection->handshake_channel(), Backend::kVerbs, options);
+      ServerHandshake(connection->handshake_channel(), Backend::kVerbs, options, admit_);
   if (!peer.ok()) {
     connection->Close(peer.status());
+    // A peer told "not now" by the admission tries again: not worth a warning each time.
+    if (absl::IsUnavailable(peer.status())) return;
     return refuse(peer.status());
   }
   connection->Established(*peer);

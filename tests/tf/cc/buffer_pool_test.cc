@@ -28,7 +28,7 @@ class RegionMaker : public Transport {
     made.push_back(region);
     return region;
   }
-  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint&, AcceptCallback) override {
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Endpoint&, AcceptCallback, AdmitCallback) override {
     return absl::UnimplementedError("not a transport");
   }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Endpoint&) override {

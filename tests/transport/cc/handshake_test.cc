@@ -155,8 +155,8 @@ Running Initiator(Link& link, const TransportOptions& options) {
                  link.to_responder);
 }
 
-Running Responder(Link& link, const TransportOptions& options) {
-  return Running([&link, options] { return ServerHandshake(link.responder, Backend::kTcp, options); },
+Running Responder(Link& link, const TransportOptions& options, AdmitCallback admit = nullptr) {
+  return Running([&link, options, admit] { return ServerHandshake(link.responder, Backend::kTcp, options, admit); },
                  link.to_initiator);
 }
 
@@ -189,6 +189,70 @@ TEST_F(Handshake, AnInitiatorWithAnotherKeyIsRefusedAndLearnsNothingOfTheKey) {
   EXPECT_NE(at_responder.message().find("cluster key mismatch with worker"), std::string::npos) << at_responder;
   EXPECT_FALSE(initiator.Result().ok());
   EXPECT_EQ(link.responder.sent(), (std::vector{wire::FrameType::kChallenge, wire::FrameType::kReject}));
+}
+
+// The listener's admission (issue 27): judged once the PROOF checked out, by the proven name, and
+// its refusal sent in place of the ACCEPT, so that the initiator's connect fails with its code.
+TEST_F(Handshake, AResponderNotAdmittingTheInitiatorNowRefusesInPlaceOfTheAcceptAndItMayRetry) {
+  Link link;
+  std::vector<std::string> judged;
+  Running responder = Responder(link, Options("ps"), [&judged](const std::string& peer) {
+    judged.push_back(peer);
+    return absl::UnavailableError("its old connection is alive still");
+  });
+  Running initiator = Initiator(link, Options("worker"));
+  const absl::Status at_initiator = initiator.Result().status();
+  const absl::Status at_responder = responder.Result().status();
+  EXPECT_EQ(judged, std::vector<std::string>{"worker"});
+  EXPECT_EQ(at_initiator.code(), absl::StatusCode::kUnavailable) << at_initiator;
+  EXPECT_NE(at_initiator.message().find("ps does not admit worker: its old connection is alive still"),
+            std::string::npos)
+      << at_initiator;
+  EXPECT_TRUE(RefusedForNow(at_initiator)) << at_initiator;
+  EXPECT_EQ(at_responder.code(), absl::StatusCode::kUnavailable) << at_responder;
+  EXPECT_EQ(link.responder.sent(), (std::vector{wire::FrameType::kChallenge, wire::FrameType::kReject}));
+}
+
+TEST_F(Handshake, AnInitiatorTheResponderNeverAdmitsIsRefusedForGood) {
+  Link link;
+  Running responder = Responder(link, Options("ps"), [](const std::string&) {
+    return absl::PermissionDeniedError("not the side that connects");
+  });
+  Running initiator = Initiator(link, Options("worker"));
+  const absl::Status at_initiator = initiator.Result().status();
+  EXPECT_EQ(at_initiator.code(), absl::StatusCode::kPermissionDenied) << at_initiator;
+  EXPECT_NE(at_initiator.message().find("ps does not admit worker: not the side that connects"), std::string::npos)
+      << at_initiator;
+  EXPECT_FALSE(RefusedForNow(at_initiator)) << at_initiator;
+  EXPECT_FALSE(responder.Result().ok());
+}
+
+TEST_F(Handshake, TheAdmissionJudgesOnlyInitiatorsThatProvedTheKey) {
+  Link link;
+  bool judged = false;
+  Running responder = Responder(link, Options("ps"), [&judged](const std::string&) {
+    judged = true;
+    return absl::OkStatus();
+  });
+  Running initiator = Initiator(link, Options("worker", "another key"));
+  EXPECT_EQ(responder.Result().status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(initiator.Result().ok());
+  EXPECT_FALSE(judged);
+}
+
+TEST_F(Handshake, AResponderThatHangsUpInPlaceOfTheAcceptIsNoRefusalForNow) {
+  // kUnavailable as well, but the connection ended: not the listener's "not now".
+  Link link;
+  Running initiator = Initiator(link, Options("worker"));
+  PipeChannel& responder = link.responder;
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  ASSERT_TRUE(responder.Receive(deadline).ok());
+  ASSERT_TRUE(responder.Send(wire::Frame{wire::FrameType::kChallenge, GreetingOf("ps", NonceOf(11))}).ok());
+  ASSERT_TRUE(responder.Receive(deadline).ok());
+  link.to_initiator.Close();
+  const absl::Status at_initiator = initiator.Result().status();
+  EXPECT_EQ(at_initiator.code(), absl::StatusCode::kUnavailable) << at_initiator;
+  EXPECT_FALSE(RefusedForNow(at_initiator)) << at_initiator;
 }
 
 class HandshakeTokenTest : public Handshake {
