@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cc/transport/handshake.h"
 #include "cc/transport/transport.h"
 
 namespace tf_rdma {
@@ -47,14 +48,20 @@ inline absl::StatusOr<std::shared_ptr<Connection>> ConnectWithRetries(
     const std::function<ConnectAttempt(absl::Time deadline)>& attempt) {
   const absl::Time deadline = absl::Now() + timeout;
   ConnectBackoff backoff(deadline);
+  // The listener's last "not now": the reason the dial kept trying, which names the true cause
+  // even when the last attempt ran out of time half way (rdma_cm under load) rather than being
+  // refused again.
+  absl::Status refused;
   while (true) {
     ConnectAttempt tried = attempt(deadline);
     if (tried.connection.ok() || !tried.retry) return std::move(tried.connection);
+    if (RefusedForNow(tried.connection.status())) refused = tried.connection.status();
     if (!backoff.Wait()) {
+      const absl::Status& why = refused.ok() ? tried.connection.status() : refused;
       return absl::UnavailableError(absl::StrCat(
           "could not reach the tf_rdma ", BackendName(backend), " listener of peer ", endpoint.ToString(),
-          " within ", absl::FormatDuration(timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ",
-          tried.connection.status().message(), ". Is the peer running, with tf_rdma loaded?"));
+          " within ", absl::FormatDuration(timeout), " (TF_RDMA_CONNECT_TIMEOUT_MS): ", why.message(),
+          refused.ok() ? ". Is the peer running, with tf_rdma loaded?" : ""));
     }
   }
 }

@@ -4,6 +4,7 @@ Soft-RoCE guest's transport suite leaves idle, or while fault tests wait out the
 the matrix runs last: a fresh machine downloads six TensorFlow wheels and builds tf_rdma six times,
 minutes of CI that would otherwise come on top of the rest."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,10 +33,12 @@ def pytest_collection_modifyitems(config, items):
     build_id = uuid.uuid4().hex
     log = tensorflow_versions.cache_root() / "prepare.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # Its disk writes (six venvs, 11 GiB unpacked) wait for everyone else's too.
+    idle_io = ["ionice", "-c", "3"] if shutil.which("ionice") else []
     with open(log, "w") as out:
         _preparation["process"] = subprocess.Popen(
-            [sys.executable, str(REPO / "tools" / "tensorflow_versions.py"), "prepare", "--build-id", build_id,
-             *wheels], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+            [*idle_io, sys.executable, str(REPO / "tools" / "tensorflow_versions.py"), "prepare", "--build-id",
+             build_id, *wheels], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
             preexec_fn=_at_lowest_priority, start_new_session=True)
     _preparation["build_id"] = build_id
 

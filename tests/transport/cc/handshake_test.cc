@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "cc/transport/connect_retry.h"
 #include "cc/transport/crypto.h"
 
 namespace tf_rdma {
@@ -253,6 +254,34 @@ TEST_F(Handshake, AResponderThatHangsUpInPlaceOfTheAcceptIsNoRefusalForNow) {
   const absl::Status at_initiator = initiator.Result().status();
   EXPECT_EQ(at_initiator.code(), absl::StatusCode::kUnavailable) << at_initiator;
   EXPECT_FALSE(RefusedForNow(at_initiator)) << at_initiator;
+}
+
+// A dial the listener kept refusing "not now" and whose last attempt then ran out of time some
+// other way (rdma_cm under emulation) gives up naming the refusal, the true cause, and not asking
+// whether the peer runs tf_rdma at all.
+TEST_F(Handshake, ADialThatGivesUpAfterRefusalsNamesTheRefusalWhateverItsLastAttemptMet) {
+  Link link;
+  Running responder = Responder(link, Options("ps"), [](const std::string&) {
+    return absl::UnavailableError("its old connection is alive still");
+  });
+  Running initiator = Initiator(link, Options("worker"));
+  const absl::Status refused = initiator.Result().status();
+  ASSERT_TRUE(RefusedForNow(refused)) << refused;
+  int attempts = 0;
+  const absl::Status gave_up =
+      ConnectWithRetries(Backend::kVerbs, Endpoint{"10.0.0.1", 7}, absl::Milliseconds(50),
+                         [&](absl::Time) {
+                           ++attempts;
+                           if (attempts == 1) return ConnectAttempt{refused, true};
+                           return ConnectAttempt{absl::UnavailableError("rdma_cm: no answer in time"), true};
+                         })
+          .status();
+  EXPECT_GE(attempts, 2);
+  EXPECT_EQ(gave_up.code(), absl::StatusCode::kUnavailable) << gave_up;
+  EXPECT_NE(gave_up.message().find("TF_RDMA_CONNECT_TIMEOUT_MS"), std::string::npos) << gave_up;
+  EXPECT_NE(gave_up.message().find("ps does not admit worker: its old connection is alive still"), std::string::npos)
+      << gave_up;
+  EXPECT_EQ(gave_up.message().find("Is the peer running"), std::string::npos) << gave_up;
 }
 
 class HandshakeTokenTest : public Handshake {
