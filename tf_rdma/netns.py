@@ -182,8 +182,10 @@ class Network:
     def delay(self, ms, jitter_ms=0.0, seed=0):
         """Delays every IPv4 packet on the bridge by a time drawn uniformly from [ms - jitter_ms,
         ms + jitter_ms] (by a random.Random(seed)), each direction, until undelay()."""
-        assert self.delayer is None, "delay already applied"
-        assert 0 <= jitter_ms <= ms, (ms, jitter_ms)
+        if self.delayer is not None:
+            raise RuntimeError("a delay is applied already: undelay() it first")
+        if not 0 <= jitter_ms <= ms:
+            raise ValueError(f"delay {ms} ms with jitter {jitter_ms} ms: the jitter must be between 0 and the delay")
         check_tools(("iptables-legacy",), "delays on the link")
         _run("ip", "netns", "exec", self.switch, "tee", "/proc/sys/net/bridge/bridge-nf-call-iptables", input="1\n")
         command = ["ip", "netns", "exec", self.switch, sys.executable, str(DELAYER), str(QUEUE),
@@ -212,6 +214,8 @@ class Network:
         """Removes delay()'s rule, then stops its delayer once it has released every packet it
         holds (each at its time): a status other than 0 or a stuck delayer raises, naming it."""
         process, self.delayer = self.delayer, None
+        if process is None:
+            raise RuntimeError("no delay is applied")
         try:
             self._in_switch("iptables-legacy", "-w", "-t", "mangle", "-D", *QUEUE_RULE)
         finally:

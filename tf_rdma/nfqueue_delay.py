@@ -42,6 +42,8 @@ NFGEN = struct.Struct("!BBH")         # family, version, resource id = the queue
 NLATTR = struct.Struct("=HH")         # length, type
 # A packet message: NFQA_PACKET_HDR's packet id; the attributes after it are not needed.
 PACKET_ID = struct.Struct("!I")
+# Verdicts (32 bytes each) per datagram: well inside a netlink socket's default send buffer.
+VERDICTS_PER_SEND = 256
 
 
 def _attribute(kind, payload):
@@ -128,8 +130,10 @@ def run(queue, delay_ms, jitter_ms, seed, maxlen):
             _, _, packet = heapq.heappop(held)
             verdicts.append(_message(NFQNL_MSG_VERDICT, queue,
                                      [_attribute(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, packet))]))
-        if verdicts:  # one send: the kernel processes every message of a datagram in turn
-            sock.send(b"".join(verdicts))
+        # A few sends, not one per packet: the kernel processes every message of a datagram in turn,
+        # but a datagram must fit the socket's send buffer, and after a stall thousands fall due.
+        for first in range(0, len(verdicts), VERDICTS_PER_SEND):
+            sock.send(b"".join(verdicts[first:first + VERDICTS_PER_SEND]))
         timeout = max(0.0, held[0][0] - time.monotonic()) if held else 0.1
         if stopping:
             time.sleep(timeout)

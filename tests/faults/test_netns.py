@@ -202,6 +202,23 @@ def test_closing_a_delayed_network_stops_its_delayer():
     assert not ours()
 
 
+def test_a_delay_misused_says_how_and_changes_nothing():
+    before = delayers()
+    with netns.Network() as net:
+        with pytest.raises(RuntimeError, match="no delay is applied"):
+            net.undelay()
+        with pytest.raises(ValueError, match="the jitter must be between 0 and the delay"):
+            net.delay(5, jitter_ms=6)
+        assert not delayers() - before
+        net.delay(5)
+        with pytest.raises(RuntimeError, match="a delay is applied already"):
+            net.delay(5)
+        assert len(delayers() - before) == 1
+        net.undelay()
+    assert not delayers() - before
+    assert not ours()
+
+
 def test_a_delayer_that_cannot_start_is_named_and_leaves_no_rule(monkeypatch, tmp_path):
     failing = tmp_path / "delayer.py"
     failing.write_text("import sys; sys.exit('cannot bind: injected')\n")
