@@ -8,7 +8,10 @@ has a second RDMA device, rxe1, which cannot reach guest-b: the device must be c
   (verbs_faults_across_hosts.py).
 - A TF1 session with the ps on guest-a and the worker on guest-b, over gRPC and over tf_rdma with
   TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host;
-  then again with the link impaired (1% loss, 20 +- 5 ms): the same results, and the step rates.
+  a step caught by a partition longer than the peer timeout fails over tf_rdma within it, naming
+  the ps; once healed, the training again, through a short partition, gives the same results with
+  no error and no new connection; then again with the link impaired (1% loss, 20 +- 5 ms): the
+  same results, and the step rates.
 
 Skipped when the harness's host packages are missing, unless CI is set: then it fails
 (tests/softroce/conftest.py).
@@ -18,6 +21,7 @@ import re
 
 import pytest
 
+from tests.softroce import tf_across_hosts
 from tests.softroce.guest_loader import PYTHON, REPO, guest
 
 AGENT_PORT = 7700
@@ -57,10 +61,11 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
 
 # Above the sum of this test's own waits, so they fail first, with the guests' output.
 @pytest.mark.timeout(700)
-def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc_and_under_loss(softroce):
+def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical_to_grpc_through_partitions_and_loss(softroce):
     ps_ip, worker_ip = guest.LINK_IPS
     script = "tests.softroce.tf_across_hosts"
-    env = {"TF_RDMA_BACKEND": "auto", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    env = {"TF_RDMA_BACKEND": "auto", "TF_CPP_MIN_LOG_LEVEL": "1",
+           "TF_RDMA_PEER_TIMEOUT_MS": str(tf_across_hosts.PEER_TIMEOUT_MS)}
     a, b, report = linked(softroce, [PYTHON, "-m", script, "ps", ps_ip, worker_ip], env,
                           [PYTHON, "-m", script, "worker", ps_ip, worker_ip], env, timeout=600)
     assert b.returncode == 0 and a.returncode == 0, report
@@ -70,10 +75,21 @@ def test_tf1_session_ps_and_worker_on_two_hosts_auto_chooses_verbs_bit_identical
 
     worker = result(b.output)
     digests, rates = worker["digests"], worker["steps_per_second"]
-    # Under 1% loss and 20 +- 5 ms of delay too: no step lost, changed or repeated on either.
-    assert digests["rdma"] == digests["grpc"] == digests["rdma_impaired"] == digests["grpc_impaired"], report
+    # After a long partition, through a short one, and under 1% loss and 20 +- 5 ms of delay: no
+    # step lost, changed or repeated on either.
+    assert len(set(digests.values())) == 1 and len(digests) == 6, report
     print(f"steps/s: {rates}; under the impairment tf_rdma/gRPC = "
           f"{rates['rdma_impaired'] / rates['grpc_impaired']:.2f}")
+    long_partition, short_partition = worker["long_partition"], worker["short_partition"]
+    print(f"a step caught by a {tf_across_hosts.LONG_PARTITION_S:.0f} s partition: {long_partition}")
+    print(f"a step through a {tf_across_hosts.SHORT_PARTITION_S:.0f} s partition: "
+          f"gRPC {short_partition['grpc']['step_s']:.2f} s, tf_rdma {short_partition['rdma']['step_s']:.2f} s")
+    caught = long_partition["rdma"]
+    assert caught["error"] == "UnavailableError" and "/job:ps/replica:0/task:0" in caught["message"], report
+    assert caught["failed_after_s"] < tf_across_hosts.PEER_TIMEOUT_MS / 1000 + tf_across_hosts.LONG_PARTITION_SLACK_S, report
+    # The short partition: the connection carried on, and no error was counted against the ps.
+    before, after = short_partition["rdma"]["peer_before"], short_partition["rdma"]["peer_after"]
+    assert (after["connects"], after["errors"]) == (before["connects"], before["errors"]), short_partition
     peer = worker["stats"]["peers"]["/job:ps/replica:0/task:0"]
     assert peer["backend"] == "verbs", peer
     assert peer["tensors_received"] > 0 and peer["tensors_sent"] > 0 and peer["dead_tensors"] > 0, peer

@@ -11,8 +11,13 @@ the ps, a cond whose branches run on the ps (dead tensors cross), tensors of cha
 ways (small, then growing: the receiver's grants after the header grow and shrink), strings, an
 empty tensor, and the values read back.
 
-Then the same again with the link impaired (link_impairment.py: 1% loss, 20 ms +- 5 ms, on both
-guests' egress; issue 27), over each transport in the same processes: the results must not
+Then, over each transport in the same processes (issue 27), partitions (link_impairment.Partition,
+everything on the link dropped both ways at guest-b's end): one step of a small session begun as
+the link is cut for LONG_PARTITION_S, longer than the peer timeout (PEER_TIMEOUT_MS, both guests):
+how it fails and when; then, healed, the training again from the start with a partition of
+SHORT_PARTITION_S during one of its steps: the results must not change, and tf_rdma must neither
+fail nor replace its connection for it. Last, the training again with the link impaired
+(link_impairment.py: 1% loss, 20 ms +- 5 ms, on both guests' egress): the results must not
 change, and the step rates under the impairment compare tf_rdma (verbs) with gRPC.
 
 usage: tf_across_hosts.py ps|worker PS_IP WORKER_IP
@@ -20,14 +25,18 @@ usage: tf_across_hosts.py ps|worker PS_IP WORKER_IP
 ps: serves until the worker guest's command has ended (SOFTROCE_SHARED/guest-b.exit), impairing
 its side of the link when the worker asks (SOFTROCE_SHARED/impair), then prints "RESULT " and its
 tf_rdma stats as JSON. worker: runs the session over each transport, unimpaired then impaired, and
-prints "RESULT " and {"digests": {"grpc"|"rdma"|"grpc_impaired"|"rdma_impaired": digest},
-"steps_per_second": {the same keys: rate}, "stats": its tf_rdma stats}.
+prints "RESULT " and {"digests": {"grpc"|"rdma" + ""|"_after_partition"|"_impaired": digest},
+"steps_per_second": {the same keys: rate}, "long_partition": {"grpc"|"rdma": {"error", "message",
+"failed_after_s"}}, "short_partition": {"grpc"|"rdma": {"step_s"; for rdma "peer_before",
+"peer_after": the ps's peer stats around the step}}, "stats": its tf_rdma stats}.
 """
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +50,16 @@ STEPS = 12
 TIMEOUT = float(os.environ.get("TF_ACROSS_HOSTS_TIMEOUT", "900"))
 IMPAIR_TIMEOUT = 60.0  # s for the other guest to answer about the impairment
 PS, WORKER = "/job:ps/task:0", "/job:worker/task:0"
+PS_TASK = "/job:ps/replica:0/task:0"  # as tf_rdma's stats and errors name it
+PEER_TIMEOUT_MS = 4000  # TF_RDMA_PEER_TIMEOUT_MS on both guests (test_two_hosts.py sets it)
+# A step caught by a partition longer than the peer timeout: tf_rdma must fail it within the peer
+# timeout plus the emulated guests' slack (verbs_faults_across_hosts.py's); gRPC, with no keepalive
+# set, waits for the step's deadline, set beyond that.
+LONG_PARTITION_SLACK_S = 4.0
+STEP_DEADLINE_MS = 9000
+LONG_PARTITION_S = 10.0
+SHORT_PARTITION_S = 1.0  # a quarter of the peer timeout: TCP's retransmission after it comes well within
+SHORT_PARTITION_STEP = 5
 
 
 def servers(tf, ps_ip, worker_ip, job):
@@ -50,9 +69,10 @@ def servers(tf, ps_ip, worker_ip, job):
             "rdma": tf_rdma.Server(clusters["rdma"], job_name=job, task_index=0)}
 
 
-def train(tf, target):
+def train(tf, target, fault=None):
     """({name: array} after STEPS SGD steps of a linear model on the ps, computed on the worker;
-    the steps per second after the first, which also sets the session up)."""
+    the steps per second after the first, which also sets the session up). `fault`: a context
+    manager wrapped around step SHORT_PARTITION_STEP."""
     rng = np.random.default_rng(11)
     x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
     graph = tf.Graph()
@@ -97,7 +117,8 @@ def train(tf, target):
             for i in range(STEPS):
                 if i == 1:
                     timed = time.monotonic()
-                results[f"loss_{i}"] = sess.run([update, loss])[1]
+                with fault if fault and i == SHORT_PARTITION_STEP else contextlib.nullcontext():
+                    results[f"loss_{i}"] = sess.run([update, loss])[1]
             steps_per_second = (STEPS - 1) / (time.monotonic() - timed)
             results["cond_true"] = sess.run(chosen, {pred: True})
             results["cond_false"] = sess.run(chosen, {pred: False})
@@ -118,6 +139,60 @@ def digest(arrays):
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def partitioned_for(seconds, record, peer_stats=None):
+    """Cuts the link as the block begins and heals it `seconds` later, whether or not the block has
+    ended, and waits for the heal before going on. Records the block's time and, with `peer_stats`,
+    the ps's peer record before and after."""
+    if peer_stats:
+        record["peer_before"] = peer_stats()
+    partition = link_impairment.Partition(link_impairment.EVERYTHING).__enter__()
+    heal_errors = []
+
+    def heal():
+        try:
+            partition.__exit__(None, None, None)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+            heal_errors.append(e)
+
+    healer = threading.Timer(seconds, heal)
+    healer.start()
+    try:
+        yield
+        record["step_s"] = time.monotonic() - partition.started
+    finally:
+        healer.join()
+        if heal_errors:
+            raise RuntimeError(f"the partition could not be healed: {heal_errors[0]}")
+    if peer_stats:
+        record["peer_after"] = peer_stats()
+
+
+def step_across_long_partition(tf, target):
+    """One step of a small session (a tensor from the ps to the worker) begun as the link is cut
+    for LONG_PARTITION_S; returns how it ended ("error": its class or None, "message",
+    "failed_after_s" into the partition), once the link is healed."""
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(PS):
+            v = tf.compat.v1.Variable(np.arange(1024, dtype=np.float32), name="across")
+            doubled = v * 2.0
+        with tf.device(WORKER):
+            read = doubled + 1.0
+    with tf.compat.v1.Session(target, graph=graph) as sess:
+        sess.run(v.initializer)
+        sess.run(read)  # the connections are up before the cut
+        with link_impairment.Partition(link_impairment.EVERYTHING) as partition:
+            try:
+                sess.run(read, options=tf.compat.v1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS))
+                outcome = {"error": None, "message": ""}
+            except tf.errors.OpError as e:
+                outcome = {"error": type(e).__name__, "message": str(e)[:2000]}
+            outcome["failed_after_s"] = time.monotonic() - partition.started
+            time.sleep(max(0.0, LONG_PARTITION_S - (time.monotonic() - partition.started)))
+    return outcome
 
 
 def wait_for(path, what):
@@ -168,16 +243,27 @@ def main(role, ps_ip, worker_ip):
             time.sleep(0.5)
         print("RESULT " + json.dumps(tf_rdma.stats()), flush=True)
         os._exit(0)  # the servers would wait for a peer that is gone
-    digests, rates = {}, {}
-    for impaired in (False, True):
-        if impaired:
-            impair_link(shared)
-        for t in ("grpc", "rdma"):
-            name = t + ("_impaired" if impaired else "")
-            results, rates[name] = train(tf, held[t].target)
-            digests[name] = digest(results)
-    print("RESULT " + json.dumps({"digests": digests, "steps_per_second": rates, "stats": tf_rdma.stats()}),
-          flush=True)
+    digests, rates, long_partition, short_partition = {}, {}, {}, {}
+
+    def run(name, target, fault=None):
+        results, rates[name] = train(tf, target, fault)
+        digests[name] = digest(results)
+
+    def ps_peer_stats():
+        return tf_rdma.stats()["peers"].get(PS_TASK)
+
+    for t in ("grpc", "rdma"):
+        run(t, held[t].target)
+    for t in ("grpc", "rdma"):
+        long_partition[t] = step_across_long_partition(tf, held[t].target)
+        short_partition[t] = {}
+        run(t + "_after_partition", held[t].target,
+            partitioned_for(SHORT_PARTITION_S, short_partition[t], ps_peer_stats if t == "rdma" else None))
+    impair_link(shared)
+    for t in ("grpc", "rdma"):
+        run(t + "_impaired", held[t].target)
+    print("RESULT " + json.dumps({"digests": digests, "steps_per_second": rates, "long_partition": long_partition,
+                                  "short_partition": short_partition, "stats": tf_rdma.stats()}), flush=True)
     sys.stdout.flush()
     os._exit(0)
 

@@ -14,8 +14,6 @@ its verbs part). Not named test_*: it runs only in that guest, by path.
   new connection works, and the stale one delivers nothing and blocks nothing.
 """
 import contextlib
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -29,9 +27,6 @@ PEER_TIMEOUT = 3.0  # s, both sides; as tests/faults (TF_RDMA_PEER_TIMEOUT_MS=30
 # What the waiting side may take beyond the peer timeout to fail: a tick of its I/O loop, and the
 # guests' emulation (the transport suite's hung-peer case allows the same).
 SLACK = 4.0
-ROCE_V2_PORT = 4791
-NFT = shutil.which("nft") or "/usr/sbin/nft"
-TABLE = "tf_rdma_partition"
 
 pytestmark = pytest.mark.peer_process
 
@@ -62,22 +57,6 @@ def lossy_link():
     """1% loss and 20 +- 5 ms of delay, packets kept in order."""
     with impaired_link(link_impairment.NETEM):
         yield
-
-
-class Partition:
-    """Drops RoCE v2 both ways at guest-a: no packet crosses, no error packet is made."""
-
-    def __enter__(self):
-        rules = "\n".join(
-            f"add chain inet {TABLE} {hook} {{ type filter hook {hook} priority 0; }}\n"
-            f"add rule inet {TABLE} {hook} udp dport {ROCE_V2_PORT} drop" for hook in ("input", "output"))
-        subprocess.run([NFT, "-f", "-"], input=f"add table inet {TABLE}\n{rules}\n", check=True, timeout=30,
-                       capture_output=True, text=True)
-        self.started = time.monotonic()
-        return self
-
-    def __exit__(self, *exc):  # heals it
-        link_impairment.run([NFT, "delete", "table", "inet", TABLE])
 
 
 def peer_connected(listener, *actions):
@@ -170,7 +149,7 @@ def test_a_partition_shorter_than_the_peer_timeout_heals_with_no_error_and_no_lo
     try:
         connection.write(1, pattern(size, 0)).wait(60)
         region = local.allocate_region(size)
-        with Partition():
+        with link_impairment.Partition():
             in_flight = connection.write(1, pattern(size, 1))  # its grant or its data meets the partition
             reply = connection.grant(2, region, 0, size)
             time.sleep(outage)
@@ -191,7 +170,7 @@ def test_a_partition_longer_than_the_peer_timeout_fails_the_waiting_side_and_a_n
     # The stale peer's write waits for guest-a's grant, which the partition holds back.
     stale_peer, stale = peer_connected(listener, f"write:1:{size}:66", "print:written")
     try:
-        with Partition() as partition:
+        with link_impairment.Partition() as partition:
             stale_region = local.allocate_region(size)
             waiting = stale.grant(1, stale_region, 0, size)
             with pytest.raises(errors.PeerUnavailableError, match="peer-process") as raised:
