@@ -2,7 +2,8 @@
 on eth0's egress, in each guest, so both directions are impaired; and partitions, nftables drops at
 one guest's end of the link, both ways.
 
-NETEM: 1% loss and 20 ms +- 5 ms of delay. `rate` keeps the packets in order, as a link does.
+NETEM: 1% loss, 1% duplication and 20 ms +- 5 ms of delay. `rate` keeps the packets in order, as a
+link does.
 REORDERING: the same jitter without `rate`: netem then gives each packet its own delay, so packets
 overtake each other and RC's go-back-N retransmission slows a message to a crawl (docs/faults.md,
 "What they found")."""
@@ -10,7 +11,7 @@ import shutil
 import subprocess
 import time
 
-NETEM = ["loss", "1%", "delay", "20ms", "5ms", "rate", "1gbit"]
+NETEM = ["loss", "1%", "duplicate", "1%", "delay", "20ms", "5ms", "rate", "1gbit"]
 REORDERING = ["delay", "20ms", "5ms"]
 LINK = "eth0"  # tools/softroce/guest.py LINK_NETDEV: the linked guests' NIC
 TC = shutil.which("tc") or "/usr/sbin/tc"

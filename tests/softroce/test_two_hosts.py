@@ -10,7 +10,7 @@ has a second RDMA device, rxe1, which cannot reach guest-b: the device must be c
   TF_RDMA_BACKEND=auto: bit-identical results, and auto chose verbs for the peer on the other host;
   a step caught by a partition longer than the peer timeout fails over tf_rdma within it, naming
   the ps; once healed, the training again, through a short partition, gives the same results with
-  no error and no new connection; then again with the link impaired (1% loss, 20 +- 5 ms): the
+  no error and no new connection; then again with the link impaired (1% loss, 1% duplication, 20 +- 5 ms): the
   same results, and the step rates.
 
 Skipped when the harness's host packages are missing, unless CI is set: then it fails

@@ -17,7 +17,7 @@ the link is cut for LONG_PARTITION_S, longer than the peer timeout (PEER_TIMEOUT
 how it fails and when; then, healed, the training again from the start with a partition of
 SHORT_PARTITION_S during one of its steps: the results must not change, and tf_rdma must neither
 fail nor replace its connection for it. Last, the training again with the link impaired
-(link_impairment.py: 1% loss, 20 ms +- 5 ms, on both guests' egress): the results must not
+(link_impairment.py: 1% loss, 1% duplication, 20 ms +- 5 ms, on both guests' egress): the results must not
 change, and the step rates under the impairment compare tf_rdma (verbs) with gRPC.
 
 usage: tf_across_hosts.py ps|worker PS_IP WORKER_IP

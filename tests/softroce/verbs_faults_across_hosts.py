@@ -2,7 +2,7 @@
 peer on guest-b: verbs connections across the guests' link while the link is impaired (issue 27,
 its verbs part). Not named test_*: it runs only in that guest, by path.
 
-- Loss and delay (link_impairment.py: 1% loss, 20 ms +- 5 ms) on eth0's egress of both guests,
+- Loss, duplication and delay (link_impairment.py: 1% loss, 1% duplication, 20 ms +- 5 ms) on eth0's egress of both guests,
   guest-b's set through the peer agent. Every message must arrive exact and in order, both ways.
 - Reordering (the same jitter without `rate`): one message takes longer than the peer timeout to
   cross, and nothing else the sender sends can arrive before it; it must arrive exact, and neither
@@ -86,7 +86,7 @@ def sizes(count):
     return [1 + (i * 37_139) % (256 << 10) for i in range(count)]
 
 
-def test_under_loss_and_delay_every_message_arrives_exact_and_in_order_both_ways(lossy_link):
+def test_under_loss_duplication_and_delay_every_message_arrives_exact_once_and_in_order_both_ways(lossy_link):
     count = 16
     local = transport("verbs", "guest-a", peer_timeout=PEER_TIMEOUT, connect_timeout=30)
     listener = local.listen(f"{HOST}:0")
