@@ -264,7 +264,7 @@ receiver.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)  # SO_RCVBUFFORCE: root, no
 receiver.bind(("0.0.0.0", {UDP_PORT}))
 receiver.settimeout(30.0)
 copies = collections.Counter()
-print("bound", flush=True)
+print("ready", flush=True)
 try:
     while True:
         copies[receiver.recv(64)] += 1
@@ -278,7 +278,7 @@ THROUGHPUT_PORT = 5002
 THROUGHPUT_SINK = f"""
 import socket, time
 listener = socket.create_server(("0.0.0.0", {THROUGHPUT_PORT}))
-print("listening", flush=True)
+print("ready", flush=True)
 connection, _ = listener.accept()
 started, received = time.monotonic(), 0
 while data := connection.recv(1 << 20):
@@ -294,37 +294,31 @@ while time.monotonic() < until:
 """
 
 
-def in_host(net, host, script, *args, **kwargs):
-    return subprocess.Popen(["ip", "netns", "exec", net.namespace(host), sys.executable, "-c", script, *args],
-                            stdout=subprocess.PIPE, text=True, **kwargs)
+def measured(net, sender, receiver, measurer, sending, *args):
+    """What the script `measurer` prints at its end, run on `receiver` while the script `sending`
+    runs on `sender` (with `args`) once the measurer said it is ready."""
+    def python(host, script, *args):
+        return ["ip", "netns", "exec", net.namespace(host), sys.executable, "-c", script, *args]
+    process = subprocess.Popen(python(receiver, measurer), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "ready\n"
+        subprocess.run(python(sender, sending, net.address(receiver), *args), check=True, timeout=60)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    return out
 
 
 def datagrams(net, sender, receiver, count=10000):
     """(arrived, distinct, most copies of one) of `count` datagrams from `sender` to `receiver`."""
-    counter = in_host(net, receiver, DATAGRAM_COUNTER)
-    try:
-        assert counter.stdout.readline() == "bound\n"
-        subprocess.run(["ip", "netns", "exec", net.namespace(sender), sys.executable, "-c", DATAGRAM_SENDER,
-                        net.address(receiver), str(count)], check=True, timeout=60)
-        out, _ = counter.communicate(timeout=60)
-    finally:
-        counter.kill()
-        counter.wait()
-    return tuple(int(n) for n in out.split())
+    return tuple(int(n) for n in measured(net, sender, receiver, DATAGRAM_COUNTER, DATAGRAM_SENDER,
+                                          str(count)).split())
 
 
 def throughput_mbit(net, sender, receiver, seconds=1.0):
     """Megabits per second of one TCP connection sending for `seconds`, measured at `receiver`."""
-    sink = in_host(net, receiver, THROUGHPUT_SINK)
-    try:
-        assert sink.stdout.readline() == "listening\n"
-        subprocess.run(["ip", "netns", "exec", net.namespace(sender), sys.executable, "-c", THROUGHPUT_SOURCE,
-                        net.address(receiver), str(seconds)], check=True, timeout=60)
-        out, _ = sink.communicate(timeout=60)
-    finally:
-        sink.kill()
-        sink.wait()
-    return float(out)
+    return float(measured(net, sender, receiver, THROUGHPUT_SINK, THROUGHPUT_SOURCE, str(seconds)))
 
 
 def duplicating_chains(net):
