@@ -21,7 +21,9 @@ switch's end of its veth pair), so every packet meets them once, after any loss 
   of N% of the packets out of that port again (`dup to`; netem's duplication is not here). The rule marks the packet before copying it, so the copy, which passes the
   same hook on its way out, is not copied again; crossing the veth into the host's namespace
   clears the mark. A copy leaves with its original: the same loss, delay and rate, both arriving
-  together (netem's copy draws a delay of its own).
+  together (netem's copy draws a delay of its own). stop_duplicating() deletes the rules and
+  leaves the chains: deleting a chain unregisters its hook, and the kernel then drops every packet
+  a delay() holds (so does a host's cut_off() once its port has a chain; the delayer goes on).
 - limit_rate() puts a token bucket (tc's tbf) on each port's egress, so each direction of a link
   is capped once, a host's traffic from all others sharing its cap; packets beyond its queue of
   RATE_QUEUE_MS at the rate are dropped, as a switch port's full buffer drops them.
@@ -290,8 +292,9 @@ class Network:
         if self.duplicated is None:
             raise RuntimeError("no duplication is applied")
         self.duplicated = None
-        # The chains of ports deleted since (cut_off) are left without a hook; the table takes them.
-        self._in_switch("nft", "delete", "table", "netdev", "duplicates")
+        # The rules go, the chains (their hooks) stay: unregistering a netfilter hook makes the
+        # kernel drop every packet a delay() holds in its queue.
+        self._in_switch("nft", "flush", "table", "netdev", "duplicates")
 
     def limit_rate(self, mbit):
         """Caps what leaves the switch for each host at `mbit` megabits per second (each direction

@@ -294,15 +294,17 @@ while time.monotonic() < until:
 """
 
 
-def measured(net, sender, receiver, measurer, sending, *args):
+def measured(net, sender, receiver, measurer, sending, *args, meanwhile=lambda: None):
     """What the script `measurer` prints at its end, run on `receiver` while the script `sending`
-    runs on `sender` (with `args`) once the measurer said it is ready."""
+    runs on `sender` (with `args`) once the measurer said it is ready; `meanwhile()` runs once the
+    sender is done."""
     def python(host, script, *args):
         return ["ip", "netns", "exec", net.namespace(host), sys.executable, "-c", script, *args]
     process = subprocess.Popen(python(receiver, measurer), stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline() == "ready\n"
         subprocess.run(python(sender, sending, net.address(receiver), *args), check=True, timeout=60)
+        meanwhile()
         out, _ = process.communicate(timeout=60)
     finally:
         process.kill()
@@ -310,10 +312,10 @@ def measured(net, sender, receiver, measurer, sending, *args):
     return out
 
 
-def datagrams(net, sender, receiver, count=10000):
+def datagrams(net, sender, receiver, count=10000, meanwhile=lambda: None):
     """(arrived, distinct, most copies of one) of `count` datagrams from `sender` to `receiver`."""
     return tuple(int(n) for n in measured(net, sender, receiver, DATAGRAM_COUNTER, DATAGRAM_SENDER,
-                                          str(count)).split())
+                                          str(count), meanwhile=meanwhile).split())
 
 
 def throughput_mbit(net, sender, receiver, seconds=1.0):
@@ -321,9 +323,11 @@ def throughput_mbit(net, sender, receiver, seconds=1.0):
     return float(measured(net, sender, receiver, THROUGHPUT_SINK, THROUGHPUT_SOURCE, str(seconds)))
 
 
-def duplicating_chains(net):
-    """The switch's netdev-family tables (duplicate()'s is the only one)."""
-    return netns._run("ip", "netns", "exec", net.switch, "nft", "list", "tables", "netdev").split()
+def duplicating_rules(net):
+    """The rules of the switch's netdev-family tables (duplicate()'s is the only one)."""
+    tables = netns._run("ip", "netns", "exec", net.switch, "nft", "list", "tables", "netdev").split()[2::3]
+    return [line for table in tables for line in netns._run(
+        "ip", "netns", "exec", net.switch, "nft", "list", "table", "netdev", table).splitlines() if " dup to " in line]
 
 
 def qdiscs(net):
@@ -337,7 +341,7 @@ def two_hosts(net):
         net.add_host(host)
 
 
-def test_duplication_copies_that_share_of_each_direction_once_and_lifting_it_leaves_no_chain():
+def test_duplication_copies_that_share_of_each_direction_once_and_lifting_it_leaves_no_rule():
     """10% of 10,000 datagrams: 1,000 copies, give or take 3% (seven standard deviations), each
     datagram arriving at most twice."""
     with netns.Network() as net:
@@ -346,7 +350,7 @@ def test_duplication_copies_that_share_of_each_direction_once_and_lifting_it_lea
         net.duplicate(10)
         duplicated = {"a->b": datagrams(net, "a", "b"), "b->a": datagrams(net, "b", "a")}
         net.stop_duplicating()
-        assert not duplicating_chains(net)
+        assert not duplicating_rules(net)
         lifted = datagrams(net, "a", "b")
     print(clean, duplicated, lifted)
     assert clean == lifted == (10000, 10000, 1), (clean, lifted)
@@ -388,7 +392,7 @@ def test_loss_delay_duplication_and_rate_combine():
         net.undelay()
         net.stop_duplicating()
         net.unlimit_rate()
-        assert not duplicating_chains(net) and set(qdiscs(net).values()) == {"noqueue"}
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"}
         assert datagrams(net, "b", "a") == (10000, 10000, 1)
     print(arrived, distinct, most)
     assert 8700 < distinct < 9300 and 600 < arrived - distinct < 1200 and most == 2, (arrived, distinct, most)
@@ -412,7 +416,7 @@ def test_duplication_and_rate_misused_say_how_and_change_nothing():
             net.unlimit_rate()
         with pytest.raises(RuntimeError, match="no loss is applied"):
             net.keep_all()
-        assert not duplicating_chains(net) and set(qdiscs(net).values()) == {"noqueue"} and not net.rules
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"} and not net.rules
         net.duplicate(5)
         net.limit_rate(100)
         net.lose(1)
@@ -422,7 +426,7 @@ def test_duplication_and_rate_misused_say_how_and_change_nothing():
             net.limit_rate(10)
         with pytest.raises(RuntimeError, match="loss is applied already"):
             net.lose(1)
-        assert duplicating_chains(net) and set(qdiscs(net).values()) == {"tbf"}
+        assert duplicating_rules(net) and set(qdiscs(net).values()) == {"tbf"}
 
 
 def test_a_host_joining_a_duplicating_capped_network_gets_both_and_one_cut_off_does_not_stop_the_lifting():
@@ -437,6 +441,33 @@ def test_a_host_joining_a_duplicating_capped_network_gets_both_and_one_cut_off_d
         net.cut_off("b")
         net.stop_duplicating()
         net.unlimit_rate()
-        assert not duplicating_chains(net) and set(qdiscs(net).values()) == {"noqueue"}
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"}
         assert datagrams(net, "c", "a") == (10000, 10000, 1)
+    assert not ours()
+
+
+def test_what_the_delay_holds_outlives_stopping_duplication_and_a_host_cut_off_ends_only_its_own():
+    """Deleting a netfilter hook (an nftables base chain, or the device it hooks) makes the kernel
+    drop every packet an NFQUEUE holds: stop_duplicating() deletes none, so all 2,000 datagrams
+    held 300 ms arrive; a host cut off while packets to it are held loses them (the kernel drops
+    them from the queue, and the delayer's verdicts for them fail), and the delay goes on."""
+    with netns.Network() as net:
+        two_hosts(net)
+        net.add_host("c")
+        net.duplicate(10)
+        net.delay(300)
+        arrived, distinct, _ = datagrams(net, "a", "b", 2000, meanwhile=net.stop_duplicating)
+        assert distinct == 2000, (arrived, distinct)
+        counter = subprocess.Popen(["ip", "netns", "exec", net.namespace("c"), sys.executable, "-c",
+                                    DATAGRAM_COUNTER], stdout=subprocess.PIPE, text=True)
+        try:
+            assert counter.stdout.readline() == "ready\n"
+            subprocess.run(["ip", "netns", "exec", net.namespace("a"), sys.executable, "-c", DATAGRAM_SENDER,
+                            net.address("c"), "2000"], check=True, timeout=60)
+            net.cut_off("c")
+        finally:
+            counter.kill()
+            counter.wait()
+        assert datagrams(net, "a", "b", 2000) == (2000, 2000, 1)
+        net.undelay()
     assert not ours()
