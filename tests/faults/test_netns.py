@@ -1,8 +1,9 @@
 """tf_rdma/netns.py without TensorFlow: a network whose making fails at any step leaves nothing
 behind, a stuck command fails naming itself, delay() delays each direction by its figures,
 duplicate() copies its share of each direction's datagrams once, limit_rate() caps a TCP
-connection each way near its rate, all of them combine with loss, and none leaves a process, rule,
-chain or qdisc once lifted. Root only (namespaces); about 25 s."""
+connection each way near its rate, all of them combine with loss, none leaves a process, rule or
+qdisc once lifted, and what a delay holds outlives lifting the others. Root only (namespaces);
+about 25 s."""
 import itertools
 import os
 import signal
