@@ -54,7 +54,8 @@ def main(argv=None):
                             "soak: a training loop for --minutes with cancelled steps and a restarted "
                             "peer, checking that memory, descriptors, threads and pools stay flat; "
                             "chaos: ParameterServerStrategy training while a seeded schedule kills, "
-                            "freezes and cuts off tasks in network namespaces (root), against gRPC; "
+                            "freezes and cuts off tasks in network namespaces (root) and impairs their "
+                            "links (loss, delay, duplication), against gRPC; "
                             "scale: one receiver and N peers per backend (threads, memory, "
                             "descriptors per peer, throughput, fairness), and a ps serving W workers "
                             "beside gRPC")

@@ -10,7 +10,9 @@ ps) in rounds, joins each round and reports it. The run has two phases on the sa
 - chaos, for `--minutes`: the schedule (seeded, so gRPC and tf_rdma get the same one) kills a
   worker (SIGKILL) and starts it again on the same address, freezes a worker (SIGSTOP) for longer
   than the peer timeout, partitions a worker from a ps for less and, another time, for more than
-  the peer timeout, and loses 1% of every packet for a while. Faults happen in the first three
+  the peer timeout, and impairs every link for a while: 1% of the packets lost, each delayed
+  20 ± 5 ms (uniform, each direction) and 1% of them duplicated (tf_rdma/netns.py's lose(),
+  delay() through its userspace NFQUEUE delayer, and duplicate()). Faults happen in the first three
   quarters; the last quarter is quiet, so the run ends on a cluster that recovered.
 
 The report: steps done under chaos against the unfaulted rate, every error the coordinator saw
@@ -21,9 +23,6 @@ unfaulted phase to the end of the run (bench_soak's judgement), and the model's 
 gRPC's under the same schedule. A hang names the round and phase, the faults in flight and every
 task's log (LOG_DIR/TRANSPORT/TASK.log, each line timestamped); an error the coordinator raised
 before the first fault is reported as such, with none of the run's figures.
-
-No delay or jitter in the schedule: tf_rdma/netns.py delays a link through a userspace delayer
-(this host's kernel has no sch_netem), which tests/faults/test_wire_faults.py uses, not this run.
 """
 import json
 import logging
@@ -46,7 +45,9 @@ DONE_PREFIX = "@@done "
 PORT = 2222  # every task has a namespace, hence every port, of its own
 WORKERS = 3
 STEPS_PER_ROUND = 30
-LOSS_PERCENT = 1
+# The "impairment" fault, on every link at once.
+LOSS_PERCENT, DELAY_MS, JITTER_MS, DUPLICATE_PERCENT = 1, 20, 5, 1
+IMPAIRMENT = f"{LOSS_PERCENT}% loss, {DELAY_MS} ± {JITTER_MS} ms delay, {DUPLICATE_PERCENT}% duplicated"
 # From a fault's end to the coordinator's next round, at most: TCP's backed-off retransmission
 # after a long partition, a restarted worker's TensorFlow start-up on a busy machine.
 WATCHDOG_SLACK_S = 90.0
@@ -215,7 +216,7 @@ def schedule(seed, seconds, peer_timeout_s):
               ("freeze", rng.choice(workers), 2.0 * peer_timeout_s),
               ("short_partition", [rng.choice(workers), "ps0"], 0.4 * peer_timeout_s),
               ("long_partition", [rng.choice(workers), "ps1"], 2.5 * peer_timeout_s),
-              ("loss", None, 0.1 * seconds)]
+              ("impairment", None, 0.1 * seconds)]
     rng.shuffle(faults)
     slot = 0.75 * seconds / len(faults)
     longest = max(duration for _, _, duration in faults)
@@ -266,8 +267,10 @@ class _Faults:
             self.tasks[target].process.send_signal(signal.SIGSTOP)
         elif fault.endswith("partition"):
             self.net.partition(*target)
-        elif fault == "loss":
+        elif fault == "impairment":
             self.net.lose(LOSS_PERCENT)
+            self.net.delay(DELAY_MS, JITTER_MS)
+            self.net.duplicate(DUPLICATE_PERCENT)
 
     def lift(self, event):
         fault, target = event["fault"], event["target"]
@@ -277,7 +280,9 @@ class _Faults:
             self.tasks[target].process.send_signal(signal.SIGCONT)
         elif fault.endswith("partition"):
             self.net.heal(*target)
-        elif fault == "loss":
+        elif fault == "impairment":
+            self.net.stop_duplicating()
+            self.net.undelay()
             self.net.keep_all()
 
 
@@ -531,7 +536,8 @@ def render(report):
              f"1 coordinator, 2 ps, {WORKERS} workers, each in a network namespace",
              "schedule (seconds into the faulted phase):"]
     for e in report["schedule"]:
-        lines.append(f"  {e['at']:6.1f}  {e['fault']:<15} {_target(e):<18} {e['seconds']:.1f} s")
+        lines.append(f"  {e['at']:6.1f}  {e['fault']:<15} {_target(e):<18} {e['seconds']:.1f} s"
+                     + (f" ({IMPAIRMENT})" if e["fault"] == "impairment" else ""))
 
     def row(label, value):
         lines.append(f"  {label:<34}" + "".join(f" {value(r):>22}" for r in report["runs"]))

@@ -1,7 +1,7 @@
 """A private network of namespaces for fault tests and `bench chaos`: one namespace per host, each
-joined by a veth pair to a bridge in a switch namespace of its own. Faults are nftables rules on
-that bridge (the link, not the hosts: neither end sees a refused packet, an ICMP error or an RST),
-so a partition is silence both ways, as a cut cable or a dead switch port.
+joined by a veth pair to a bridge in a switch namespace of its own. Faults act in the switch (the
+link, not the hosts: neither end sees a refused packet, an ICMP error or an RST), so a partition is
+silence both ways, as a cut cable or a dead switch port.
 
 Loss and partitions are nftables drops. Delay and jitter: this kernel has no sch_netem (`tc qdisc
 ... netem` answers "Specified qdisc kind is unknown") and no nft `queue` (CONFIG_NFT_QUEUE), but it
@@ -15,11 +15,24 @@ delayer holds at most QUEUE_MAXLEN packets (the kernel drops what comes beyond, 
 limit); undelay() removes the rule, then lets the delayer release what it holds, each at its time,
 and exit.
 
+Duplication and rate act where a packet leaves the switch for its host, on each host's port (the
+switch's end of its veth pair), so every packet meets them once, after any loss and delay:
+- duplicate() hooks an nftables netdev-family chain to each port's egress whose rule sends a copy
+  of N% of the packets out of that port again (`dup to`; netem's duplication is not here). The rule marks the packet before copying it, so the copy, which passes the
+  same hook on its way out, is not copied again; crossing the veth into the host's namespace
+  clears the mark. A copy leaves with its original: the same loss, delay and rate, both arriving
+  together (netem's copy draws a delay of its own). stop_duplicating() deletes the rules and
+  leaves the chains: deleting a chain unregisters its hook, and the kernel then drops every packet
+  a delay() holds (so does a host's cut_off() once its port has a chain; the delayer goes on).
+- limit_rate() puts a token bucket (tc's tbf) on each port's egress, so each direction of a link
+  is capped once, a host's traffic from all others sharing its cap; packets beyond its queue of
+  RATE_QUEUE_MS at the rate are dropped, as a switch port's full buffer drops them.
+
 Every name carries this process's id and a counter, so concurrent runs never share one; the
 addresses (10.213.0.0/24) exist only inside these namespaces, which have no route anywhere else.
 `close()` deletes the switch namespace (its bridge, veths and rules go with it) and every host's;
 a network or host whose making fails half way deletes what it made before the error propagates.
-Every ip, nft and iptables command, and the delayer's start and stop, is bounded (COMMAND_TIMEOUT_S)
+Every ip, nft, iptables and tc command, and the delayer's start and stop, is bounded (COMMAND_TIMEOUT_S)
 and its failure names it; close() stops a delayer still running.
 
 Also the checks every user of namespaces makes (tests/tf/coverage/netns.py's too): root, and the
@@ -44,6 +57,12 @@ DELAYER = Path(__file__).with_name("nfqueue_delay.py")
 QUEUE_MAXLEN, QUEUE = 10000, 0
 # iptables-legacy, not the nft-backed `iptables`: this kernel has no nft queue expression.
 QUEUE_RULE = ("FORWARD", "-j", "NFQUEUE", "--queue-num", str(QUEUE))
+# Set on a packet duplicate() copies (and so on its copy): the copy passes the port's egress hook
+# too, and a marked packet is not copied again. Any value: nothing else marks packets here.
+COPIED_MARK = 0x2d
+# limit_rate()'s bucket: a 64 KiB burst lets a whole GSO packet of a veth through as one (a smaller
+# bucket cuts each into MTU-sized segments first); the queue holds RATE_QUEUE_MS at the rate.
+RATE_BURST, RATE_QUEUE_MS = "64kb", 20
 
 
 def unavailable_reason(purpose):
@@ -73,6 +92,13 @@ def _run(*command, input=None):
     return result.stdout
 
 
+def _percent(percent):
+    """A whole percentage from 1 to 100: nftables draws `numgen random mod 100`."""
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= 100:
+        raise ValueError(f"{percent!r}%: give a whole percentage from 1 to 100")
+    return percent
+
+
 def namespaces():
     """The namespaces `ip netns list` shows (each line "NAME" or "NAME (id: N)")."""
     return {line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()}
@@ -94,6 +120,9 @@ class Network:
         self.prefix = f"tfrf{os.getpid()}n{next(_networks)}"
         self.switch = f"{self.prefix}-sw"
         self.hosts = {}                # name -> (namespace, address)
+        self.ports = {}                # name -> the host's port on the bridge, while its link is up
+        self.duplicated = None         # the percentage duplicate() copies, while it holds
+        self.rate_mbit = None          # limit_rate()'s cap, while it holds
         self.rules = {}                # fault name -> nftables rule handles
         self.delayer = None            # the nfqueue_delay process while delay() holds
         try:
@@ -129,23 +158,31 @@ class Network:
             _run("ip", "-n", namespace, "link", "set", "lo", "up")
             _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
             _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+            # A host that joins a network with its ports duplicating or capped gets the same.
+            if self.duplicated is not None:
+                self._nft(self._duplication(port, self.duplicated))
+            if self.rate_mbit is not None:
+                self._cap(port, self.rate_mbit)
         except BaseException as e:
             # Half a host is none: its namespace goes, its veth (and so the bridge's end) with it;
             # the hosts made before stay, and close() deletes them.
             _undo(e, namespace)
             raise
         self.hosts[name] = (namespace, address)
+        self.ports[name] = port
         return address
 
     def cut_off(self, name):
         """Deletes the host's link: whatever its processes send from now on (a FIN as they die)
         reaches no one, and the others get no RST or ICMP error for what they send it."""
         _run("ip", "-n", self.namespace(name), "link", "del", "eth0")
+        del self.ports[name]  # the veth pair's other end, the bridge's port, went with it
 
     def remove_host(self, name):
         """Deletes the host's namespace, after cut_off() and once its processes are gone (a
         process inside keeps a namespace alive)."""
         namespace, _ = self.hosts.pop(name)
+        self.ports.pop(name, None)  # deleting the namespace deletes the veth pair, and so the port
         _run("ip", "netns", "del", namespace)
 
     def namespace(self, name):
@@ -155,7 +192,8 @@ class Network:
         return self.hosts[name][1]
 
     def _add_rules(self, fault, rules):
-        assert fault not in self.rules, f"{fault} already applied"
+        if fault in self.rules:
+            raise RuntimeError(f"{' '.join(fault)} is applied already: lift it first")
         handles = []
         for rule in rules:
             out = _run("ip", "netns", "exec", self.switch, "nft", "--echo", "--handle",
@@ -174,7 +212,7 @@ class Network:
 
     def lose(self, percent):
         """Drops `percent`% of all IPv4 packets on the bridge, at random, until keep_all()."""
-        self._add_rules(("loss",), [f"meta protocol ip numgen random mod 100 < {percent} drop"])
+        self._add_rules(("loss",), [f"meta protocol ip numgen random mod 100 < {_percent(percent)} drop"])
 
     def keep_all(self):
         self._lift(("loss",))
@@ -197,7 +235,9 @@ class Network:
             ready, _, _ = select.select([process.stdout], [], [], COMMAND_TIMEOUT_S)
             said = process.stdout.readline() if ready else ""
             if said != "bound\n":
-                how = "exited" if process.poll() is not None else f"was killed after {COMMAND_TIMEOUT_S:g} s"
+                # Its stdout at an end is its exit, though it may not be reaped yet (poll() says None).
+                how = ("exited" if ready and not said else "answered otherwise" if ready
+                       else f"was killed after {COMMAND_TIMEOUT_S:g} s")
                 process.kill()
                 _, stderr = process.communicate(timeout=COMMAND_TIMEOUT_S)
                 raise RuntimeError(f"{name} did not bind its queue: it {how} (said {said!r}, "
@@ -230,7 +270,76 @@ class Network:
         if process.returncode != 0:
             raise RuntimeError(f"{' '.join(process.args)} failed ({process.returncode}): {stderr.strip()}")
 
+    def duplicate(self, percent):
+        """Sends `percent`% of the packets leaving the switch for each host twice, at random, so
+        each direction of a link duplicates that share once, until stop_duplicating()."""
+        if self.duplicated is not None:
+            raise RuntimeError(f"{self.duplicated}% duplication is applied already: stop_duplicating() first")
+        percent = _percent(percent)
+        # One script: every port duplicates from the same moment, or none does.
+        self._nft("add table netdev duplicates\n"
+                  + "".join(self._duplication(port, percent) for port in self.ports.values()))
+        self.duplicated = percent
+
+    @staticmethod
+    def _duplication(port, percent):
+        """nft commands: a chain on `port`'s egress copying `percent`% of what leaves by it."""
+        return (f'add chain netdev duplicates {port} {{ type filter hook egress device "{port}" priority 0; }}\n'
+                f"add rule netdev duplicates {port} meta mark != {COPIED_MARK} numgen random mod 100 < {percent} "
+                f'meta mark set {COPIED_MARK} dup to "{port}"\n')
+
+    def stop_duplicating(self):
+        if self.duplicated is None:
+            raise RuntimeError("no duplication is applied")
+        self.duplicated = None
+        # The rules go, the chains (their hooks) stay: unregistering a netfilter hook makes the
+        # kernel drop every packet a delay() holds in its queue.
+        self._in_switch("nft", "flush", "table", "netdev", "duplicates")
+
+    def limit_rate(self, mbit):
+        """Caps what leaves the switch for each host at `mbit` megabits per second (each direction
+        of a link once; a host's traffic from all others shares its cap), until unlimit_rate()."""
+        if self.rate_mbit is not None:
+            raise RuntimeError(f"a rate limit of {self.rate_mbit:g} Mbit/s is applied already: unlimit_rate() first")
+        if isinstance(mbit, bool) or not isinstance(mbit, (int, float)) or not 0.01 <= mbit <= 100_000:
+            raise ValueError(f"rate limit {mbit!r}: give megabits per second, from 0.01 to 100000")
+        check_tools(("tc",), "rate limits on the link")
+        capped = []
+        try:
+            for port in self.ports.values():
+                self._cap(port, mbit)
+                capped.append(port)
+        except BaseException as e:  # all ports capped or none
+            try:
+                self._uncap(capped)
+            except RuntimeError as undoing:
+                e.add_note(f"and the ports capped before it stay capped: {undoing}")
+            raise
+        self.rate_mbit = mbit
+
+    def _cap(self, port, mbit):
+        self._in_switch("tc", "qdisc", "add", "dev", port, "root", "tbf", "rate", f"{round(mbit * 1000)}kbit",
+                        "burst", RATE_BURST, "latency", f"{RATE_QUEUE_MS}ms")
+
+    def unlimit_rate(self):
+        if self.rate_mbit is None:
+            raise RuntimeError("no rate limit is applied")
+        self.rate_mbit = None
+        self._uncap(self.ports.values())
+
+    def _uncap(self, ports):
+        errors = []
+        for port in ports:  # a port that fails leaves the others uncapped all the same
+            try:
+                self._in_switch("tc", "qdisc", "del", "dev", port, "root")
+            except RuntimeError as e:
+                errors.append(str(e))
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
     def _lift(self, fault):
+        if fault not in self.rules:
+            raise RuntimeError(f"no {' '.join(fault)} is applied")
         for handle in self.rules.pop(fault):
             self._in_switch("nft", "delete", "rule", "bridge", "faults", "forward", "handle", handle)
 
@@ -247,6 +356,7 @@ class Network:
             except RuntimeError as e:
                 errors.append(str(e))
         self.hosts.clear()
+        self.ports.clear()
         if errors:
             raise RuntimeError("; ".join(errors))
 

@@ -13,8 +13,12 @@ so its memory is bounded by MAXLEN entries.
 
 Says "bound" on stdout once the queue is its own. On SIGTERM it reads no more but keeps releasing
 what it holds, each at its time, then exits 0 (the caller removed the rule first, so nothing new
-comes): lifting a delay loses no packet. Any netlink error ends it with status 1 and the error on
-stderr."""
+comes): lifting a delay loses no packet. A verdict the kernel answers ENOENT was for a packet it
+dropped from the queue meanwhile, which it does to every queued packet when a netfilter hook of the
+namespace is unregistered (an nftables base chain deleted, or its device) and to those bound to a
+device that goes down: that packet is lost, as a link loses one, and the delayer goes on. Any other
+netlink error ends it with status 1 and the error on stderr."""
+import errno
 import heapq
 import os
 import random
@@ -146,7 +150,7 @@ def run(queue, delay_ms, jitter_ms, seed, maxlen):
                 break
             arrived = time.monotonic()
             for kind, payload in _messages(data):
-                if kind == NLMSG_ERROR:
+                if kind == NLMSG_ERROR and struct.unpack_from("=i", payload)[0] != -errno.ENOENT:
                     _check_error(payload, "a verdict")
                 elif kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
                     for attribute, value in _attributes(payload):

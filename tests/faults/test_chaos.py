@@ -1,6 +1,7 @@
 """`python -m tf_rdma bench chaos`, short: ParameterServerStrategy training through a killed and
 restarted worker, a frozen one, a short and a long partition between a worker and a ps, and a
-spell of 1% loss, over gRPC and tf_rdma (tcp) under the same seeded schedule (tf_rdma/bench_chaos.py)."""
+spell of every link impaired (1% loss, 20 ± 5 ms delay, 1% duplication), over gRPC and tf_rdma
+(tcp) under the same seeded schedule (tf_rdma/bench_chaos.py)."""
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from tf_rdma import bench_chaos, bench_soak, netns
 
 NEEDS = netns.unavailable_reason("each task of the chaos run gets a network namespace of its own")
 MINUTES = 0.75
-FAULTS = {"kill", "freeze", "short_partition", "long_partition", "loss"}
+FAULTS = {"kill", "freeze", "short_partition", "long_partition", "impairment"}
 # The bench's bound, under the test's: then SIGINT, and the bench has CLEANUP_S to stop its tasks
 # and delete its namespaces (a SIGKILL would leave them) before it is killed.
 RUN_S, CLEANUP_S = 780, 60
@@ -204,7 +205,7 @@ def test_an_error_before_the_faults_is_reported_as_such(monkeypatch, tmp_path):
     error = {"class": "InvalidArgumentError", "message": "no such device"}
     started = fake_tasks(monkeypatch, [a_round(), bench_chaos.DONE_PREFIX + json.dumps(
         {"completed": 30, "error": error, "initial_loss": 1.0})])
-    events = [{"at": 0, "fault": "loss", "target": None, "seconds": 5}]
+    events = [{"at": 0, "fault": "impairment", "target": None, "seconds": 5}]
     run = run_fake(tmp_path, events, unfaulted_seconds=60)
     assert run["error"] == {**error, "phase": "unfaulted"} and not run["hang"], run
     assert "chaos_steps" not in run and "flat" not in run, run  # no figure of a fault's outcome

@@ -1,6 +1,9 @@
 """tf_rdma/netns.py without TensorFlow: a network whose making fails at any step leaves nothing
-behind, a stuck command fails naming itself, and delay() delays each direction by its figures and
-leaves no process or rule once lifted. Root only (namespaces); a few seconds."""
+behind, a stuck command fails naming itself, delay() delays each direction by its figures,
+duplicate() copies its share of each direction's datagrams once, limit_rate() caps a TCP
+connection each way near its rate, all of them combine with loss, none leaves a process, rule or
+qdisc once lifted, and what a delay holds outlives lifting the others. Root only (namespaces);
+about 25 s."""
 import itertools
 import os
 import signal
@@ -239,4 +242,233 @@ def test_a_delayer_that_died_fails_the_lifting_naming_it_and_its_rule_goes():
         with pytest.raises(RuntimeError, match=r"nfqueue_delay\.py 0 20 5 0 \d+ failed \(-9\)"):
             net.undelay()
         assert not queue_rules(net)
+    assert not ours()
+
+
+UDP_PORT = 5001
+# Datagrams from a host, each its number (paced: 100 at a time, so no queue on the way overflows).
+DATAGRAM_SENDER = f"""
+import socket, sys, time
+sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for number in range(int(sys.argv[2])):
+    sender.sendto(str(number).encode(), (sys.argv[1], {UDP_PORT}))
+    if number % 100 == 99:
+        time.sleep(0.001)
+"""
+# How many datagrams arrived, how many distinct ones, and the most copies of one, once none has
+# come for a second after the first (which may take seconds: the sender's Python starting on a
+# busy machine).
+DATAGRAM_COUNTER = f"""
+import collections, socket
+receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+receiver.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)  # SO_RCVBUFFORCE: root, no drop here
+receiver.bind(("0.0.0.0", {UDP_PORT}))
+receiver.settimeout(30.0)
+copies = collections.Counter()
+print("ready", flush=True)
+try:
+    while True:
+        copies[receiver.recv(64)] += 1
+        receiver.settimeout(1.0)
+except socket.timeout:
+    pass
+print(sum(copies.values()), len(copies), max(copies.values(), default=0))
+"""
+THROUGHPUT_PORT = 5002
+# Bytes from one TCP connection, counted from its accept to its end: megabits per second.
+THROUGHPUT_SINK = f"""
+import socket, time
+listener = socket.create_server(("0.0.0.0", {THROUGHPUT_PORT}))
+print("ready", flush=True)
+connection, _ = listener.accept()
+started, received = time.monotonic(), 0
+while data := connection.recv(1 << 20):
+    received += len(data)
+print(received * 8 / (time.monotonic() - started) / 1e6)
+"""
+THROUGHPUT_SOURCE = f"""
+import socket, sys, time
+connection = socket.create_connection((sys.argv[1], {THROUGHPUT_PORT}))
+block, until = bytes(1 << 16), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    connection.sendall(block)
+"""
+
+
+def measured(net, sender, receiver, measurer, sending, *args, meanwhile=lambda: None):
+    """What the script `measurer` prints at its end, run on `receiver` while the script `sending`
+    runs on `sender` (with `args`) once the measurer said it is ready; `meanwhile()` runs once the
+    sender is done."""
+    def python(host, script, *args):
+        return ["ip", "netns", "exec", net.namespace(host), sys.executable, "-c", script, *args]
+    process = subprocess.Popen(python(receiver, measurer), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "ready\n"
+        subprocess.run(python(sender, sending, net.address(receiver), *args), check=True, timeout=60)
+        meanwhile()
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    return out
+
+
+def datagrams(net, sender, receiver, count=10000, meanwhile=lambda: None):
+    """(arrived, distinct, most copies of one) of `count` datagrams from `sender` to `receiver`."""
+    return tuple(int(n) for n in measured(net, sender, receiver, DATAGRAM_COUNTER, DATAGRAM_SENDER,
+                                          str(count), meanwhile=meanwhile).split())
+
+
+def throughput_mbit(net, sender, receiver, seconds=1.0):
+    """Megabits per second of one TCP connection sending for `seconds`, measured at `receiver`."""
+    return float(measured(net, sender, receiver, THROUGHPUT_SINK, THROUGHPUT_SOURCE, str(seconds)))
+
+
+def duplicating_rules(net):
+    """The rules of the switch's netdev-family tables (duplicate()'s is the only one)."""
+    tables = netns._run("ip", "netns", "exec", net.switch, "nft", "list", "tables", "netdev").split()[2::3]
+    return [line for table in tables for line in netns._run(
+        "ip", "netns", "exec", net.switch, "nft", "list", "table", "netdev", table).splitlines() if " dup to " in line]
+
+
+def qdiscs(net):
+    """{port: its root qdisc's kind} of every host's port."""
+    return {port: netns._run("tc", "-n", net.switch, "qdisc", "show", "dev", port, "root").split()[1]
+            for port in net.ports.values()}
+
+
+def two_hosts(net):
+    for host in HOSTS:
+        net.add_host(host)
+
+
+def test_duplication_copies_that_share_of_each_direction_once_and_lifting_it_leaves_no_rule():
+    """10% of 10,000 datagrams: 1,000 copies, give or take 3% (seven standard deviations), each
+    datagram arriving at most twice."""
+    with netns.Network() as net:
+        two_hosts(net)
+        clean = datagrams(net, "a", "b")
+        net.duplicate(10)
+        duplicated = {"a->b": datagrams(net, "a", "b"), "b->a": datagrams(net, "b", "a")}
+        net.stop_duplicating()
+        assert not duplicating_rules(net)
+        lifted = datagrams(net, "a", "b")
+    print(clean, duplicated, lifted)
+    assert clean == lifted == (10000, 10000, 1), (clean, lifted)
+    for arrived, distinct, most in duplicated.values():
+        assert distinct == 10000 and most == 2, duplicated
+        assert 700 < arrived - distinct < 1300, duplicated
+    assert not ours()
+
+
+def test_a_rate_limit_caps_each_direction_and_lifting_it_restores_the_link():
+    """50 Mbit/s: one TCP connection each way within 0.8-1.05 of it (TCP halves its window at each
+    drop of the full queue); lifted, over ten times it (veths carry gigabits)."""
+    with netns.Network() as net:
+        two_hosts(net)
+        net.limit_rate(50)
+        assert set(qdiscs(net).values()) == {"tbf"}
+        capped = {"a->b": throughput_mbit(net, "a", "b"), "b->a": throughput_mbit(net, "b", "a")}
+        net.unlimit_rate()
+        assert set(qdiscs(net).values()) == {"noqueue"}, qdiscs(net)
+        lifted = throughput_mbit(net, "a", "b")
+    print(capped, lifted)
+    assert all(0.8 * 50 < mbit < 1.05 * 50 for mbit in capped.values()), capped
+    assert lifted > 500, lifted
+    assert not ours()
+
+
+def test_loss_delay_duplication_and_rate_combine():
+    """Copies are made after the loss, of what arrives: of 10,000 datagrams losing 10% and
+    duplicating 10%, about 9,000 arrive, and 900 copies of them (each give or take 3%), through
+    a delay and a rate limit that lose nothing of the paced datagrams."""
+    with netns.Network() as net:
+        two_hosts(net)
+        net.lose(10)
+        net.delay(5, 2)
+        net.duplicate(10)
+        net.limit_rate(50)
+        arrived, distinct, most = datagrams(net, "a", "b")
+        net.keep_all()
+        net.undelay()
+        net.stop_duplicating()
+        net.unlimit_rate()
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"}
+        assert datagrams(net, "b", "a") == (10000, 10000, 1)
+    print(arrived, distinct, most)
+    assert 8700 < distinct < 9300 and 600 < arrived - distinct < 1200 and most == 2, (arrived, distinct, most)
+    assert not ours()
+
+
+def test_duplication_and_rate_misused_say_how_and_change_nothing():
+    with netns.Network() as net:
+        two_hosts(net)
+        for wrong in (0, 101, 1.5, True, "10"):
+            with pytest.raises(ValueError, match="give a whole percentage from 1 to 100"):
+                net.duplicate(wrong)
+            with pytest.raises(ValueError, match="give a whole percentage from 1 to 100"):
+                net.lose(wrong)
+        for wrong in (0, -1, 200_000, "10", None):
+            with pytest.raises(ValueError, match="give megabits per second"):
+                net.limit_rate(wrong)
+        with pytest.raises(RuntimeError, match="no duplication is applied"):
+            net.stop_duplicating()
+        with pytest.raises(RuntimeError, match="no rate limit is applied"):
+            net.unlimit_rate()
+        with pytest.raises(RuntimeError, match="no loss is applied"):
+            net.keep_all()
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"} and not net.rules
+        net.duplicate(5)
+        net.limit_rate(100)
+        net.lose(1)
+        with pytest.raises(RuntimeError, match="5% duplication is applied already"):
+            net.duplicate(5)
+        with pytest.raises(RuntimeError, match="a rate limit of 100 Mbit/s is applied already"):
+            net.limit_rate(10)
+        with pytest.raises(RuntimeError, match="loss is applied already"):
+            net.lose(1)
+        assert duplicating_rules(net) and set(qdiscs(net).values()) == {"tbf"}
+
+
+def test_a_host_joining_a_duplicating_capped_network_gets_both_and_one_cut_off_does_not_stop_the_lifting():
+    with netns.Network() as net:
+        two_hosts(net)
+        net.duplicate(10)
+        net.limit_rate(50)
+        net.add_host("c")
+        assert set(qdiscs(net).values()) == {"tbf"} and len(qdiscs(net)) == 3
+        arrived, distinct, _ = datagrams(net, "a", "c")
+        assert distinct == 10000 and 700 < arrived - distinct < 1300, (arrived, distinct)
+        net.cut_off("b")
+        net.stop_duplicating()
+        net.unlimit_rate()
+        assert not duplicating_rules(net) and set(qdiscs(net).values()) == {"noqueue"}
+        assert datagrams(net, "c", "a") == (10000, 10000, 1)
+    assert not ours()
+
+
+def test_what_the_delay_holds_outlives_stopping_duplication_and_a_host_cut_off_ends_only_its_own():
+    """Deleting a netfilter hook (an nftables base chain, or the device it hooks) makes the kernel
+    drop every packet an NFQUEUE holds: stop_duplicating() deletes none, so all 2,000 datagrams
+    held 300 ms arrive; a host cut off while packets to it are held loses them (the kernel drops
+    them from the queue, and the delayer's verdicts for them fail), and the delay goes on."""
+    with netns.Network() as net:
+        two_hosts(net)
+        net.add_host("c")
+        net.duplicate(10)
+        net.delay(300)
+        arrived, distinct, _ = datagrams(net, "a", "b", 2000, meanwhile=net.stop_duplicating)
+        assert distinct == 2000, (arrived, distinct)
+        counter = subprocess.Popen(["ip", "netns", "exec", net.namespace("c"), sys.executable, "-c",
+                                    DATAGRAM_COUNTER], stdout=subprocess.PIPE, text=True)
+        try:
+            assert counter.stdout.readline() == "ready\n"
+            subprocess.run(["ip", "netns", "exec", net.namespace("a"), sys.executable, "-c", DATAGRAM_SENDER,
+                            net.address("c"), "2000"], check=True, timeout=60)
+            net.cut_off("c")
+        finally:
+            counter.kill()
+            counter.wait()
+        assert datagrams(net, "a", "b", 2000) == (2000, 2000, 1)
+        net.undelay()
     assert not ours()

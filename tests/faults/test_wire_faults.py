@@ -1,7 +1,8 @@
 """Faults on the wire, tf_rdma (tcp backend) beside stock gRPC under the same faults: a TF1 ps and
 worker, each in its own network namespace (tf_rdma/netns.py), the worker driven step by step
-(wire_programs.driven_worker) while the test partitions their link, loses and delays packets on
-it, freezes the ps, and makes the ps's host vanish (no FIN) and come back on the same address.
+(wire_programs.driven_worker) while the test partitions their link, loses, delays, duplicates and
+rate-limits packets on it, freezes the ps, and makes the ps's host vanish (no FIN) and come back
+on the same address.
 
 One cluster per transport plays the whole schedule (TensorFlow's start-up dominates a run), which
 `schedules` records; each test asserts one behaviour on it, tf_rdma's against gRPC's. The
@@ -9,7 +10,8 @@ schedule's phases run in order on live connections, so each phase also starts fr
 of the one before, as in a real cluster.
 
 No netem on this kernel: loss and partitions are nftables drops, delay and jitter an NFQUEUE rule
-and a userspace delayer on the link (tf_rdma/netns.py), so each direction is delayed once."""
+and a userspace delayer on the link, duplication an nftables `dup` and the rate a token bucket on
+the switch's ports (tf_rdma/netns.py), so each direction meets each once."""
 import json
 import os
 import signal
@@ -42,12 +44,17 @@ STEPS = 400
 # From lifting a fault to the worker's first good probe: a healed link and a thawed ps at once; a
 # restarted ps after its start (TensorFlow's import, seconds on a busy machine).
 RECOVERY_S = {"long_partition": LONG_FAULT_S + 2, "frozen": 1.0, "restarted": 30.0}
-# The impaired link: both directions lose LOSS_PERCENT% of packets and delay each by
-# DELAY_MS ± JITTER_MS (uniform). A step waits for several round trips of 30-50 ms, so that phase
-# runs fewer steps than the others (against an unimpaired run of as many, in the same processes).
-LOSS_PERCENT, DELAY_MS, JITTER_MS = 1, 20, 5
+# The impaired link: both directions lose LOSS_PERCENT% of packets, delay each by DELAY_MS ±
+# JITTER_MS (uniform), duplicate DUPLICATE_PERCENT% and are capped at RATE_MBIT. A step waits for
+# several round trips of 30-50 ms, so that phase runs fewer steps than the others (against an
+# unimpaired run of as many, in the same processes). The cap is under what a veth carries but
+# does not set the step time: through the same loss, delay and duplication one TCP connection
+# moved 336-404 Mbit/s uncapped, 318-373 capped at 1,000, 235-256 at 400 (4 s each, three runs),
+# and an all-reduce step (4 MiB each way in 240-480 ms) averages about 100 Mbit/s.
+LOSS_PERCENT, DELAY_MS, JITTER_MS, DUPLICATE_PERCENT, RATE_MBIT = 1, 20, 5, 1, 1000
 IMPAIRED_STEPS = 40
-IMPAIRMENT = f"{LOSS_PERCENT}% loss, {DELAY_MS} ± {JITTER_MS} ms"
+IMPAIRMENT = (f"{LOSS_PERCENT}% loss, {DELAY_MS} ± {JITTER_MS} ms, {DUPLICATE_PERCENT}% duplicated, "
+              f"{RATE_MBIT} Mbit/s")
 
 NEEDS = netns.unavailable_reason("each task runs in its own network namespace, faults are nftables rules")
 pytestmark = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
@@ -204,20 +211,32 @@ def wire_faults(worker, net, record, to_ps):
     net.heal("ps0", "worker0")
     record["short_partition"] = worker.answer("trained", "error", timeout=OP_TIMEOUT_S * 2 + STEPS)
 
-    # Loss and delay on the link for a whole training run, after an unimpaired one as long.
+    # The link impaired for a whole training run, after an unimpaired one as long.
     worker.command("init")
     record["unimpaired"] = worker.command(f"train {IMPAIRED_STEPS}")
     worker.command("init")
-    net.lose(LOSS_PERCENT)
-    net.delay(DELAY_MS, JITTER_MS)
-    record["loss_and_delay"] = worker.command(f"train {IMPAIRED_STEPS}", timeout=IMPAIRED_STEPS * OP_TIMEOUT_S)
-    net.undelay()
-    net.keep_all()
+    impair(net)
+    record["impaired"] = worker.command(f"train {IMPAIRED_STEPS}", timeout=IMPAIRED_STEPS * OP_TIMEOUT_S)
+    unimpair(net)
 
     # A partition longer than the peer timeout and the step deadline; then healed.
     record["long_partition"] = long_fault(
         worker, lambda: net.partition("ps0", "worker0"), lambda: net.heal("ps0", "worker0"),
         to_ps)
+
+
+def impair(net):
+    net.lose(LOSS_PERCENT)
+    net.delay(DELAY_MS, JITTER_MS)
+    net.duplicate(DUPLICATE_PERCENT)
+    net.limit_rate(RATE_MBIT)
+
+
+def unimpair(net):
+    net.unlimit_rate()
+    net.stop_duplicating()
+    net.undelay()
+    net.keep_all()
 
 
 def long_fault(worker, apply, lift, to_ps, recover=("probe",)):
@@ -261,8 +280,8 @@ def schedules(tmp_path_factory):
     runs = {"grpc": play(tmp_path, "grpc"), "rdma": play(tmp_path, "rdma"),
             "rdma-shm": play(tmp_path, "rdma", backend="shm")}
     print(json.dumps(runs, indent=1))  # what each did, for the record (pytest -s)
-    rates = {t: IMPAIRED_STEPS / runs[t]["loss_and_delay"]["seconds"] for t in ("grpc", "rdma")
-             if "digest" in runs[t]["loss_and_delay"]}  # an error fails the tests below
+    rates = {t: IMPAIRED_STEPS / runs[t]["impaired"]["seconds"] for t in ("grpc", "rdma")
+             if "digest" in runs[t]["impaired"]}  # an error fails the tests below
     if len(rates) == 2:
         print(json.dumps({"impairment": IMPAIRMENT, "steps": IMPAIRED_STEPS, "steps_per_s": rates,
                           "rdma_to_grpc": rates["rdma"] / rates["grpc"]}))
@@ -278,8 +297,8 @@ def test_both_train_identically_unimpaired(schedules):
     assert len(set(digests.values())) == 1, digests
 
 
-@pytest.mark.parametrize("phase, reference", [("short_partition", "reference"), ("loss_and_delay", "unimpaired")])
-def test_a_short_partition_and_loss_with_delay_lose_no_step_and_change_no_result(schedules, phase, reference):
+@pytest.mark.parametrize("phase, reference", [("short_partition", "reference"), ("impaired", "unimpaired")])
+def test_a_short_partition_and_an_impaired_link_lose_no_step_and_change_no_result(schedules, phase, reference):
     for transport in ("grpc", "rdma"):
         run = schedules[transport]
         assert "error" not in run[phase], (transport, run[phase])
@@ -287,11 +306,11 @@ def test_a_short_partition_and_loss_with_delay_lose_no_step_and_change_no_result
     assert schedules["rdma"]["unimpaired"]["digest"] == schedules["grpc"]["unimpaired"]["digest"]
 
 
-def test_loss_with_delay_step_rate_against_grpc(schedules):
-    """Under 1% loss and 20 ± 5 ms each way a step takes a few round trips of 30-50 ms, and a lost
-    packet's retransmission timeout (200 ms and up) more, so the rate varies from run to run: the
+def test_impaired_step_rate_against_grpc(schedules):
+    """On the impaired link a step takes a few round trips of 30-50 ms, and a lost packet's
+    retransmission timeout (200 ms and up) more, so the rate varies from run to run: the
     bound catches a transport that stalls on an impaired link, not a few percent."""
-    rate = {t: IMPAIRED_STEPS / schedules[t]["loss_and_delay"]["seconds"] for t in ("grpc", "rdma")}
+    rate = {t: IMPAIRED_STEPS / schedules[t]["impaired"]["seconds"] for t in ("grpc", "rdma")}
     clean = {t: IMPAIRED_STEPS / schedules[t]["unimpaired"]["seconds"] for t in ("grpc", "rdma")}
     print(f"steps/s under {IMPAIRMENT}: rdma {rate['rdma']:.1f}, grpc {rate['grpc']:.1f} "
           f"(ratio {rate['rdma'] / rate['grpc']:.2f}); unimpaired: rdma {clean['rdma']:.1f}, "
@@ -335,16 +354,15 @@ MWMS_STEPS, MWMS_ELEMENTS = 40, 1 << 20
 
 def mwms_all_reduces(tmp_path, transport, impaired):
     """Two MultiWorkerMirroredStrategy workers on hosts of their own, all-reducing a vector of
-    MWMS_ELEMENTS floats MWMS_STEPS times, `impaired`: with the link losing and delaying packets
-    from the start; the digest of every result, and the seconds of the steps after the first."""
+    MWMS_ELEMENTS floats MWMS_STEPS times, `impaired`: with the link impaired (impair()) from the
+    start; the digest of every result, and the seconds of the steps after the first."""
     run_dir = tmp_path / f"mwms-{transport}-{'impaired' if impaired else 'unimpaired'}"
     run_dir.mkdir()
     outputs = [str(run_dir / f"worker{i}.npz") for i in range(2)]
     env = {"TF_RDMA_PEER_TIMEOUT_MS": str(int(PEER_TIMEOUT_S * 1000)), "TF_RDMA_BACKEND": "tcp"}
     with netns.Network() as net, NamespacedCluster(run_dir, net, {"worker": 2}, env) as cluster:
         if impaired:
-            net.lose(LOSS_PERCENT)
-            net.delay(DELAY_MS, JITTER_MS)
+            impair(net)
         for i in range(2):
             cluster.start("worker", i, "all_reduce_worker", program=MWMS_PROGRAM, transport=transport,
                           output=outputs[i], steps=MWMS_STEPS, elements=MWMS_ELEMENTS)
@@ -355,8 +373,8 @@ def mwms_all_reduces(tmp_path, transport, impaired):
 
 
 @pytest.mark.timeout(3 * 2 * 240 + 60)
-def test_multi_worker_mirrored_all_reduces_under_loss_and_delay_are_identical_to_unimpaired(tmp_path):
-    """1% loss and 20 ± 5 ms each way between the workers change no bit of any all-reduce, over
+def test_multi_worker_mirrored_all_reduces_on_an_impaired_link_are_identical_to_unimpaired(tmp_path):
+    """The impaired link between the workers changes no bit of any all-reduce, over
     gRPC and tf_rdma; the step rate so impaired is tf_rdma's against gRPC's (same bound and reason
     as for TF1 above)."""
     reference, _ = mwms_all_reduces(tmp_path, "grpc", False)
