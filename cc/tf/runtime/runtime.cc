@@ -318,10 +318,12 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   // dials anyway wants the handshake itself, which proves the listener's name and key to it
   // (`tf_rdma doctor`, named as no task; IdentityAt, asking who serves an address).
   const bool new_name_past_limit = peers_.count(peer) == 0 && peers_.size() >= kMaxPeers;
-  if (!TaskOfDevice(peer + "/device:CPU:0").ok() || !(peer < options_.local_task) || new_name_past_limit) {
+  const bool task_name = TaskOfDevice(peer + "/device:CPU:0").ok();
+  if (!task_name || !(peer < options_.local_task) || new_name_past_limit) {
     connection->Close(absl::PermissionDeniedError(absl::StrCat(
         "task ", options_.local_task, " does not accept connections from '", peer,
         "': not a task name, not the side that connects, or past ", kMaxPeers, " peer tasks")));
+    if (task_name && options_.local_task < peer) DialBackLocked(peer);
     return;
   }
   // Admitted in its handshake, but judged again under the lock that adopts it: of two connections
@@ -341,6 +343,20 @@ void Runtime::OnAccepted(std::shared_ptr<Connection> connection) {
   state.was_connected = true;
   RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
+}
+
+void Runtime::DialBackLocked(const std::string& peer_task) {
+  // A task that waits for this one's dial asks who serves this address after an attempt's wait
+  // (AwaitFrom's IdentityAt). Nothing here may need it any more: this task gave up its transfer
+  // (the resend's dial found the peer frozen past TF_RDMA_CONNECT_TIMEOUT_MS), so only its
+  // receive waits, and it would wait out its own connect timeout. Dialled, it learns why at once
+  // (WITHDRAWN, from the tags given up).
+  auto known = peers_.find(peer_task);
+  if (known == peers_.end() || !known->second.address_known || known->second.connecting) return;
+  Peer& peer = known->second;
+  if (peer.connection && peer.connection->health().ok()) return;
+  peer.connecting = true;
+  std::thread([this, peer_task] { Establish(peer_task); }).detach();
 }
 
 void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback done) {

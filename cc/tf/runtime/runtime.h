@@ -162,6 +162,9 @@ class Runtime {
   // (GiveUp). Holds mu_: a connection just made has no writes yet, so dropping runs no callback.
   void AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection);
   // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
+  // Dials `peer_task`, which sorts after this task and connected to ask who serves this address
+  // (it waits for this task's dial), unless a connection to it is alive or being made.
+  void DialBackLocked(const std::string& peer_task);
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
   // The idle-region thread: one per runtime, whatever the number of peers, since a pool whose
   // peer went quiet is called by nothing else. It checks every pool a few times per idle period.
