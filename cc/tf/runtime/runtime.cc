@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 #include "absl/log/log.h"
@@ -355,8 +356,20 @@ void Runtime::DialBackLocked(const std::string& peer_task) {
   if (known == peers_.end() || !known->second.address_known || known->second.connecting) return;
   Peer& peer = known->second;
   if (peer.connection && peer.connection->health().ok()) return;
+  const absl::Status started = StartEstablishingLocked(peer_task, peer);
+  if (!started.ok()) LOG(WARNING) << "tf_rdma: " << started;
+}
+
+absl::Status Runtime::StartEstablishingLocked(const std::string& peer_task, Peer& peer) {
   peer.connecting = true;
-  std::thread([this, peer_task] { Establish(peer_task); }).detach();
+  try {
+    std::thread([this, peer_task] { Establish(peer_task); }).detach();
+    return absl::OkStatus();
+  } catch (const std::system_error& error) {  // the process's thread limit: an error, not a crash
+    peer.connecting = false;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("could not start a thread to connect with task ", peer_task, ": ", error.what()));
+  }
 }
 
 void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback done) {
@@ -375,10 +388,13 @@ void Runtime::WithConnection(const std::string& peer_task, ConnectionCallback do
     return;
   }
   peer.waiters.push_back(std::move(done));
-  if (!peer.connecting) {
-    peer.connecting = true;
-    std::thread([this, peer_task] { Establish(peer_task); }).detach();
-  }
+  if (peer.connecting) return;
+  const absl::Status started = StartEstablishingLocked(peer_task, peer);
+  if (started.ok()) return;
+  std::vector<ConnectionCallback> waiters;
+  waiters.swap(peer.waiters);
+  lock.unlock();
+  for (auto& waiter : waiters) waiter(started);
 }
 
 void Runtime::GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {

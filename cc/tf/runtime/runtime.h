@@ -165,6 +165,9 @@ class Runtime {
   // Dials `peer_task`, which sorts after this task and connected to ask who serves this address
   // (it waits for this task's dial), unless a connection to it is alive or being made.
   void DialBackLocked(const std::string& peer_task);
+  // Starts Establish(peer_task) on a thread of its own, marking the peer as connecting; an error
+  // if no thread can be started.
+  absl::Status StartEstablishingLocked(const std::string& peer_task, Peer& peer);
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
   // The idle-region thread: one per runtime, whatever the number of peers, since a pool whose
   // peer went quiet is called by nothing else. It checks every pool a few times per idle period.
