@@ -13,37 +13,141 @@ tf_rdma's failures name the task they found failed, in the words ClusterCoordina
 (cc/tf/runtime TaskFailure: "(as gRPC words it, for TensorFlow's failure handling: GRPC error
 information from remote target TASK)"); a task told by its peer that it was the silent one names
 nobody. So an error in which tf_rdma names a worker is that worker's failure: TensorFlow retries
-the step once the worker answers, as it does when its own channel to a worker fails. An error in
-which tf_rdma names only a ps (the ps died, hangs or was restarted) stays a ps failure, and one
-without tf_rdma's words is judged by TensorFlow alone.
+the step once the worker answers, as it does when its own channel to a worker fails.
+
+An error in which tf_rdma names only a ps is not always the ps's. A worker cut off from the rest
+finds the ps silent as the ps finds it, and its own failure may be the one that reaches the
+coordinator (after the partition heals): "peer /job:ps/... is unresponsive". From one end of a
+silent link nobody can tell which end went away; the coordinator can. It asks each task named as
+silent to prove itself (tf_rdma's handshake, within TF_RDMA_PEER_TIMEOUT_MS: a stopped process, or
+one cut off from the coordinator too, cannot complete it). If all do, the failure is the worker's.
+Otherwise (the ps died, hangs, was restarted or is cut off from everyone) it stays a ps failure,
+and an error without tf_rdma's words is judged by TensorFlow alone.
 """
+import collections
 import logging
 import re
+import threading
 
 import tensorflow as tf
 
+from tf_rdma import _transport
+from tf_rdma.config import load_config
+from tf_rdma.errors import TransportError
+
 log = logging.getLogger("tf_rdma")
 
-# TaskFailure's phrase, with the task it names.
-_NAMED_FAILED = re.compile(r"for TensorFlow's failure handling: GRPC error information from remote target "
-                           r"/job:([A-Za-z0-9_.-]+)/replica:\d+/task:\d+\)")
+_TASK = r"/job:[A-Za-z0-9_.-]+/replica:\d+/task:\d+"
+# TaskFailure's phrase, before the task it names.
+_PHRASE = r"\(as gRPC words it, for TensorFlow's failure handling: GRPC error information from remote target "
+_NAMED_FAILED = re.compile(_PHRASE + f"({_TASK})" + r"\)")
+# The phrase after PeerFailure's cause for a peer that sent nothing for TF_RDMA_PEER_TIMEOUT_MS
+# (cc/transport/peer_errors.cc), naming the same task.
+_FOUND_SILENT = re.compile(f"peer ({_TASK}) at \\S+ is unresponsive: [^\\n]*? " + _PHRASE + r"\1\)")
+# The name the coordinator's probe gives itself in the handshake: not a task name, so the task
+# probed proves its name and key and then refuses the connection, adopting nothing (a task name
+# sorting before the task's would replace the connection of the task that bears it).
+PROBE_NAME = "tf_rdma coordinator probe"
 _INSTALLED = "_tf_rdma_attribution"
+_VERDICT = "_tf_rdma_failed_job"
+
+
+class TaskProbe:
+    """Asks tasks of the coordinator's cluster, over tcp (every task listens there, whatever its
+    backend), to prove who they are."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._addresses = {}  # task: "host:port" of its tf_rdma listener
+        self._transport = None
+
+    def know(self, tasks):
+        """`tasks`: [(task, host, grpc_port, rdma_port)] as server.cluster_tasks gives them."""
+        with self._lock:
+            self._addresses.update({task: f"{host}:{rdma_port}" for task, host, _, rdma_port in tasks})
+
+    def answers(self, task):
+        """Whether `task` completes tf_rdma's handshake as itself within TF_RDMA_PEER_TIMEOUT_MS;
+        None if its address is not known here."""
+        with self._lock:
+            address = self._addresses.get(task)
+            if address is None:
+                return None
+            if self._transport is None:
+                config = load_config()
+                self._transport = _transport.Transport(
+                    "tcp", name=PROBE_NAME, cluster_key=config.cluster_key(),
+                    connect_timeout=config.peer_timeout, peer_timeout=config.peer_timeout)
+            transport = self._transport
+        try:
+            connection = transport.connect(address)
+        except TransportError as e:
+            log.info("tf_rdma: task %s does not answer the coordinator at %s: %s", task, address, e)
+            return False
+        connection.close("tf_rdma: the coordinator's probe is done")
+        if connection.peer_name != task:
+            log.warning("tf_rdma: %s answers for task %s as %s", address, task, connection.peer_name)
+        return connection.peer_name == task
+
+
+_prober = TaskProbe()
+
+
+def task_answers(task):
+    """Whether `task` of the cluster install() was told of proves itself to this process within
+    TF_RDMA_PEER_TIMEOUT_MS (None: not told of it)."""
+    return _prober.answers(task)
+
+
+def tasks_named_failed(error):
+    """{task: found silent?} for the tasks tf_rdma's failures in `error` name as failed (a
+    closure's error included: ClusterCoordinator wraps some in ClosureInputError /
+    ClosureAbortedError). A task named by more than one failure counts as silent only if every one
+    found it so."""
+    text = str(getattr(error, "original_exception", None) or error)
+    named = collections.Counter(match.group(1) for match in _NAMED_FAILED.finditer(text))
+    silent = collections.Counter(match.group(1) for match in _FOUND_SILENT.finditer(text))
+    return {task: silent[task] == count for task, count in named.items()}
 
 
 def jobs_named_failed(error):
-    """The jobs of the tasks tf_rdma's failures in `error` name as failed (a closure's error
-    included: ClusterCoordinator wraps some in ClosureInputError / ClosureAbortedError)."""
-    error = getattr(error, "original_exception", None) or error
-    return {match.group(1) for match in _NAMED_FAILED.finditer(str(error))}
+    return {task.split("/")[1][len("job:"):] for task in tasks_named_failed(error)}
 
 
-def names_a_worker(error):
-    return "worker" in jobs_named_failed(error)
+def failed_job(error, answers=None):
+    """"worker" if `error` is the failure of the worker that ran the step by tf_rdma's account, "ps"
+    if tf_rdma names a ps failed and the coordinator cannot reach it either, None if tf_rdma's
+    failures are not in it. `answers(task)`: the probe (the coordinator's by default)."""
+    named = tasks_named_failed(error)
+    if not named:
+        return None
+    if "worker" in jobs_named_failed(error):
+        return "worker"
+    answers = answers or _prober.answers
+    # Silent to the worker but answering here: the worker was the one cut off (or its link alone).
+    if all(named.values()) and all(answers(task) for task in named):
+        return "worker"
+    return "ps"
 
 
-def install():
+def _judged(error):
+    """failed_job(error), probed once per error: TensorFlow asks both questions of one error."""
+    verdict = getattr(error, _VERDICT, False)
+    if verdict is False:
+        verdict = failed_job(error)
+        try:
+            setattr(error, _VERDICT, verdict)
+        except AttributeError:
+            pass
+    return verdict
+
+
+def install(tasks=()):
     """Makes TensorFlow's ClusterCoordinator (in this process) take an error in which tf_rdma names a
-    worker for that worker's failure, not a ps's. Idempotent."""
+    worker, or tasks that answer this process, for the failure of the worker that ran the step,
+    not a ps's. `tasks`: the cluster's, as server.cluster_tasks gives them, for the probe.
+    Idempotent."""
+    _prober.know(tasks)
     try:
         from tensorflow.python.distribute.coordinator import cluster_coordinator as coordinator
         is_ps_failure, is_worker_failure = coordinator._is_ps_failure, coordinator._is_worker_failure
@@ -56,12 +160,12 @@ def install():
         return
 
     def _is_ps_failure(error):
-        return not names_a_worker(error) and is_ps_failure(error)
+        return _judged(error) != "worker" and is_ps_failure(error)
 
     def _is_worker_failure(error):
         unavailable = isinstance(getattr(error, "original_exception", None) or error,
                                  (tf.errors.UnavailableError, tf.errors.AbortedError))
-        return (unavailable and names_a_worker(error)) or is_worker_failure(error)
+        return (unavailable and _judged(error) == "worker") or is_worker_failure(error)
 
     for function in (_is_ps_failure, _is_worker_failure):
         setattr(function, _INSTALLED, True)

@@ -66,6 +66,16 @@ def _route_eager_copies_through_rendezvous():
     os.environ[_SEND_TENSOR_RPC] = "0"
 
 
+# The rdma_addresses this process's servers were given last (its extension holds the same).
+_address_overrides = {}
+
+
+def _set_address_overrides(rdma_addresses):
+    global _address_overrides
+    _address_overrides = dict(rdma_addresses or {})
+    _extension().set_address_overrides(_address_overrides)
+
+
 def cluster_tasks(cluster_spec, rdma_addresses=None):
     """[(task, host, grpc_port, rdma_port)] of every task, as tf_rdma's servers derive them: the
     TensorFlow port + TF_RDMA_PORT_OFFSET, unless `rdma_addresses` says otherwise."""
@@ -94,7 +104,7 @@ class Server(tf.distribute.Server):
             cluster = (server_or_cluster_def.cluster
                        if isinstance(server_or_cluster_def, tf.train.ServerDef) else server_or_cluster_def)
             cluster_tasks(cluster, rdma_addresses)  # checks them, with a clear error
-        _extension().set_address_overrides(dict(rdma_addresses or {}))
+        _set_address_overrides(rdma_addresses)
         super().__init__(server_or_cluster_def, job_name=job_name, task_index=task_index,
                          protocol=_checked_protocol(protocol), config=config, start=start)
 
@@ -139,12 +149,13 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
 
     The ps and worker tasks run tf_rdma.Server; this process is the coordinator. Same arguments as
     TensorFlow's strategy. Its ClusterCoordinator takes an error in which tf_rdma names a worker as
-    failed for that worker's failure, not a ps's (tf_rdma/coordinator_failures.py).
+    failed, or only tasks that answer the coordinator, for the failure of the worker that ran the
+    step, not a ps's (tf_rdma/coordinator_failures.py).
     """
 
     def __init__(self, cluster_resolver, variable_partitioner=None):
         _route_eager_copies_through_rendezvous()
-        coordinator_failures.install()
+        coordinator_failures.install(cluster_tasks(cluster_resolver.cluster_spec(), _address_overrides))
         super().__init__(_on_tf_rdma(cluster_resolver), variable_partitioner=variable_partitioner)
 
 

@@ -25,8 +25,13 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
         stats = cluster.stats_dumped_after(worker_stats, finished)
         on_ps = cluster.stats_dumped_after(ps_stats, finished)
     with open(output) as f:
-        losses = json.load(f)["losses"]
+        result = json.load(f)
+    losses = result["losses"]
     assert losses[-1] < losses[0] * 0.8, losses
+    # Every task, the coordinator included, proved itself to the coordinator's probe half way, and
+    # the probe took no connection's place (the one-connection check below).
+    assert result["answers"] == {"/job:chief/replica:0/task:0": True, "/job:ps/replica:0/task:0": True,
+                                 "/job:worker/replica:0/task:0": True}, result["answers"]
     assert stats["fallback"] == {}, stats
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
     worker = on_ps["peers"]["/job:worker/replica:0/task:0"]

@@ -541,11 +541,19 @@ def ps_strategy_coordinator(cluster, job, index, transport, output, steps=30):
         return strategy.run(replica, args=(next(iterator),))
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+    losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps // 2)]
+    coordinator.join()
+    # Half way, the probe the coordinator sends a task named as silent (tf_rdma's strategy only).
+    answers = {}
+    if transport == "rdma":
+        from tf_rdma import coordinator_failures
+        tasks = [f"/job:{job}/replica:0/task:{i}" for job, addresses in cluster.items() for i in range(len(addresses))]
+        answers = {task: coordinator_failures.task_answers(task) for task in tasks}
+    losses += [coordinator.schedule(step, args=(iterator,)) for _ in range(steps - steps // 2)]
     coordinator.join()
     values = [float(r.fetch()) for r in losses]
     with open(output, "w") as f:
-        json.dump({"losses": values}, f)
+        json.dump({"losses": values, "answers": answers}, f)
     print("done", flush=True)
     os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
 
