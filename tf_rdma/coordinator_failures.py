@@ -59,7 +59,6 @@ class TaskProbe:
     def __init__(self):
         self._lock = threading.Lock()
         self._addresses = {}  # task: "host:port" of its tf_rdma listener
-        self._transport = None
 
     def know(self, tasks):
         """`tasks`: [(task, host, grpc_port, rdma_port)] as server.cluster_tasks gives them."""
@@ -71,23 +70,23 @@ class TaskProbe:
         None if its address is not known here."""
         with self._lock:
             address = self._addresses.get(task)
-            if address is None:
-                return None
-            if self._transport is None:
-                config = load_config()
-                self._transport = _transport.Transport(
-                    "tcp", name=PROBE_NAME, cluster_key=config.cluster_key(),
-                    connect_timeout=config.peer_timeout, peer_timeout=config.peer_timeout)
-            transport = self._transport
+        if address is None:
+            return None
+        config = load_config()
+        # A transport of its own, gone with the probe: probes are rare (a failure each), and a
+        # coordinator that kept one would keep its threads and descriptors for the job's life.
+        transport = _transport.Transport("tcp", name=PROBE_NAME, cluster_key=config.cluster_key(),
+                                          connect_timeout=config.peer_timeout, peer_timeout=config.peer_timeout)
         try:
             connection = transport.connect(address)
         except TransportError as e:
             log.info("tf_rdma: task %s does not answer the coordinator at %s: %s", task, address, e)
             return False
+        name = connection.peer_name
         connection.close("tf_rdma: the coordinator's probe is done")
-        if connection.peer_name != task:
-            log.warning("tf_rdma: %s answers for task %s as %s", address, task, connection.peer_name)
-        return connection.peer_name == task
+        if name != task:
+            log.warning("tf_rdma: %s answers for task %s as %s", address, task, name)
+        return name == task
 
 
 _prober = TaskProbe()

@@ -2,6 +2,7 @@
 takes for a ps's failure and which for a worker's, and the probe that asks a task named as silent
 whether it answers the coordinator. The messages are those of
 tests/faults/test_ps_strategy_faults.py's runs (TensorFlow 2.21), shortened."""
+import os
 import socket
 import time
 
@@ -157,3 +158,17 @@ def test_the_probe_takes_only_the_task_itself_completing_the_handshake_for_an_an
         assert answered[task][0] is False and answered[task][1] < 0.5 + 0.5, (task, answered)
     assert probe.answers(WORKER) is None
     silent.close()
+
+
+def test_probes_leave_no_thread_or_descriptor_behind(probe):
+    """The coordinator probes on failures for the job's life: each probe's transport goes with it."""
+    ps_transport, ps = listener(PS)
+    probe.know([(PS, "127.0.0.1", 0, ps.port)])
+
+    def held():
+        return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+    before = held()
+    for _ in range(20):
+        assert probe.answers(PS)
+    assert held() == before
