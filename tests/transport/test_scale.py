@@ -14,6 +14,12 @@ from tf_rdma import _transport, bench_scale, errors
 # verbs runs in the Soft-RoCE guest, under emulation: fewer peers there, enough that a thread per
 # peer (as each verbs connection had before) would show.
 PEERS = {"tcp": 512, "shm": 512, "verbs": 32}
+# The fairness test's measured window. Its 256 peers are 16 sender transports of one I/O thread each
+# in the test's process, beside the receiver's 2, on 2 cores: over two seconds the scheduler's turns
+# between those threads showed as unfairness now and then (0.43 once in a full test run; the least
+# served peers often come in a sender's block of 16). The turn policy's unfairness this guards
+# against is steady (0.14-0.39, docs/scale.md) and shows over any window.
+FAIRNESS_WINDOW_S = 4
 
 
 def test_grant_callbacks_run_on_a_transport_thread_unless_refused_at_once(backend):
@@ -116,7 +122,7 @@ def test_hundreds_of_peers_connect_at_once(backend):
 @pytest.mark.timeout(120)
 @pytest.mark.stream_backends_only  # the issue's fairness target is shm's (and tcp's)
 def test_peers_writing_at_once_get_fair_shares(backend):
-    """256 peers write 64 KiB messages to one receiver as fast as it grants: over two seconds, the
+    """256 peers write 64 KiB messages to one receiver as fast as it grants: over four seconds, the
     peer that moved least moved at least half as much as the one that moved most."""
     peers, size = 256, 64 << 10
     with receiver_process(backend) as receiver:
@@ -124,7 +130,7 @@ def test_peers_writing_at_once_get_fair_shares(backend):
         receiver.ask("accept", peers)
         writing = _transport.SteadyFlow("send", connections, size=size)
         try:
-            shares = receiver.ask("flow", size, 2)
+            shares = receiver.ask("flow", size, FAIRNESS_WINDOW_S)
         finally:
             writing.stop(30)
         moved = shares["bytes"]
