@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,7 +25,7 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("doctor")
     with Cluster(tmp, {"ps": 1, "worker": 2}, {"TF_RDMA_SECRET": SECRET}) as running:
         running.start("ps", 0, "serve")
-        running.start("worker", 0, "serve")
+        running.start("worker", 0, "serve", stats_file=str(tmp / "worker0-stats.json"))
         running.start("worker", 1, "serve", transport="grpc")
         for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
             running.wait_for_output(job, index, "serving", timeout=120)
@@ -47,6 +48,10 @@ def test_a_healthy_cluster_passes(cluster):
     spec = {"ps": cluster.spec["ps"], "worker": cluster.spec["worker"][:1]}
     tasks, report = doctor(spec, TF_RDMA_BACKEND="auto")
     assert report["healthy"], report
+    # The worker proved itself to the doctor and took it for no peer of its own (a doctor named as a
+    # task, "/job:tf_rdma_doctor/...", sorted before it and was adopted as one that connects).
+    on_worker = cluster.stats_dumped_after(str(cluster.tmp_path / "worker0-stats.json"), time.time())
+    assert not on_worker["peers"], on_worker["peers"]
     for task in tasks.values():
         assert task["same_secret"] and task["grpc_answers"] and task["tf_rdma_answers"], task
         assert task["wire"] == str(_transport.PROTOCOL_VERSION), task

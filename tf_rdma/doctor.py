@@ -15,8 +15,10 @@ from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
 from tf_rdma.transport import available_backends
 
-# The name this process gives itself in the handshake: no task of any cluster has it.
-DOCTOR_TASK = "/job:tf_rdma_doctor/replica:0/task:0"
+# The name this process gives itself in the handshake: not a task name, so a task proves its name
+# and key to it and then refuses the connection. A task name would be taken, by every task whose
+# name sorts after it, for a peer that connects: adopted, and counted in its stats.
+DOCTOR_NAME = "tf_rdma doctor"
 # Tasks checked at once: an unreachable one costs a few seconds of timeouts.
 PARALLEL_CHECKS = 32
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -88,7 +90,7 @@ def _handshake(report, transport, host, rdma_port):
 
 
 def check_task(transport, task, host, grpc_port, rdma_port):
-    """What `transport` (tcp, named DOCTOR_TASK, holding this process's cluster key) learns of one task."""
+    """What `transport` (tcp, named DOCTOR_NAME, holding this process's cluster key) learns of one task."""
     report = TaskReport(task=task, address=f"{host}:{rdma_port}", grpc_answers=_answers(host, grpc_port),
                         tf_rdma_answers=_answers(host, rdma_port))
     if not report.tf_rdma_answers:
@@ -151,7 +153,7 @@ def run(cluster, rdma_addresses=None):
     """{"tasks": [...], "memlock": {...}, "healthy": bool} for `cluster`."""
     from tf_rdma import server  # TensorFlow: the task addresses, as servers derive them
     tasks = server.cluster_tasks(cluster, rdma_addresses)
-    transport = _transport.Transport("tcp", name=DOCTOR_TASK, cluster_key=load_config().cluster_key(),
+    transport = _transport.Transport("tcp", name=DOCTOR_NAME, cluster_key=load_config().cluster_key(),
                                      connect_timeout=HANDSHAKE_TIMEOUT_S, peer_timeout=HANDSHAKE_TIMEOUT_S)
     with concurrent.futures.ThreadPoolExecutor(min(PARALLEL_CHECKS, max(len(tasks), 1))) as pool:
         reports = list(pool.map(lambda task: check_task(transport, *task), tasks))
