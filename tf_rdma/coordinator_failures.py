@@ -49,7 +49,7 @@ _FOUND_SILENT = re.compile(f"peer ({_TASK}) at \\S+ is unresponsive: [^\\n]*? " 
 # sorting before the task's would replace the connection of the task that bears it).
 PROBE_NAME = "tf_rdma coordinator probe"
 _INSTALLED = "_tf_rdma_attribution"
-_VERDICT = "_tf_rdma_failed_job"
+_VERDICT = "_tf_rdma_workers_failure"
 
 
 class TaskProbe:
@@ -113,27 +113,25 @@ def jobs_named_failed(error):
     return {task.split("/")[1][len("job:"):] for task in tasks_named_failed(error)}
 
 
-def failed_job(error, answers=None):
-    """"worker" if `error` is the failure of the worker that ran the step by tf_rdma's account, "ps"
-    if tf_rdma names a ps failed and the coordinator cannot reach it either, None if tf_rdma's
-    failures are not in it. `answers(task)`: the probe (the coordinator's by default)."""
+def workers_failure(error, answers=None):
+    """Whether `error` is, by tf_rdma's account, the failure of the worker that ran the step: it
+    names a worker failed, or only tasks it found silent that answer here. `answers(task)`: the
+    probe (the coordinator's by default). False leaves the error to TensorFlow's judgement."""
     named = tasks_named_failed(error)
     if not named:
-        return None
+        return False
     if "worker" in jobs_named_failed(error):
-        return "worker"
+        return True
     answers = answers or _prober.answers
     # Silent to the worker but answering here: the worker was the one cut off (or its link alone).
-    if all(named.values()) and all(answers(task) for task in named):
-        return "worker"
-    return "ps"
+    return all(named.values()) and all(answers(task) for task in named)
 
 
 def _judged(error):
-    """failed_job(error), probed once per error: TensorFlow asks both questions of one error."""
-    verdict = getattr(error, _VERDICT, False)
-    if verdict is False:
-        verdict = failed_job(error)
+    """workers_failure(error), probed once per error: TensorFlow asks both questions of one error."""
+    verdict = getattr(error, _VERDICT, None)
+    if verdict is None:
+        verdict = workers_failure(error)
         try:
             setattr(error, _VERDICT, verdict)
         except AttributeError:
@@ -159,12 +157,12 @@ def install(tasks=()):
         return
 
     def _is_ps_failure(error):
-        return _judged(error) != "worker" and is_ps_failure(error)
+        return not _judged(error) and is_ps_failure(error)
 
     def _is_worker_failure(error):
         unavailable = isinstance(getattr(error, "original_exception", None) or error,
                                  (tf.errors.UnavailableError, tf.errors.AbortedError))
-        return (unavailable and _judged(error) == "worker") or is_worker_failure(error)
+        return (unavailable and _judged(error)) or is_worker_failure(error)
 
     for function in (_is_ps_failure, _is_worker_failure):
         setattr(function, _INSTALLED, True)

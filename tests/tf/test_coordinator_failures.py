@@ -98,7 +98,7 @@ def test_other_errors_stay_tensorflows_to_judge(told):
     # Found silent by one failure and lost otherwise by another: not silence alone.
     both = unavailable(f"{WORKER_FOUND_THE_PS_SILENT}\n{THE_PS_WENT_AWAY}")
     assert coordinator_failures.tasks_named_failed(both) == {PS: False}
-    assert coordinator_failures.failed_job(both, answers=lambda task: True) == "ps"
+    assert not coordinator_failures.workers_failure(both, answers=lambda task: True)
 
 
 def test_a_ps_found_silent_by_the_worker_that_answers_the_coordinator_is_the_workers_failure(told):
@@ -111,9 +111,9 @@ def test_a_ps_found_silent_by_the_worker_that_answers_the_coordinator_is_the_wor
         return True
 
     error = unavailable(WORKER_FOUND_THE_PS_SILENT)
-    assert coordinator_failures.failed_job(error, answers=answers) == "worker" and probed == [PS]
+    assert coordinator_failures.workers_failure(error, answers=answers) and probed == [PS]
     coordinator_failures._prober.know([(PS, "127.0.0.1", 0, 1)])  # nothing listens there
-    assert coordinator_failures.failed_job(error) == "ps"
+    assert not coordinator_failures.workers_failure(error)
     with_probe = unavailable(WORKER_FOUND_THE_PS_SILENT)
     coordinator_failures._prober.answers = answers
     assert not cluster_coordinator._is_ps_failure(with_probe)
