@@ -25,8 +25,8 @@ step): it keeps steps queued and prints what each worker has done
   to the user), which gRPC's runs never touch. tf_rdma's ParameterServerStrategy makes it the
   worker's failure (tf_rdma/coordinator_failures.py): the step is retried once the worker answers,
   and no run may count a ps failure. So it does when the partitioned worker's own failure, finding
-  the ps silent, comes first: the coordinator finds the ps answering it. The step keeps the ps waiting on the worker for most of its
-  time (fault.py), so a fault usually catches a step so.
+  the ps silent, comes first: the coordinator finds the ps answering it. The step keeps the ps
+  waiting on the worker for most of its time (fault.py), so a fault usually catches a step so.
 """
 import json
 import re

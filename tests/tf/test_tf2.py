@@ -28,10 +28,12 @@ def test_ps_strategy_training_goes_over_tf_rdma(tmp_path):
         result = json.load(f)
     losses = result["losses"]
     assert losses[-1] < losses[0] * 0.8, losses
-    # Every task, the coordinator included, proved itself to the coordinator's probe half way, and
-    # the probe took no connection's place (the one-connection check below).
-    assert result["answers"] == {"/job:chief/replica:0/task:0": True, "/job:ps/replica:0/task:0": True,
-                                 "/job:worker/replica:0/task:0": True}, result["answers"]
+    # Every task, the coordinator included, proved itself to the coordinator's probe half way; no
+    # task took the probe for a peer (its stats name the cluster's tasks only), nor let it take a
+    # connection's place (the one-connection check below).
+    tasks = {"/job:chief/replica:0/task:0", "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"}
+    assert result["answers"] == dict.fromkeys(tasks, True), result["answers"]
+    assert set(stats["peers"]) | set(on_ps["peers"]) <= tasks, (stats["peers"].keys(), on_ps["peers"].keys())
     assert stats["fallback"] == {}, stats
     ps = stats["peers"]["/job:ps/replica:0/task:0"]
     worker = on_ps["peers"]["/job:worker/replica:0/task:0"]
