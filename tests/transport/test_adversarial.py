@@ -331,3 +331,33 @@ def test_shm_bytes_mapped_for_all_peers_together_are_bounded():
     time.sleep(0.2)
     third_connection.check()  # the first's bytes were given back
     third.close()
+
+
+# ---- What a key holder can make a shm sender do (issue 36) ----
+
+def test_a_region_shared_again_smaller_under_a_granted_id_cannot_crash_the_sender():
+    """shm only: a key holder acting as receiver grants the last 64 KiB of a 1 MiB region, says the
+    region is gone, shares the same id again as 4 KiB; the sender's write into the old grant then
+    fails its connection naming the region (it used to copy past the new 4 KiB mapping: SIGSEGV)."""
+    backend = "shm"
+    victim = VictimProcess(backend)
+    try:
+        peer = w.RawPeer(backend, victim.endpoint)
+        peer.handshake(KEY, name="reuser")
+        assert victim.ask("hold") == {"peer": "reuser"}
+        peer.share_region(1, 1 << 20)
+        peer.send(w.grant(1, 0, 100, 1, (1 << 20) - (64 << 10), 64 << 10))
+        peer.region_gone(1)
+        peer.share_region(1, 4 << 10)
+        # Read by the victim's I/O thread within microseconds; the write must come after all four.
+        time.sleep(1)
+        answer = victim.ask(f"write 100 {64 << 10}")
+        victim.assert_alive()
+        kind, message = answer["write"]
+        assert kind == "ProtocolError", answer
+        assert "broke the tf_rdma protocol" in message and "region 1" in message, answer
+        assert "shared again as 4096 bytes" in message, answer
+        peer.close()
+    finally:
+        victim.assert_alive()
+        victim.stop()

@@ -9,6 +9,8 @@ Prints {"endpoint": ...}, then answers each command line on stdin with one JSON 
                    whether a byte outside the granted ranges changed, and the descriptors left
   nothing          report whether a connection was accepted (it must not have been) and the
                    descriptors left
+  hold             accept one connection and keep it, starting nothing on it
+  write TAG LENGTH write LENGTH bytes under TAG on the held connection; report how it ended
   legit SEED       accept one connection, grant LEGIT_CAPACITY bytes, report whether the bytes that
                    landed are pattern(LEGIT_CAPACITY, SEED) exactly
   baseline         record the descriptors and threads open now as the level to come back to
@@ -70,6 +72,7 @@ class Victim:
         self.level = (open_descriptors(), threads())
         self.attacked = None
         self.dialled = None
+        self.held = None
 
     def attack(self):
         connection = self.listener.accept(10)
@@ -123,6 +126,13 @@ class Victim:
                 "descriptors": sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
                                       if os.path.exists(f"/proc/self/fd/{fd}"))
                 if now[0] > self.level[0] else []}
+
+    def hold(self):
+        self.held = self.listener.accept(10)
+        return {"peer": self.held.peer_name}
+
+    def write(self, tag, length):
+        return {"write": outcome(self.held.write(int(tag), write_payload(int(tag), int(length))).wait)}
 
     def nothing(self):
         try:

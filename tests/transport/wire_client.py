@@ -157,5 +157,9 @@ class RawPeer:
         os.close(fd)
         return fd
 
+    def region_gone(self, region_id):
+        """Sends SHM_REGION_GONE, as a shm receiver does once nothing holds the region."""
+        self.send(frame(SHM_REGION_GONE, struct.pack("<I", region_id)))
+
     def close(self):
         self.sock.close()

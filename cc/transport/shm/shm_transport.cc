@@ -114,6 +114,13 @@ class ShmConnection : public StreamConnection {
       }
       mapping = it->second;
     }
+    // CheckRemoteGrant held the grant against the mapping of its day; a peer may since have said
+    // the region was gone and shared another under the same id, smaller.
+    if (grant.offset > mapping->size || length > mapping->size - grant.offset) {
+      return absl::DataLossError(absl::StrCat("GRANT of [", grant.offset, ", +", length, ") in region ",
+                                              grant.region_id, ", which the peer said was gone and shared again as ",
+                                              mapping->size, " bytes"));
+    }
     if (length > 0) std::memcpy(mapping->base + grant.offset, src, length);
     return false;
   }
