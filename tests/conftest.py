@@ -1,7 +1,16 @@
 import os
 import sys
 
-from tests import OPTIONAL_PACKAGES, REPO
+# What TensorFlow's and absl's C++ logging show is part of what the tests check (tf_rdma logs
+# through it: a refused peer's warning, a lost connection): a user's shell setting such as
+# TF_CPP_MIN_LOG_LEVEL=2 must not change it. Gone before anything loads tf_rdma or TensorFlow, so
+# this process and every process the tests start log at TensorFlow's defaults unless a test says
+# otherwise.
+for _variable in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MIN_VLOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE",
+                  "TF_CPP_LOG_THREAD_ID"):
+    os.environ.pop(_variable, None)
+
+from tests import OPTIONAL_PACKAGES, REPO  # noqa: E402
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS
 
 # The programs the tests start (`python -m tests.…`) import the shared helpers as the tests do.
