@@ -1,7 +1,8 @@
 """DTensor multi-client on tf_rdma (tf_rdma.dtensor.initialize_accelerator_system): two clients of a
-4-device CPU mesh compute a batch-sharded matmul and sums across the clients bit for bit as over
-stock gRPC, with the all-reduces carried by tf_rdma; a client killed mid-step fails the other with
-an error naming it. One cluster per backend serves both checks."""
+4-device CPU mesh compute a batch-sharded matmul, sums across the clients (all-reduce) and the
+product gathered onto every device (all-gather) bit for bit as over stock gRPC, with the collectives
+carried by tf_rdma; a client killed mid-step fails the other with an error naming it. One cluster
+per backend serves both checks."""
 import json
 import signal
 import time
@@ -52,9 +53,10 @@ def test_two_clients_compute_as_over_grpc_on_tf_rdma_and_a_killed_client_fails_t
         assert stats and stats["fallback"] == {}, stats  # empty: no tf_rdma server ran
         (peer,) = stats["peers"].values()
         assert peer["backend"] == backend and peer["errors"] == 0, peer
-        # Each step sums 64 KiB of columns (and a scalar) over the 4 devices: whatever the
-        # algorithm, each client receives at least the other's 64 KiB of partial sums.
-        assert peer["bytes_received_by_kind"].get("collective", 0) >= STEPS * 64 * 1024, peer
+        # Each step sums 64 KiB of columns over the 4 devices and gathers the 512 KiB product onto
+        # each: whatever the algorithms, each client receives at least the other's 64 KiB of
+        # partial sums and its 256 KiB of rows.
+        assert peer["bytes_received_by_kind"].get("collective", 0) >= STEPS * (64 + 256) * 1024, peer
     outcome = json.loads(failure.read_text())
     assert outcome.get("error") == "UnavailableError", outcome
     assert KILLED in outcome["message"], outcome

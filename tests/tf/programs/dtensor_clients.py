@@ -29,7 +29,8 @@ def _start(cluster, job, index, transport):
 
 def _step(mesh):
     """A step: a batch-sharded matmul (each device its rows), then sums over the batch, which
-    all-reduce across the mesh, so across the clients: 64 KiB and a scalar per step."""
+    all-reduce across the mesh, so across the clients (64 KiB and a scalar per step), and the
+    product's rows gathered onto every device (512 KiB)."""
     import tensorflow as tf
     dtensor = tf.experimental.dtensor
     sharded = dtensor.Layout.batch_sharded(mesh, "batch", rank=2)
@@ -38,7 +39,9 @@ def _step(mesh):
     @tf.function
     def matmul_and_sums(x, w):
         y = tf.matmul(x, w)
-        return tf.reduce_sum(y, axis=0), tf.reduce_sum(y)
+        # The rows on every device: an all-gather across the clients.
+        everywhere = dtensor.relayout(y, dtensor.Layout.replicated(mesh, rank=2))
+        return tf.reduce_sum(y, axis=0), tf.reduce_sum(y), everywhere
 
     def step(seed):
         # The step's inputs, the same in every run; this client packs its devices' parts.
@@ -61,8 +64,8 @@ def client(cluster, job, index, transport, output, steps):
     step = _step(_start(cluster, job, index, transport))
     results = {}
     for s in range(steps):
-        column_sums, total = step(s)
-        for name, value in (("column_sums", column_sums), ("total", total)):
+        column_sums, total, gathered = step(s)
+        for name, value in (("column_sums", column_sums), ("total", total), ("gathered", gathered)):
             for device, component in enumerate(dtensor.unpack(value)):
                 results[f"step{s}/{name}/device{device}"] = component.numpy()
     np.savez(output, **results)
