@@ -19,7 +19,8 @@ rdma` `tf_rdma.MultiWorkerMirroredStrategy` (same arguments); nothing else diffe
 Deterministic: fixed initializer seeds, a seeded shuffle and a fixed sharding of each batch, so two
 runs (over either transport) give bit-identical weights; `--save PATH` writes worker 0's final
 weights and per-step losses to an .npz. Keras 2 (`tf_keras`, `pip install --no-deps
-tf-keras==2.21.0`), as in tf2_ps_keras.py.
+tf-keras==2.21.0`), as in tf2_ps_keras.py: Keras 3's `model.fit` does not support more than one
+worker; its custom loop is in tf2_keras3_custom_loop.py.
 """
 import json
 import os

@@ -61,3 +61,10 @@ def test_two_clients_compute_as_over_grpc_on_tf_rdma_and_a_killed_client_fails_t
     assert outcome.get("error") == "UnavailableError", outcome
     assert KILLED in outcome["message"], outcome
     assert outcome["failed_at"] - killed_at < 10, outcome
+
+
+def test_a_gpu_mesh_is_refused_naming_tensorflows_own_start(monkeypatch):
+    monkeypatch.setenv("DTENSOR_JOBS", "localhost:1,localhost:2")
+    import tf_rdma
+    with pytest.raises(tf_rdma.ConfigError, match=r"tf\.experimental\.dtensor\.initialize_accelerator_system"):
+        tf_rdma.dtensor.initialize_accelerator_system(device_type="GPU")
