@@ -46,6 +46,7 @@ def initialize_accelerator_system(device_type=None, enable_coordination_service=
     ctx = context.context()
     if experimental_reset_context:
         ctx.ensure_uninitialized()
+        ctx._clear_caches()  # pylint: disable=protected-access  (tensors of the context just reset)
     if ctx._initialized:  # pylint: disable=protected-access  (TensorFlow's own start checks it so)
         raise ValueError("TensorFlow has already been initialized: call "
                          "tf_rdma.dtensor.initialize_accelerator_system() before any TensorFlow "
