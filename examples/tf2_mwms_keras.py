@@ -19,7 +19,8 @@ rdma` `tf_rdma.MultiWorkerMirroredStrategy` (same arguments); nothing else diffe
 Deterministic: fixed initializer seeds, a seeded shuffle and a fixed sharding of each batch, so two
 runs (over either transport) give bit-identical weights; `--save PATH` writes worker 0's final
 weights and per-step losses to an .npz. Keras 2 (`tf_keras`, `pip install --no-deps
-tf-keras==2.21.0`), as in tf2_ps_keras.py.
+tf-keras==2.21.0`), as in tf2_ps_keras.py: Keras 3's `model.fit` does not support more than one
+worker; its custom loop is in tf2_keras3_custom_loop.py.
 """
 import json
 import os
@@ -29,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cluster_utils as cu  # noqa: E402
+from tf2_keras3_custom_loop import mirrored_batches, mirrored_train_step  # noqa: E402  (as in Keras 3)
 from tf2_ps_keras import build_model  # noqa: E402  (the same MLP as the PS example)
 
 
@@ -79,7 +81,6 @@ def make_strategy(transport):
 def run_worker(args):
     keras = import_keras2()
     import numpy as np
-    import tensorflow as tf
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     index = int(task["index"])
@@ -90,14 +91,8 @@ def run_worker(args):
     x_train, y_train, x_test, y_test = cu.load_digits_split(seed=args.seed)
 
     def dataset():
-        # The same pipeline in every worker: a seeded shuffle (deterministic from run to run), the
-        # global batch; auto-sharding by DATA gives each worker a fixed slice of every batch.
-        ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-        ds = ds.shuffle(len(x_train), seed=args.seed).repeat().batch(global_batch, drop_remainder=True)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-        options.deterministic = True
-        return ds.with_options(options)
+        # The same pipeline in every worker, each taking a fixed slice of every global batch.
+        return mirrored_batches(x_train, y_train, global_batch, args.seed)
 
     with strategy.scope():
         model = build_model(keras, args.hidden, args.seed)
@@ -126,21 +121,8 @@ def run_worker(args):
         seconds = time.perf_counter() - t
     else:
         iterator = iter(strategy.experimental_distribute_dataset(dataset()))
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction=keras.losses.Reduction.NONE)
-
-        @tf.function
-        def train_step(iterator):
-            def replica_step(x, y):
-                with tf.GradientTape() as tape:
-                    per_example = loss_fn(y, model(x, training=True))
-                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-                grads = tape.gradient(loss, model.trainable_variables)
-                # Under the strategy, apply_gradients all-reduces the gradients across workers.
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
-                return loss
-            per_replica = strategy.run(replica_step, args=next(iterator))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        train_step = mirrored_train_step(strategy, model, optimizer, loss_fn, global_batch)
 
         for _ in range(args.warmup_steps):
             losses.append(float(train_step(iterator)))

@@ -29,7 +29,8 @@ in `model.fit` (it fails with "To use this dataset, you need to pass this datase
 ClusterCoordinator.create_per_worker_dataset"); Keras 2 has. The coordinator imports it as
 `tf_keras`: `pip install --no-deps tf-keras==2.21.0`, the version matching TensorFlow (without
 --no-deps pip also installs the full `tensorflow` package over `tensorflow-cpu`); ps and worker
-tasks need no Keras at all. Under the strategy, fit takes a DatasetCreator and `steps_per_epoch`; each
+tasks need no Keras at all; Keras 3 trains under the strategy in a custom loop
+(tf2_keras3_custom_loop.py). Under the strategy, fit takes a DatasetCreator and `steps_per_epoch`; each
 fit epoch here is the stretch of steps up to the next evaluation (`--eval-every`), after
 `--warmup-steps` untimed ones, and the evaluation runs on the coordinator.
 """

@@ -29,10 +29,11 @@ pytestmark = [pytest.mark.examples, pytest.mark.parametrize("transport", TRANSPO
 ENV = with_optional_packages(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))  # digits
 
 
-def run_example(script, *args, timeout):
+def run_example(script, *args, timeout, env=None):
+    """Runs an example to its end; `env` adds variables (e.g. TF_RDMA_BACKEND)."""
     proc = subprocess.run([sys.executable, str(EXAMPLES / script), *map(str, args)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+                          timeout=timeout, env={**ENV, **(env or {})})
     return proc
 
 
