@@ -199,8 +199,9 @@ class IncrementalBuildExt(build_ext):
             libraries = [f"-L{library.parent}", f"-l{TRANSPORT_LIBRARY}", "-Wl,-rpath,$ORIGIN", *libraries]
         if ext.name.endswith("_tensorflow"):
             libraries = [*libraries, "-l:libtensorflow_cc.so.2"]
+        # LDFLAGS as CXXFLAGS: a sanitized build links its sanitizer's runtime (tools/sanitizers).
         link = [*compiler, "-shared", "-o", str(output), *map(str, objects), *tf["lflags"],
-                f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed", *libraries]
+                f"-Wl,-rpath,{tf['lib']}", "-Wl,--as-needed", *libraries, *shlex.split(os.environ.get("LDFLAGS", ""))]
         subprocess.run(link, check=True)
         missing = undefined_symbols_nothing_exports(output)
         if missing:
