@@ -358,7 +358,7 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       if (!parsed.ok()) return parsed;
     } else if (!IsTestHarnessVariable(name) &&
                std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
-                            [&](const ConfigVariable& v) { return name == v.name; })) {
+                            [&name = name](const ConfigVariable& v) { return name == v.name; })) {
       // Any other TF_RDMA_* name is a typo.
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);
