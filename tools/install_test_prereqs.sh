@@ -4,13 +4,14 @@
 #              through ccache an unchanged tree rebuilds in seconds, in any checkout
 #   util-linux prlimit and setpriv (tests/test_doctor.py lowers `ulimit -l` without CAP_IPC_LOCK)
 #   libgtest-dev GoogleTest for the C++ unit tests (tests/transport/cc, `make cc-tests`)
+#   clang, libclang-rt-dev  clang and its libFuzzer and sanitizer runtimes (tests/fuzz, `make fuzz`)
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
 #   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a
 #              userspace delayer (tf_rdma/netns.py; no sch_netem, and no nft queue expression)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux libgtest-dev iproute2 nftables iptables)
+PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev iproute2 nftables iptables)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
