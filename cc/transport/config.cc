@@ -357,8 +357,9 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
                                        &config.limits.max_connections_per_peer_name);
       if (!parsed.ok()) return parsed;
     } else if (!IsTestHarnessVariable(name) &&
+               // An init-capture: C++17 (and clang before 16) cannot capture a structured binding.
                std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
-                            [&name = name](const ConfigVariable& v) { return name == v.name; })) {
+                            [&variable = name](const ConfigVariable& v) { return variable == v.name; })) {
       // Any other TF_RDMA_* name is a typo.
       std::vector<std::string> known;
       for (const auto& variable : ConfigVariables()) known.push_back(variable.name);

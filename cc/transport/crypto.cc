@@ -56,9 +56,17 @@ constexpr char kInstallHint[] =
 // sys.setdlopenflags(RTLD_GLOBAL), or a program linking libtensorflow_framework) has BoringSSL's
 // functions of the same names there, and libcrypto would call those with its own structures and
 // crash. DEEPBIND makes a libcrypto loaded here look in itself first. (Already loaded, by Python's
-// hashlib say, it was bound when it loaded.) AddressSanitizer refuses DEEPBIND: a checked build
-// (CXXFLAGS=-fsanitize=address) loads without it, and must not load TensorFlow RTLD_GLOBAL first.
-#if defined(__SANITIZE_ADDRESS__)
+// hashlib say, it was bound when it loaded.) The sanitizers' runtimes refuse DEEPBIND: a checked
+// build (-fsanitize=address or thread, tools/sanitizers) loads without it, and must not load
+// TensorFlow RTLD_GLOBAL first. GCC says so by macros, clang 14 only by __has_feature.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TF_RDMA_SANITIZED_BUILD
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TF_RDMA_SANITIZED_BUILD
+#endif
+#endif
+#if defined(TF_RDMA_SANITIZED_BUILD)
 constexpr int kOwnSymbolsFirst = 0;
 #else
 constexpr int kOwnSymbolsFirst = RTLD_DEEPBIND;
