@@ -24,6 +24,7 @@
 
 #include "cc/transport/handshake.h"
 #include "cc/transport/shm/shm_transport.h"
+#include "cc/transport/stream/socket_io.h"
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #include "cc/transport/wire.h"
@@ -190,48 +191,18 @@ class Harness {
     }
     if (type != FrameType::kShmRegion && in_.ConsumeIntegralInRange<int>(0, 15) == 0) pass_fd = PeerRegion(4096);
     bytes += payload;
-    iovec iov{bytes.data(), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (pass_fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* header = CMSG_FIRSTHDR(&msg);
-      header->cmsg_level = SOL_SOCKET;
-      header->cmsg_type = SCM_RIGHTS;
-      header->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(header), &pass_fd, sizeof(int));
-    }
-    sendmsg(peer_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    tf_rdma::SendWithoutBlocking(peer_fd_, {iovec{bytes.data(), bytes.size()}}, pass_fd).IgnoreError();
     if (pass_fd >= 0) close(pass_fd);
     connection_->OnEvents(EPOLLIN);
   }
 
-  // Reads what the connection sent: every frame must decode.
+  // Reads what the connection sent: every frame must decode. Descriptors that came along are closed.
   void DrainPeerEnd() {
     char buffer[1 << 16];
     for (;;) {
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-      iovec iov{buffer, sizeof(buffer)};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t got = recvmsg(peer_fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (got <= 0) return;
-      for (cmsghdr* header = CMSG_FIRSTHDR(&msg); header != nullptr; header = CMSG_NXTHDR(&msg, header)) {
-        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-          close(fd);
-        }
-      }
-      unread_.append(buffer, static_cast<size_t>(got));
+      absl::StatusOr<size_t> got = tf_rdma::ReceiveSome(peer_fd_, buffer, sizeof(buffer), nullptr, /*nonblocking=*/true);
+      if (!got.ok() || *got == 0) return;
+      unread_.append(buffer, *got);
       ParseSent();
     }
   }
