@@ -4,7 +4,7 @@
 # and the one to run on every change:
 #   make check  the fast tier (a few minutes): C++ unit tests of the pure code, the transport's
 #               contract over tcp and shm, config and README checks, one TensorFlow session
-.PHONY: demo test check cc-tests env softroce-prereqs test-prereqs bench-notify
+.PHONY: demo test check cc-tests fuzz fuzz-build fuzz-seeds env softroce-prereqs test-prereqs bench-notify
 
 env:
 	tools/dev_env.sh
@@ -21,7 +21,7 @@ test-prereqs:
 	tools/install_test_prereqs.sh
 
 # --durations: CI's log shows where the suite's time went (issue notes compare it with local runs).
-test: softroce-prereqs test-prereqs env cc-tests sanitizers
+test: softroce-prereqs test-prereqs env cc-tests sanitizers fuzz
 	.venv/bin/python -m pytest tests --durations=30
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
@@ -76,6 +76,60 @@ sanitizers: env
 	$(SANITIZER_RUN) build tsan $(CC_TEST_SOURCES)
 	$(SANITIZER_RUN) unit-tests tsan --gtest_brief=1
 	$(SANITIZER_RUN) pytest tsan -q -p no:cacheprovider $(TSAN_PYTESTS)
+
+# ---- fuzzing (libFuzzer, clang) ----
+# Every decoder and state machine a peer drives (tests/fuzz/*_fuzz.cc), built with AddressSanitizer
+# and UndefinedBehaviorSanitizer, each run for FUZZ_SECONDS (12) from its seed corpus
+# (tests/fuzz/corpus/<target>, which keeps every input that once crashed it); any crash, leak,
+# sanitizer report or failed check fails the build. A longer run: make fuzz FUZZ_SECONDS=600
+# (docs/testing.md). New inputs go to build/fuzz/corpus/<target>, crashes to build/fuzz/crashes/.
+FUZZ_SECONDS ?= 12
+FUZZ_CXX ?= clang++
+# TensorFlow's flags, asked of the venv's TensorFlow once per make (an import takes seconds).
+FUZZ_TF_CFLAGS = $(eval FUZZ_TF_CFLAGS := $$(shell .venv/bin/python -c 'import tensorflow as tf; \
+	print(*tf.sysconfig.get_compile_flags(), "-I" + tf.sysconfig.get_include() + "/external/com_google_protobuf/src")' \
+	2>/dev/null))$(FUZZ_TF_CFLAGS)
+FUZZ_TF_LDFLAGS = $(eval FUZZ_TF_LDFLAGS := $$(shell .venv/bin/python -c 'import tensorflow as tf; \
+	print(*tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null))$(FUZZ_TF_LDFLAGS)
+FUZZ_TARGETS = $(patsubst tests/fuzz/%_fuzz.cc,%,$(wildcard tests/fuzz/*_fuzz.cc))
+FUZZ_CFLAGS = -g -O1 -DNDEBUG -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. \
+	-fsanitize=address,undefined -fno-sanitize-recover=all
+# The transport core and the TensorFlow-side code the targets reach, instrumented for coverage.
+FUZZ_LIBRARY_SOURCES = $(wildcard cc/transport/*.cc cc/transport/stream/*.cc cc/transport/tcp/*.cc \
+	cc/transport/shm/*.cc) cc/tf/rendezvous/tensor_message.cc cc/tf/data/element_message.cc \
+	cc/tf/planning/fusion.cc $(wildcard cc/tf/runtime/*.cc)
+FUZZ_OBJECTS = $(patsubst %.cc,build/fuzz/obj/%.o,$(FUZZ_LIBRARY_SOURCES))
+build/fuzz/obj/%.o: %.cc $(wildcard cc/*/*.h cc/*/*/*.h) | env
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+build/fuzz/libtf_rdma_fuzz.a: $(FUZZ_OBJECTS)
+	rm -f $@ && ar rcs $@ $^
+# libtensorflow_cc is linked even where no symbol of it is named: it registers the protos the
+# tf.data messages parse (tensorflow.data.GetElementRequest). libcrypto comes before TensorFlow's
+# libraries: a sanitized build loads it without RTLD_DEEPBIND (cc/transport/crypto.cc), and its calls
+# to its own functions would otherwise bind to the BoringSSL functions of the same names that
+# libtensorflow_framework exports (the handshake target died in HMAC's self-test).
+build/fuzz/%_fuzz: tests/fuzz/%_fuzz.cc $(wildcard tests/fuzz/*.h) build/fuzz/libtf_rdma_fuzz.a
+	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
+		-pthread -ldl -Wl,--no-as-needed -l:libcrypto.so.3 $(FUZZ_TF_LDFLAGS) -l:libtensorflow_cc.so.2
+# The seeds made by real encoders (tests/fuzz/write_seeds.cc), to rewrite after a format changed.
+build/fuzz/write_seeds: tests/fuzz/write_seeds.cc build/fuzz/libtf_rdma_fuzz.a
+	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
+		-pthread -ldl -Wl,--no-as-needed -l:libcrypto.so.3 $(FUZZ_TF_LDFLAGS) -l:libtensorflow_cc.so.2
+fuzz-seeds: build/fuzz/write_seeds
+	build/fuzz/write_seeds tests/fuzz/corpus
+fuzz-build: env
+	$(MAKE) --no-print-directory -j2 -o env $(patsubst %,build/fuzz/%_fuzz,$(FUZZ_TARGETS))
+fuzz: fuzz-build
+	@set -e; mkdir -p build/fuzz/crashes; for target in $(FUZZ_TARGETS); do \
+		mkdir -p build/fuzz/corpus/$$target; \
+		echo "fuzz: $$target for $(FUZZ_SECONDS) s"; \
+		build/fuzz/$${target}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-artifact_prefix=build/fuzz/crashes/$${target}- build/fuzz/corpus/$$target \
+			tests/fuzz/corpus/$$target 2>build/fuzz/$$target.log \
+			|| { tail -n 60 build/fuzz/$$target.log; exit 1; }; \
+		grep -E '^stat::number_of_executed_units' build/fuzz/$$target.log; \
+	done
 
 # WRITE_WITH_IMM (completion events / CQ polling) vs WRITE + polled trailing flag: latency and
 # throughput per message size (tools/bench/write_notify.cc). Runs natively when this host has an

@@ -4,8 +4,8 @@
 #              through ccache an unchanged tree rebuilds in seconds, in any checkout
 #   util-linux prlimit and setpriv (tests/test_doctor.py lowers `ulimit -l` without CAP_IPC_LOCK)
 #   libgtest-dev GoogleTest for the C++ unit tests (tests/transport/cc, `make cc-tests`)
-#   clang, libclang-rt-dev  the sanitizer builds (`make sanitizers`, tools/sanitizers): clang and its
-#              AddressSanitizer, UndefinedBehaviorSanitizer and ThreadSanitizer runtimes
+#   clang, libclang-rt-dev  clang and its sanitizer and libFuzzer runtimes: the sanitizer builds
+#              (`make sanitizers`, tools/sanitizers) and the fuzz targets (tests/fuzz, `make fuzz`)
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
 #   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a

@@ -304,7 +304,7 @@ class ShmTransport : public StreamTransport {
 
   std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
                                                    const std::string& peer_address) override {
-    return std::make_shared<ShmConnection>(fd, Backend::kShm, peer, peer_address, options());
+    return NewShmConnection(fd, peer, peer_address, options());
   }
 
  private:
@@ -324,6 +324,12 @@ absl::Status ShmAvailable() {
 
 std::unique_ptr<Transport> CreateShmTransport(const TransportOptions& options) {
   return std::make_unique<ShmTransport>(options);
+}
+
+std::shared_ptr<StreamConnection> NewShmConnection(int fd, const PeerIdentity& peer,
+                                                   const std::string& peer_address,
+                                                   const TransportOptions& options) {
+  return std::make_shared<ShmConnection>(fd, Backend::kShm, peer, peer_address, options);
 }
 
 }  // namespace tf_rdma

@@ -112,8 +112,7 @@ class TcpTransport : public StreamTransport {
 
   std::shared_ptr<StreamConnection> MakeConnection(int fd, const PeerIdentity& peer,
                                                    const std::string& peer_address) override {
-    Tune(fd);
-    return std::make_shared<TcpConnection>(fd, Backend::kTcp, peer, peer_address, options());
+    return NewTcpConnection(fd, peer, peer_address, options());
   }
 
  private:
@@ -124,6 +123,13 @@ class TcpTransport : public StreamTransport {
 
 std::unique_ptr<Transport> CreateTcpTransport(const TransportOptions& options) {
   return std::make_unique<TcpTransport>(options);
+}
+
+std::shared_ptr<StreamConnection> NewTcpConnection(int fd, const PeerIdentity& peer,
+                                                   const std::string& peer_address,
+                                                   const TransportOptions& options) {
+  Tune(fd);
+  return std::make_shared<TcpConnection>(fd, Backend::kTcp, peer, peer_address, options);
 }
 
 }  // namespace tf_rdma
