@@ -4,7 +4,7 @@
 # and the one to run on every change:
 #   make check  the fast tier (a few minutes): C++ unit tests of the pure code, the transport's
 #               contract over tcp and shm, config and README checks, one TensorFlow session
-.PHONY: demo test check cc-tests fuzz fuzz-build fuzz-seeds env softroce-prereqs test-prereqs bench-notify
+.PHONY: demo test check cc-tests fuzz fuzz-build fuzz-seeds bazel env softroce-prereqs test-prereqs bench-notify
 
 env:
 	tools/dev_env.sh
@@ -21,7 +21,7 @@ test-prereqs:
 	tools/install_test_prereqs.sh
 
 # --durations: CI's log shows where the suite's time went (issue notes compare it with local runs).
-test: softroce-prereqs test-prereqs env cc-tests sanitizers fuzz
+test: softroce-prereqs test-prereqs env cc-tests sanitizers fuzz bazel
 	.venv/bin/python -m pytest tests --durations=30
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
@@ -52,6 +52,11 @@ build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/rende
 	mkdir -p build
 	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
 		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 -ldl
+
+# BUILD checked: Debian's Bazel builds every target offline against .venv's TensorFlow, then the
+# C++ unit tests it built, the transport contract and a TensorFlow session run on its extensions.
+bazel: test-prereqs env
+	tools/bazel/check.sh
 
 # The two binaries build side by side (a compiler each, a minute apiece on one core); env ran first.
 cc-tests: env

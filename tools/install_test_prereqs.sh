@@ -10,9 +10,11 @@
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
 #   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a
 #              userspace delayer (tf_rdma/netns.py; no sch_netem, and no nft queue expression)
+#   bazel-bootstrap, bazel-rules-java  Bazel 4.2 and the rules_java it loads, for `make bazel`
+#              (tools/bazel/check.sh builds BUILD offline)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev iproute2 nftables iptables)
+PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev iproute2 nftables iptables bazel-bootstrap bazel-rules-java)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
