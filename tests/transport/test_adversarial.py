@@ -12,6 +12,8 @@ import gc
 import hashlib
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -229,6 +231,57 @@ def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim
     assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
     assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
     check_leftovers(victim.ask("nothing"), "after an echoed nonce")
+
+
+# ---- What refused handshakes cost the listener's log ----
+
+LISTENING_PROCESS = """
+import sys
+from tests.transport.helpers import HOST, transport
+listeners = [transport(backend, "victim").listen(f"{HOST}:0") for backend in ("tcp", "shm")]
+print(*(listener.endpoint for listener in listeners), flush=True)
+sys.stdin.readline()
+"""
+
+
+def wrong_key_handshake(backend, endpoint):
+    """A HELLO, then a PROOF made with another key: the listener's REJECT reason."""
+    peer = w.RawPeer(backend, endpoint)
+    nonce = os.urandom(32)
+    peer.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, nonce, "intruder")))
+    kind, body = peer.receive()
+    assert kind == w.CHALLENGE, (kind, body)
+    _, _, listener_nonce, listener_name, _ = w.parse_greeting(body)
+    peer.send(w.frame(w.PROOF, w.token(b"not the cluster key", "initiator->responder", backend, "intruder",
+                                       listener_name, nonce, listener_nonce)))
+    reason = peer.receive_until_closed()
+    peer.close()
+    return reason
+
+
+def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_out():
+    """300 wrong-key handshakes in a burst (over tcp and shm, whose listeners log refusals with one
+    statement) write one WARNING, not 300; the next refusal ten seconds on is logged with how many
+    went unlogged in between, as accept errors are limited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # warnings shown, whatever the caller's shell sets
+    listening = subprocess.Popen([sys.executable, "-c", LISTENING_PROCESS], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        endpoints = dict(zip(("tcp", "shm"), listening.stdout.readline().split()))
+        started = time.monotonic()
+        for i in range(300):
+            backend = ("tcp", "shm")[i % 2]
+            assert "cluster key mismatch with intruder" in wrong_key_handshake(backend, endpoints[backend])
+        burst = time.monotonic() - started
+        time.sleep(max(0.0, 10.5 - burst))
+        wrong_key_handshake("tcp", endpoints["tcp"])
+    finally:
+        _, log = listening.communicate("done\n", timeout=30)
+    refused = [line for line in log.splitlines() if "tf_rdma: refused a" in line]
+    assert len(refused) == 2, f"{len(refused)} lines for 301 refusals in {burst:.1f} s + 1: {refused[:3]}"
+    assert "cluster key mismatch with intruder" in refused[0] and "not logged" not in refused[0], refused
+    assert refused[1].endswith("(299 more since the last such line, not logged)"), refused
 
 
 # ---- Offline guessing (issue 22): whoever a task dials sees its token ----
