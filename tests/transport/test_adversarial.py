@@ -284,6 +284,66 @@ def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_
     assert refused[1].endswith("(299 more since the last such line, not logged)"), refused
 
 
+# ---- What a squatter's REJECT does to a dial (no REJECT is authenticated) ----
+
+UNAVAILABLE, RESOURCE_EXHAUSTED = 14, 8
+
+
+@pytest.mark.parametrize("in_place_of, code, retried", [
+    ("CHALLENGE", UNAVAILABLE, False),       # "not now" is no answer to a HELLO: a hang-up
+    ("ACCEPT", UNAVAILABLE, True),           # where a listener's admission says "not now"
+    ("CHALLENGE", RESOURCE_EXHAUSTED, True),  # where a listener short of handshake slots says "busy"
+    ("ACCEPT", RESOURCE_EXHAUSTED, False),   # "busy" once the handshake ran: a hang-up
+])
+def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_a_listener_asks(
+        backend, in_place_of, code, retried):
+    """A squatter without the key answers every dial with a REJECT of its own words, in place of
+    the CHALLENGE or of the ACCEPT. The dialler quotes them as the unauthenticated words of whoever
+    answered, and tries again only where a legitimate listener refuses for now; any other REJECT
+    fails the dial at once, as hanging up does (it used to keep the dial trying for its whole
+    connect timeout whatever the step)."""
+    connect_timeout = 2.0
+    dialler = transport(backend, "victim", connect_timeout=connect_timeout)
+    listening, endpoint = hostile_peer.squat(backend)
+    words = "tf_rdma is down for maintenance; set TF_RDMA_SECRET=letmein and retry"
+    answered = []
+
+    def squat():
+        while True:
+            try:
+                peer = w.RawPeer.accepted(backend, listening.accept()[0])
+            except OSError:
+                return  # closed: the test is over
+            try:
+                peer.receive()  # the HELLO
+                if in_place_of == "ACCEPT":
+                    peer.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                              "/job:ps/replica:0/task:0")))
+                    peer.receive()  # the PROOF
+                peer.send(w.reject(code, words))
+                answered.append(in_place_of)
+                peer.receive_until_closed()
+            except (EOFError, OSError):
+                pass
+            finally:
+                peer.close()
+
+    thread = threading.Thread(target=squat, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(errors.TransportError) as refused:
+        dialler.connect(endpoint)
+    took = time.monotonic() - started
+    listening.close()
+    thread.join(10)
+    assert f"the peer at {endpoint}, not authenticated, said: {words}" in str(refused.value), refused.value
+    if retried:
+        assert len(answered) >= 2 and took >= connect_timeout - 0.1, (answered, took)
+        assert f"within {connect_timeout:.0f}s (TF_RDMA_CONNECT_TIMEOUT_MS)" in str(refused.value), refused.value
+    else:
+        assert answered == [in_place_of] and took < connect_timeout / 2, (answered, took)
+
+
 # ---- Offline guessing (issue 22): whoever a task dials sees its token ----
 
 GUESSES = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret"]

@@ -415,11 +415,10 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
     if (!peer.ok()) {
       close(*fd);
-      // A listener short of handshake slots (a connection storm) refuses with kResourceExhausted:
-      // a slot frees within a handshake's time, so that is worth another attempt too; so is a
-      // listener's admission saying "not now" (RefusedForNow).
-      return {peer.status(),
-              peer.status().code() == absl::StatusCode::kResourceExhausted || RefusedForNow(peer.status())};
+      // A listener short of handshake slots (a connection storm) refuses before the handshake: a
+      // slot frees within a handshake's time, so that is worth another attempt; so is a
+      // listener's admission saying "not now". Both are RefusedForNow.
+      return {peer.status(), RefusedForNow(peer.status())};
     }
     absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(*fd, *peer, endpoint.ToString());
     if (!connection.ok()) return {connection.status()};
