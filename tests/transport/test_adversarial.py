@@ -346,19 +346,24 @@ def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_
 
 # ---- Offline guessing (issue 22): whoever a task dials sees its token ----
 
-GUESSES = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret"]
+WORDS = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret",
+         "tensorflow", "correcthorsebatterystaple"]
+# Common passwords and each of them repeated: length alone makes no secret.
+GUESSES = [word * times for word in WORDS for times in range(1, 9)]
 
 
 def test_offline_guessing_from_a_dialling_victims_token_finds_a_weak_secret_so_tasks_refuse_them(backend):
     """A squatter answering the victim's dial receives its PROOF, a function of public values and
     the key, on which guesses of the secret can be tested offline: with a weak secret (the cluster
     key derived from it directly, as a task without the strength check would) a list of common
-    passwords finds it. Every secret on such a list is therefore refused when a task loads it."""
+    passwords and their repetitions finds it ('password' x 6 among them, which a rule estimating
+    length x Shannon entropy accepted). Every secret on such a list is therefore refused when a
+    task loads it."""
     for guess in GUESSES:
         with pytest.raises(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
             load_config({"TF_RDMA_SECRET": guess})
 
-    weak = "hunter2"
+    weak = "password" * 6
     victim = transport(backend, "victim", key=_transport.cluster_key(weak.encode()), connect_timeout=1)
     listening, endpoint = hostile_peer.squat(backend)
 
