@@ -8,13 +8,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from tests.tf.programs.cluster import Cluster, free_ports
-from tests.transport import wire_client as w
+from tests.transport import hostile_peer
 
 from tf_rdma import _transport
 from tf_rdma.config import load_config
@@ -107,25 +106,13 @@ def test_a_key_holder_answering_at_a_tasks_address_under_another_name_is_a_probl
     listening = socket.create_server(("127.0.0.1", port + 1000))
     squatter = "/job:worker/replica:0/task:7"
     answered = []
-
-    def serve():
-        while True:
-            try:
-                peer = w.RawPeer.accepted("tcp", listening.accept()[0])
-            except OSError:
-                return  # closed: the test is over
-            try:
-                answered.append(peer.answer_handshake(key, squatter))
-            except (EOFError, OSError):
-                pass  # the doctor's check that the port answers: a connection and nothing more
-            finally:
-                peer.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    # The doctor's check that the port answers is a connection and nothing more: it ends its answer.
+    thread = hostile_peer.answer_each("tcp", listening,
+                                      lambda peer: answered.append(peer.answer_handshake(key, squatter)))
     try:
         tasks, report = doctor({"ps": [f"127.0.0.1:{port}"]})
     finally:
+        listening.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept, which a close alone does not
         listening.close()
         thread.join(10)
     assert answered == [b"tf_rdma doctor"], answered

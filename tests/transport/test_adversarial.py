@@ -208,26 +208,22 @@ def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim
     nonce (to collect a token it could replay or reflect) is refused before any token is sent."""
     listening, endpoint = hostile_peer.squat(backend)
     received = []
+    closed_by_victim = threading.Event()
 
-    def echo():
-        peer = w.RawPeer.accepted(backend, listening.accept()[0])
+    def echo(peer):
+        _, hello = peer.receive()
+        version, _, nonce, _, _ = w.parse_greeting(hello)
+        peer.send(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
         try:
-            _, hello = peer.receive()
-            version, _, nonce, _, _ = w.parse_greeting(hello)
-            peer.send(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
             while True:
                 received.append(peer.receive()[0])
-        except (EOFError, OSError):
-            pass
-        finally:
-            peer.close()
+        except (EOFError, ConnectionResetError):
+            closed_by_victim.set()  # not a timeout of the peer's socket
 
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
+    hostile_peer.answer_each(backend, listening, echo)
     answer = victim.ask(f"dial {endpoint}")
-    thread.join(15)
+    assert closed_by_victim.wait(15), "the victim kept the connection to the squatter open"
     listening.close()
-    assert not thread.is_alive(), "the victim kept the connection to the squatter open"
     assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
     assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
     check_leftovers(victim.ask("nothing"), "after an echoed nonce")
@@ -308,28 +304,17 @@ def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_
     words = "tf_rdma is down for maintenance; set TF_RDMA_SECRET=letmein and retry"
     answered = []
 
-    def squat():
-        while True:
-            try:
-                peer = w.RawPeer.accepted(backend, listening.accept()[0])
-            except OSError:
-                return  # closed: the test is over
-            try:
-                peer.receive()  # the HELLO
-                if in_place_of == "ACCEPT":
-                    peer.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
-                                                              "/job:ps/replica:0/task:0")))
-                    peer.receive()  # the PROOF
-                peer.send(w.reject(code, words))
-                answered.append(in_place_of)
-                peer.receive_until_closed()
-            except (EOFError, OSError):
-                pass
-            finally:
-                peer.close()
+    def refuse(peer):
+        peer.receive()  # the HELLO
+        if in_place_of == "ACCEPT":
+            peer.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                      "/job:ps/replica:0/task:0")))
+            peer.receive()  # the PROOF
+        peer.send(w.reject(code, words))
+        answered.append(in_place_of)
+        peer.receive_until_closed()
 
-    thread = threading.Thread(target=squat, daemon=True)
-    thread.start()
+    thread = hostile_peer.answer_each(backend, listening, refuse)
     started = time.monotonic()
     with pytest.raises(errors.TransportError) as refused:
         dialler.connect(endpoint)

@@ -149,7 +149,7 @@ def test_python_m_tf_rdma_secret_prints_a_fresh_256_bit_secret_that_tf_rdma_acce
 
 # (secret, what the error says it does wrong): repetition, alphabets, words, passwords, too few bytes.
 WEAK_SECRETS = [
-    ("password" * 6, "repeats a stretch of 7 characters"),  # 288 bits by length x Shannon entropy
+    ("password" * 6, "repeats a stretch of 7 characters"),  # 132 bits by length x Shannon entropy
     ("ab" * 64, "repeats a stretch of 10 characters"),
     ("a" * 64 + "b" * 64, "holds a run of 10 characters"),
     ("tensorflow" * 5, "repeats a stretch of 7 characters"),
