@@ -255,14 +255,16 @@ def wrong_key_handshake(backend, endpoint):
     return reason
 
 
-def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_out():
+def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_out(tmp_path):
     """300 wrong-key handshakes in a burst (over tcp and shm, whose listeners log refusals with one
     statement) write one WARNING, not 300; the next refusal ten seconds on is logged with how many
     went unlogged in between, as accept errors are limited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # warnings shown, whatever the caller's shell sets
-    listening = subprocess.Popen([sys.executable, "-c", LISTENING_PROCESS], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A file, not a pipe: a listener logging every refusal would fill a pipe and stall.
+    with open(tmp_path / "listener.log", "w") as log_file:
+        listening = subprocess.Popen([sys.executable, "-c", LISTENING_PROCESS], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log_file, text=True, env=env)
     try:
         endpoints = dict(zip(("tcp", "shm"), listening.stdout.readline().split()))
         started = time.monotonic()
@@ -273,7 +275,8 @@ def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_
         time.sleep(max(0.0, 10.5 - burst))
         wrong_key_handshake("tcp", endpoints["tcp"])
     finally:
-        _, log = listening.communicate("done\n", timeout=30)
+        listening.communicate("done\n", timeout=30)
+    log = (tmp_path / "listener.log").read_text()
     refused = [line for line in log.splitlines() if "tf_rdma: refused a" in line]
     assert len(refused) == 2, f"{len(refused)} lines for 301 refusals in {burst:.1f} s + 1: {refused[:3]}"
     assert "cluster key mismatch with intruder" in refused[0] and "not logged" not in refused[0], refused
