@@ -12,8 +12,6 @@ import gc
 import hashlib
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +20,7 @@ import pytest
 
 from tests.transport import hostile_peer
 from tests.transport import wire_client as w
-from tests.transport.helpers import HOST, KEY, transport
+from tests.transport.helpers import HOST, KEY, listening_child, transport
 from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
 from tests.transport.victim_process import GRANTS, WRITES, VictimProcess
@@ -231,15 +229,6 @@ def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim
 
 # ---- What refused handshakes cost the listener's log ----
 
-LISTENING_PROCESS = """
-import sys
-from tests.transport.helpers import HOST, transport
-listeners = [transport(backend, "victim").listen(f"{HOST}:0") for backend in ("tcp", "shm")]
-print(*(listener.endpoint for listener in listeners), flush=True)
-sys.stdin.readline()
-"""
-
-
 def wrong_key_handshake(backend, endpoint):
     """A HELLO, then a PROOF made with another key: the listener's REJECT reason."""
     peer = w.RawPeer(backend, endpoint)
@@ -259,14 +248,7 @@ def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_
     """300 wrong-key handshakes in a burst (over tcp and shm, whose listeners log refusals with one
     statement) write one WARNING, not 300; the next refusal ten seconds on is logged with how many
     went unlogged in between, as accept errors are limited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # warnings shown, whatever the caller's shell sets
-    # A file, not a pipe: a listener logging every refusal would fill a pipe and stall.
-    with open(tmp_path / "listener.log", "w") as log_file:
-        listening = subprocess.Popen([sys.executable, "-c", LISTENING_PROCESS], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log_file, text=True, env=env)
-    try:
-        endpoints = dict(zip(("tcp", "shm"), listening.stdout.readline().split()))
+    with listening_child(tmp_path / "listener.log") as endpoints:
         started = time.monotonic()
         for i in range(300):
             backend = ("tcp", "shm")[i % 2]
@@ -274,8 +256,6 @@ def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_
         burst = time.monotonic() - started
         time.sleep(max(0.0, 10.5 - burst))
         wrong_key_handshake("tcp", endpoints["tcp"])
-    finally:
-        listening.communicate("done\n", timeout=30)
     log = (tmp_path / "listener.log").read_text()
     refused = [line for line in log.splitlines() if "tf_rdma: refused a" in line]
     assert len(refused) == 2, f"{len(refused)} lines for 301 refusals in {burst:.1f} s + 1: {refused[:3]}"
