@@ -1,9 +1,11 @@
 """`python -m tf_rdma doctor` against a running cluster: healthy, and each way a cluster breaks that
 it must name with its fix (a task down, a task without tf_rdma, another secret, another wire
-protocol, a locked-memory limit too low for verbs), exit status 1 for every problem."""
+protocol, another task's name answering at a task's address, a locked-memory limit too low for
+verbs), exit status 1 for every problem."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ import time
 import pytest
 
 from tests.tf.programs.cluster import Cluster, free_ports
+from tests.transport import hostile_peer
 
 from tf_rdma import _transport
 from tf_rdma.config import load_config
@@ -93,6 +96,31 @@ def test_another_wire_protocol_names_both_versions():
     assert f"(/job:old/replica:0/task:0) speaks {_transport.PROTOCOL_VERSION - 1} " in problem, problem
     assert "Install the same tf_rdma version in every task" in problem, problem
     del listener
+
+
+def test_a_key_holder_answering_at_a_tasks_address_under_another_name_is_a_problem_naming_both():
+    """A peer written from the wire format holds the secret and listens at the ps's tf_rdma address
+    as /job:worker/replica:0/task:7: it proves the key, and the name it proves is not the ps's."""
+    port = free_ports(1)[0]
+    key = load_config({"TF_RDMA_SECRET": SECRET}).cluster_key()
+    listening = socket.create_server(("127.0.0.1", port + 1000))
+    squatter = "/job:worker/replica:0/task:7"
+    answered = []
+    # The doctor's check that the port answers is a connection and nothing more: it ends its answer.
+    thread = hostile_peer.answer_each("tcp", listening,
+                                      lambda peer: answered.append(peer.answer_handshake(key, squatter)))
+    try:
+        tasks, report = doctor({"ps": [f"127.0.0.1:{port}"]})
+    finally:
+        listening.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept, which a close alone does not
+        listening.close()
+        thread.join(10)
+    assert answered == [b"tf_rdma doctor"], answered
+    ps = tasks["/job:ps/replica:0/task:0"]
+    assert not report["healthy"] and len(ps["problems"]) == 1, report
+    assert f"at 127.0.0.1:{port + 1000} answers as {squatter}, not as /job:ps/replica:0/task:0" \
+        in ps["problems"][0], ps
+    assert "(a squatter)" in ps["problems"][0], ps
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,

@@ -2,7 +2,7 @@
 of) a training step finding out. For every task of the cluster (TF_CONFIG's, or --cluster-spec):
 its gRPC and tf_rdma ports answer, it completes tf_rdma's handshake with this process (which proves
 that both hold the same secret without sending it: each side shows it can compute a MAC keyed by
-it), the wire protocol it speaks, its tf_rdma build and the TensorFlow that build was made for, and the backend this host would use to reach it
+it) under its own task name, the wire protocol it speaks, its tf_rdma build and the TensorFlow that build was made for, and the backend this host would use to reach it
 and why; and on this host, the locked-memory limit against what verbs would register."""
 import concurrent.futures
 import dataclasses
@@ -86,6 +86,13 @@ def _handshake(report, transport, host, rdma_port):
     report.same_secret = True
     report.wire = str(_transport.PROTOCOL_VERSION)  # the handshake succeeds only on the same one
     report.build = connection.peer_build  # its tf_rdma and the TensorFlow it was built against
+    # The name is what the peer proved along with the key: the task's own, or whoever answers there
+    # is not that task (tasks would take its tensors for another's, or not connect to it at all).
+    if connection.peer_name != report.task:
+        report.problems.append(
+            f"the tf_rdma listener at {report.address} answers as {connection.peer_name}, not as {report.task}: "
+            "another process holding the secret listens at this task's address (a squatter), or that "
+            "server was started under another job name or task index than this cluster spec gives it")
     connection.close("tf_rdma doctor is done")
 
 

@@ -6,8 +6,9 @@
 
 #include <algorithm>
 #include <iterator>
-#include <cmath>
+#include <cctype>
 #include <map>
+#include <set>
 #include <cerrno>
 #include <cstring>
 
@@ -73,6 +74,13 @@ constexpr size_t kMaxSecretLength = 4096;
 
 // The command runs as printed in the environment that got the error: tf_rdma's import refuses
 // that environment's secret, so the command drops both variables that could carry it.
+// SecretFlaw's rule, as the error states it.
+constexpr char kSecretRule[] =
+    "A secret must be at least 16 random bytes written as hex (32 digits or more) or base64 or "
+    "base64url (22 characters or more, '=' padding optional), with no stretch of 40 bits (10 hex "
+    "digits, 7 base64 characters) repeated or a run, not letters of one case only, and not a UUID "
+    "(see docs/security.md)";
+
 constexpr char kMakeASecret[] =
     "Make one with `env -u TF_RDMA_SECRET -u TF_RDMA_SECRET_FILE python -m tf_rdma secret` (256 "
     "random bits; or `openssl rand -base64 32`) and give every task the same";
@@ -141,28 +149,75 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
 }
 
 absl::Status CheckSecretStrength(const std::string& variable, const std::string& secret) {
-  const double bits = EstimatedSecretBits(secret);
-  if (bits >= kMinSecretBits) return absl::OkStatus();
+  const std::string flaw = SecretFlaw(secret);
+  if (flaw.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      variable, " is too weak to keep the cluster closed: about ", static_cast<int>(bits),
-      " bits estimated (its length times the Shannon entropy of its characters), at least ",
-      kMinSecretBits, " needed. Whoever a task dials (anything listening at a peer's address) sees "
-      "a proof made with the secret and can test guesses of it offline. ", kMakeASecret,
-      " value."));
+      variable, " is too weak to keep the cluster closed: it ", flaw, ". ", kSecretRule,
+      ": whoever a task dials (anything listening at a peer's address) sees a proof made with the "
+      "secret and can test guesses of it offline. ", kMakeASecret, " value."));
+}
+
+bool IsHexDigit(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+bool IsBase64Character(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '+' || c == '/' || c == '-' || c == '_';
+}
+bool IsLetter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
+bool IsUpper(char c) { return std::isupper(static_cast<unsigned char>(c)) != 0; }
+
+// Whether `stretch` is one character repeated, or counts up or down one code at a time.
+bool IsRun(std::string_view stretch) {
+  for (int step : {0, 1, -1}) {
+    bool run = true;
+    for (size_t i = 1; i < stretch.size() && run; ++i) run = stretch[i] - stretch[i - 1] == step;
+    if (run) return true;
+  }
+  return false;
+}
+
+// 8-4-4-4-12 hex digits: base64url's characters, but at most 122 random bits (`uuidgen`), and
+// few a guesser does not know in a time-based one (`uuidgen -t`).
+bool IsUuid(std::string_view text) {
+  if (text.size() != 36) return false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const bool dash_here = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash_here ? text[i] != '-' : !IsHexDigit(text[i])) return false;
+  }
+  return true;
 }
 
 }  // namespace
 
-double EstimatedSecretBits(std::string_view secret) {
-  if (secret.empty()) return 0;
-  std::map<char, size_t> counts;
-  for (char c : secret) counts[c]++;
-  double per_character = 0;
-  for (const auto& [c, count] : counts) {
-    const double p = static_cast<double>(count) / secret.size();
-    per_character -= p * std::log2(p);
+std::string SecretFlaw(std::string_view secret) {
+  if (IsUuid(secret)) return "is a UUID, at most 122 random bits (none to speak of in a time-based one)";
+  const bool hex = std::all_of(secret.begin(), secret.end(), IsHexDigit);
+  std::string_view text = secret;
+  if (!hex) {
+    // base64's padding, if any, carries no bits.
+    for (int pad = 0; pad < 2 && !text.empty() && text.back() == '='; ++pad) text.remove_suffix(1);
+    if (!std::all_of(text.begin(), text.end(), IsBase64Character)) {
+      return "holds characters that neither hex nor base64 uses (spaces, line breaks, punctuation)";
+    }
   }
-  return per_character * secret.size();
+  if (hex && text.size() % 2 != 0) return "is an odd number of hex digits, not whole bytes";
+  if (!hex && text.size() % 4 == 1) return "has a length (4n+1 characters) that no base64 text has";
+  const size_t bytes = hex ? text.size() / 2 : text.size() * 6 / 8;
+  if (bytes < kMinSecretBytes) {
+    return absl::StrCat("writes ", bytes, " bytes in ", hex ? "hex" : "base64", ", fewer than ", kMinSecretBytes);
+  }
+  const size_t stretch = hex ? kPatternStretchHex : kPatternStretchBase64;
+  std::set<std::string_view> seen;
+  for (size_t at = 0; at + stretch <= text.size(); ++at) {
+    const std::string_view window = text.substr(at, stretch);
+    if (IsRun(window)) {
+      return absl::StrCat("holds a run of ", stretch, " characters (one repeated, or counting up or down)");
+    }
+    if (!seen.insert(window).second) return absl::StrCat("repeats a stretch of ", stretch, " characters");
+  }
+  const size_t upper = std::count_if(text.begin(), text.end(), IsUpper);
+  if (std::all_of(text.begin(), text.end(), IsLetter) && (upper == 0 || upper == text.size())) {
+    return "is letters of one case only, as words are";
+  }
+  return "";
 }
 
 absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
@@ -195,7 +250,8 @@ const std::vector<ConfigVariable>& ConfigVariables() {
        "negative). Every task of a cluster must use the same value."},
       {"TF_RDMA_SECRET", "(empty)",
        "Shared secret the cluster key is derived from: peers without it cannot connect or write. "
-       "At least 128 bits estimated (make one with `python -m tf_rdma secret`); empty: no secret, "
+       "At least 16 random bytes in hex or base64, no pattern (make one with `python -m tf_rdma "
+       "secret`; docs/security.md states the rule); empty: no secret, "
        "anyone who reaches a tf_rdma port can join."},
       {"TF_RDMA_SECRET_FILE", "(unset)",
        "A regular file holding TF_RDMA_SECRET (e.g. a mounted Kubernetes Secret; trailing line "

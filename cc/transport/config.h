@@ -56,12 +56,17 @@ absl::StatusOr<Config> LoadConfigFromEnvironment();
 // knows: local_name and cluster_key.
 TransportOptions TransportOptionsFrom(const Config& config);
 
-// A secret must be worth at least this many bits: a task's handshake proof reaches whoever answers
-// at the address it dials, who can test guesses of the secret offline; 2^128 guesses are out of reach.
-constexpr int kMinSecretBits = 128;
-// What a secret is worth as this process can tell: its length times the Shannon entropy of its
-// characters' distribution. Generous to a chosen passphrase, never to a short or repetitive one.
-double EstimatedSecretBits(std::string_view secret);
+// The rule a secret must meet (TF_RDMA_SECRET, TF_RDMA_SECRET_FILE; docs/security.md). A task's
+// handshake proof reaches whoever answers at the address it dials, who can test guesses of the
+// secret offline, so a secret must be random: at least kMinSecretBytes written as hex or base64
+// (base64url), with no stretch of about 40 bits (kPatternStretchHex or kPatternStretchBase64
+// characters) repeated or a run, not letters of one case only, and not a UUID. Repetition, alphabets and
+// words fail it; random text of 16 bytes or more fails it with odds stated in docs/security.md.
+constexpr size_t kMinSecretBytes = 16;
+constexpr size_t kPatternStretchHex = 10;
+constexpr size_t kPatternStretchBase64 = 7;
+// What makes `secret` fail the rule ("holds a run of ..."), or "" if it passes.
+std::string SecretFlaw(std::string_view secret);
 
 // The key peers prove to each other in the handshake: HKDF-SHA-256 of the secret (config.secret).
 absl::StatusOr<std::string> ClusterKey(std::string_view secret);

@@ -16,7 +16,7 @@
 namespace tf_rdma {
 namespace {
 
-// Marks a ClientHandshake's failure as the listener's "not now" (RefusedForNow).
+// Marks a ClientHandshake's failure as the listener's "not now" or "busy" (RefusedForNow).
 constexpr char kRefusedForNowPayload[] = "tf_rdma/listener-refused-for-now";
 // What of a listener's admission reason travels: enough for a sentence naming two tasks, so a
 // refusal costs the dialer (which may retry for the whole connect timeout) little to carry.
@@ -111,6 +111,11 @@ absl::Status KeyMismatch(const std::string& who, const std::string& peer_address
 }
 
 // Expects a frame of `type`; a REJECT becomes the peer's error, anything else a protocol error.
+// No REJECT is authenticated (only an ACCEPT carries a token), so its text is quoted as the words
+// of whoever answered, and it asks for another attempt only in place of the frame where a
+// legitimate listener refuses for now: "busy" (kResourceExhausted, no handshake slot free) in
+// place of the CHALLENGE, "not now" (kUnavailable, its admission) in place of the ACCEPT. Any
+// other REJECT ends the attempt as a hang-up does.
 absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, absl::Time deadline) {
   absl::StatusOr<wire::Frame> frame = channel.Receive(deadline);
   if (!frame.ok()) {
@@ -122,11 +127,12 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
     const auto& reject = std::get<wire::Reject>(frame->body);
     const auto code = reject.code > 0 && reject.code <= 16 ? static_cast<absl::StatusCode>(reject.code)
                                                            : absl::StatusCode::kUnknown;
-    absl::Status refused(code, absl::StrCat("peer at ", channel.PeerAddress(),
-                                            " refused the connection: ", reject.message));
-    // The listener's "not now" (its admission, ServerHandshake); a handshake that failed because
-    // the connection ended reads as kUnavailable too, but without a REJECT, and is not marked.
-    if (code == absl::StatusCode::kUnavailable) refused.SetPayload(kRefusedForNowPayload, absl::Cord());
+    absl::Status refused(code, absl::StrCat("handshake with ", channel.PeerAddress(), " refused: the peer at ",
+                                            channel.PeerAddress(), ", not authenticated, said: ",
+                                            reject.message));
+    const bool for_now = (type == wire::FrameType::kChallenge && code == absl::StatusCode::kResourceExhausted) ||
+                         (type == wire::FrameType::kAccept && code == absl::StatusCode::kUnavailable);
+    if (for_now) refused.SetPayload(kRefusedForNowPayload, absl::Cord());
     return refused;
   }
   if (frame->type != type) {

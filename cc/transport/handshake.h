@@ -8,6 +8,8 @@
 // this process has in flight (a relay of its own handshake back to it). A responder whose listener
 // does not admit the initiator (AdmitCallback, judged by the name the PROOF proved) sends a REJECT
 // in place of the ACCEPT, with the listener's code: kUnavailable asks the initiator to try again.
+// No REJECT is authenticated: the initiator quotes its text as the unverified words of whoever
+// answered, and tries again only where a legitimate listener asks it to (RefusedForNow).
 #ifndef TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 #define TF_RDMA_CC_TRANSPORT_HANDSHAKE_H_
 
@@ -63,8 +65,9 @@ absl::StatusOr<PeerIdentity> ClientHandshake(FrameChannel& channel, Backend back
 absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend backend,
                                              const TransportOptions& options,
                                              const AdmitCallback& admit = nullptr);
-// Whether a ClientHandshake failed because the listener refused this process for now (its
-// admission answered kUnavailable): another attempt, after a backoff, may be admitted.
+// Whether a ClientHandshake failed because the listener refused this process for now (no
+// handshake slot free, or its admission answered kUnavailable): another attempt, after a backoff,
+// may be admitted. Unauthenticated, as every REJECT is: a squatter may say it too.
 bool RefusedForNow(const absl::Status& status);
 
 }  // namespace tf_rdma

@@ -120,3 +120,29 @@ def wait_for_line(process, expected, timeout=30):
     deadline = time.monotonic() + timeout
     while next_line(process, max(0.0, deadline - time.monotonic())) != expected:
         pass
+
+
+_LISTENING_CHILD = """
+import sys
+from tests.transport.helpers import HOST, transport
+listeners = [transport(backend, "victim").listen(f"{HOST}:0") for backend in sys.argv[1:]]
+print(*(listener.endpoint for listener in listeners), flush=True)
+sys.stdin.readline()
+"""
+
+
+@contextlib.contextmanager
+def listening_child(log_path, backends=("tcp", "shm")):
+    """Listeners (named "victim", key KEY) of a process of their own, one per backend:
+    {backend: endpoint}. Its log (stderr, warnings shown whatever the caller's shell sets) goes
+    to the file `log_path`, complete once the block ends: a fresh process logs the first of each
+    rate-limited line, and a file, unlike a pipe, never fills and stalls it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_RDMA_")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    with open(log_path, "w") as log:
+        child = subprocess.Popen([sys.executable, "-c", _LISTENING_CHILD, *backends], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        yield dict(zip(backends, child.stdout.readline().split()))
+    finally:
+        child.communicate("done\n", timeout=30)

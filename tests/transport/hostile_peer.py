@@ -596,6 +596,28 @@ def squat(backend):
     return listening, endpoint
 
 
+def answer_each(backend, listening, answer):
+    """A thread answering each client of `listening` (from squat) with `answer(peer)`, peer a
+    wire_client.RawPeer, until the socket is closed; a client that hangs up or breaks off ends its
+    answer, not the thread."""
+    def serve():
+        while True:
+            try:
+                peer = w.RawPeer.accepted(backend, listening.accept()[0])
+            except OSError:
+                return  # closed: the test is over
+            try:
+                answer(peer)
+            except (EOFError, OSError):
+                pass
+            finally:
+                peer.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
 class Squatter:
     """A listener that does not hold the key, at an address a victim dials (a squatted port; for
     shm, the abstract socket name of a port, which any local process can bind). For each client it

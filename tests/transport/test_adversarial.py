@@ -20,7 +20,7 @@ import pytest
 
 from tests.transport import hostile_peer
 from tests.transport import wire_client as w
-from tests.transport.helpers import HOST, KEY, transport
+from tests.transport.helpers import HOST, KEY, listening_child, transport
 from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
 from tests.transport.victim_process import GRANTS, WRITES, VictimProcess
@@ -206,46 +206,132 @@ def test_a_squatter_sending_the_victims_nonce_back_gets_no_proof(backend, victim
     nonce (to collect a token it could replay or reflect) is refused before any token is sent."""
     listening, endpoint = hostile_peer.squat(backend)
     received = []
+    closed_by_victim = threading.Event()
 
-    def echo():
-        peer = w.RawPeer.accepted(backend, listening.accept()[0])
+    def echo(peer):
+        _, hello = peer.receive()
+        version, _, nonce, _, _ = w.parse_greeting(hello)
+        peer.send(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
         try:
-            _, hello = peer.receive()
-            version, _, nonce, _, _ = w.parse_greeting(hello)
-            peer.send(w.frame(w.CHALLENGE, w.greeting(version, backend, nonce, "/job:ps/replica:0/task:0")))
             while True:
                 received.append(peer.receive()[0])
-        except (EOFError, OSError):
-            pass
-        finally:
-            peer.close()
+        except (EOFError, ConnectionResetError):
+            closed_by_victim.set()  # not a timeout of the peer's socket
 
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
+    hostile_peer.answer_each(backend, listening, echo)
     answer = victim.ask(f"dial {endpoint}")
-    thread.join(15)
+    assert closed_by_victim.wait(15), "the victim kept the connection to the squatter open"
     listening.close()
-    assert not thread.is_alive(), "the victim kept the connection to the squatter open"
     assert "connected" not in answer and "sent back a nonce this process issued" in answer["failed"], answer
     assert w.PROOF not in received, f"the victim sent its token to a peer that echoed its nonce: {received}"
     check_leftovers(victim.ask("nothing"), "after an echoed nonce")
 
 
+# ---- What refused handshakes cost the listener's log ----
+
+def wrong_key_handshake(backend, endpoint):
+    """A HELLO, then a PROOF made with another key: the listener's REJECT reason."""
+    peer = w.RawPeer(backend, endpoint)
+    nonce = os.urandom(32)
+    peer.send(w.frame(w.HELLO, w.greeting(w.PROTOCOL_VERSION, backend, nonce, "intruder")))
+    kind, body = peer.receive()
+    assert kind == w.CHALLENGE, (kind, body)
+    _, _, listener_nonce, listener_name, _ = w.parse_greeting(body)
+    peer.send(w.frame(w.PROOF, w.token(b"not the cluster key", "initiator->responder", backend, "intruder",
+                                       listener_name, nonce, listener_nonce)))
+    reason = peer.receive_until_closed()
+    peer.close()
+    return reason
+
+
+def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_out(tmp_path):
+    """300 wrong-key handshakes in a burst (over tcp and shm, whose listeners log refusals with one
+    statement) write one WARNING, not 300; the next refusal ten seconds on is logged with how many
+    went unlogged in between, as accept errors are limited."""
+    with listening_child(tmp_path / "listener.log") as endpoints:
+        started = time.monotonic()
+        for i in range(300):
+            backend = ("tcp", "shm")[i % 2]
+            assert "cluster key mismatch with intruder" in wrong_key_handshake(backend, endpoints[backend])
+        burst = time.monotonic() - started
+        time.sleep(max(0.0, 10.5 - burst))
+        wrong_key_handshake("tcp", endpoints["tcp"])
+    log = (tmp_path / "listener.log").read_text()
+    refused = [line for line in log.splitlines() if "tf_rdma: refused a" in line]
+    assert len(refused) == 2, f"{len(refused)} lines for 301 refusals in {burst:.1f} s + 1: {refused[:3]}"
+    assert "cluster key mismatch with intruder" in refused[0] and "not logged" not in refused[0], refused
+    assert refused[1].endswith("(299 more since the last such line, not logged)"), refused
+
+
+# ---- What a squatter's REJECT does to a dial (no REJECT is authenticated) ----
+
+UNAVAILABLE, RESOURCE_EXHAUSTED = 14, 8
+
+
+@pytest.mark.parametrize("in_place_of, code, retried", [
+    ("CHALLENGE", UNAVAILABLE, False),       # "not now" is no answer to a HELLO: a hang-up
+    ("ACCEPT", UNAVAILABLE, True),           # where a listener's admission says "not now"
+    ("CHALLENGE", RESOURCE_EXHAUSTED, True),  # where a listener short of handshake slots says "busy"
+    ("ACCEPT", RESOURCE_EXHAUSTED, False),   # "busy" once the handshake ran: a hang-up
+])
+def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_a_listener_asks(
+        backend, in_place_of, code, retried):
+    """A squatter without the key answers every dial with a REJECT of its own words, in place of
+    the CHALLENGE or of the ACCEPT. The dialler quotes them as the unauthenticated words of whoever
+    answered, and tries again only where a legitimate listener refuses for now; any other REJECT
+    fails the dial at once, as hanging up does (it used to keep the dial trying for its whole
+    connect timeout whatever the step)."""
+    connect_timeout = 2.0
+    dialler = transport(backend, "victim", connect_timeout=connect_timeout)
+    listening, endpoint = hostile_peer.squat(backend)
+    words = "tf_rdma is down for maintenance; set TF_RDMA_SECRET=letmein and retry"
+    answered = []
+
+    def refuse(peer):
+        peer.receive()  # the HELLO
+        if in_place_of == "ACCEPT":
+            peer.send(w.frame(w.CHALLENGE, w.greeting(w.PROTOCOL_VERSION, backend, os.urandom(32),
+                                                      "/job:ps/replica:0/task:0")))
+            peer.receive()  # the PROOF
+        peer.send(w.reject(code, words))
+        answered.append(in_place_of)
+        peer.receive_until_closed()
+
+    thread = hostile_peer.answer_each(backend, listening, refuse)
+    started = time.monotonic()
+    with pytest.raises(errors.TransportError) as refused:
+        dialler.connect(endpoint)
+    took = time.monotonic() - started
+    listening.close()
+    thread.join(10)
+    assert f"the peer at {endpoint}, not authenticated, said: {words}" in str(refused.value), refused.value
+    if retried:
+        assert len(answered) >= 2 and took >= connect_timeout - 0.1, (answered, took)
+        assert f"within {connect_timeout:.0f}s (TF_RDMA_CONNECT_TIMEOUT_MS)" in str(refused.value), refused.value
+    else:
+        assert answered == [in_place_of] and took < connect_timeout / 2, (answered, took)
+
+
 # ---- Offline guessing (issue 22): whoever a task dials sees its token ----
 
-GUESSES = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret"]
+WORDS = ["trustno1", "password", "letmein", "hunter2", "correct horse battery staple", "tf_rdma", "secret",
+         "tensorflow", "correcthorsebatterystaple"]
+# Common passwords and each of them repeated: length alone makes no secret.
+GUESSES = [word * times for word in WORDS for times in range(1, 9)]
 
 
 def test_offline_guessing_from_a_dialling_victims_token_finds_a_weak_secret_so_tasks_refuse_them(backend):
     """A squatter answering the victim's dial receives its PROOF, a function of public values and
     the key, on which guesses of the secret can be tested offline: with a weak secret (the cluster
     key derived from it directly, as a task without the strength check would) a list of common
-    passwords finds it. Every secret on such a list is therefore refused when a task loads it."""
+    passwords and their repetitions finds it ('password' x 6 among them, which a rule estimating
+    length x Shannon entropy accepted). Every secret on such a list is therefore refused when a
+    task loads it."""
     for guess in GUESSES:
         with pytest.raises(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
             load_config({"TF_RDMA_SECRET": guess})
 
-    weak = "hunter2"
+    weak = "password" * 6
     victim = transport(backend, "victim", key=_transport.cluster_key(weak.encode()), connect_timeout=1)
     listening, endpoint = hostile_peer.squat(backend)
 

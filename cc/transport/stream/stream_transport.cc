@@ -22,6 +22,7 @@
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/stream/socket_io.h"
+#include "cc/transport/unlogged_count.h"
 
 namespace tf_rdma {
 namespace {
@@ -373,9 +374,13 @@ absl::StatusOr<std::unique_ptr<Listener>> StreamTransport::Listen(const Endpoint
     if (!peer.ok()) {
       // A client that leaves without a word is a liveness probe (or a port scan), not news; one
       // told "not now" by the admission (kUnavailable too) tries again, and is not news either.
+      // Rate-limited as accept errors are: clients with a wrong key can refuse themselves by the
+      // thousand a second, and each line would be theirs to write.
+      static UnloggedCount refusals;
       if (peer.status().code() != absl::StatusCode::kUnavailable) {
-        LOG(WARNING) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
-                     << bound.ToString() << ": " << peer.status();
+        refusals.Occurred();
+        LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a " << BackendName(backend()) << " connection on "
+                                     << bound.ToString() << ": " << peer.status() << refusals.SinceLastLine();
       }
       close(client);
       return;
@@ -410,11 +415,10 @@ absl::StatusOr<std::shared_ptr<Connection>> StreamTransport::Connect(const Endpo
     absl::StatusOr<PeerIdentity> peer = ClientHandshake(channel, backend(), options_);
     if (!peer.ok()) {
       close(*fd);
-      // A listener short of handshake slots (a connection storm) refuses with kResourceExhausted:
-      // a slot frees within a handshake's time, so that is worth another attempt too; so is a
-      // listener's admission saying "not now" (RefusedForNow).
-      return {peer.status(),
-              peer.status().code() == absl::StatusCode::kResourceExhausted || RefusedForNow(peer.status())};
+      // A listener short of handshake slots (a connection storm) refuses before the handshake: a
+      // slot frees within a handshake's time, so that is worth another attempt; so is a
+      // listener's admission saying "not now". Both are RefusedForNow.
+      return {peer.status(), RefusedForNow(peer.status())};
     }
     absl::StatusOr<std::shared_ptr<StreamConnection>> connection = StartConnection(*fd, *peer, endpoint.ToString());
     if (!connection.ok()) return {connection.status()};

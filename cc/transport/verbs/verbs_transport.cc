@@ -20,6 +20,7 @@
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/handshake_threads.h"
 #include "cc/transport/io_loops.h"
+#include "cc/transport/unlogged_count.h"
 #include "cc/transport/verbs/rdma_libraries.h"
 #include "cc/transport/verbs/verbs_connection.h"
 
@@ -406,8 +407,12 @@ void VerbsListener::Accept(rdma_cm_id* child) {
   const std::string address = absl::StrCat("client of ", endpoint_.ToString());
   const TransportOptions& options = transport_->options();
   const absl::Time deadline = absl::Now() + options.connect_timeout;
+  // Rate-limited as refusals for want of a handshake slot are (Loop): a client can make them.
+  static UnloggedCount refusals;
   auto refuse = [&](const absl::Status& why) {
-    LOG(WARNING) << "tf_rdma: refused a verbs connection on " << endpoint_.ToString() << ": " << why;
+    refusals.Occurred();
+    LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a verbs connection on " << endpoint_.ToString() << ": "
+                                 << why << refusals.SinceLastLine();
   };
   absl::StatusOr<rdma_event_channel*> channel = NewEventChannel();
   if (!channel.ok()) {
