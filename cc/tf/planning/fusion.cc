@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "cc/tf/runtime/runtime.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/graph/algorithm.h"
