@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/messages/tensor_message.h"
+#include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/common_runtime/base_collective_executor.h"
 #include "tensorflow/core/common_runtime/device.h"
 #include "tensorflow/core/distributed_runtime/collective_param_resolver_distributed.h"

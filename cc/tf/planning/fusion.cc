@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cc/tf/messages/tensor_message.h"
-#include "cc/tf/runtime/runtime.h"
+#include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/graph/algorithm.h"
 #include "tensorflow/core/util/device_name_utils.h"

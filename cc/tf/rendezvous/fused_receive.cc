@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/messages/tensor_message.h"
+#include "cc/tf/runtime/task_names.h"
 
 namespace tf_rdma {
 

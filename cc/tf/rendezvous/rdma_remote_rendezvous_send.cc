@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cc/tf/rendezvous/transfer_names.h"
+#include "cc/tf/runtime/task_names.h"
 #include "cc/transport/peer_errors.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 

@@ -7,6 +7,7 @@
 #include "cc/tf/planning/static_sizes.h"
 #include "cc/tf/rendezvous/transfer_names.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
+#include "cc/tf/runtime/task_names.h"
 #include "cc/transport/peer_errors.h"
 
 namespace tf_rdma {
