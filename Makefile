@@ -47,8 +47,8 @@ build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/tr
 # (cc/tf/runtime/buffer_pool.h), against the TensorFlow in .venv.
 TF_INCLUDE = $(shell .venv/bin/python -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
 TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_message.cc \
-	cc/tf/rendezvous/tensor_message.cc cc/tf/runtime/buffer_pool.cc cc/transport/crypto.cc
-build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/rendezvous/*.h cc/tf/runtime/*.h) | env
+	cc/tf/messages/tensor_message.cc cc/tf/runtime/buffer_pool.cc cc/transport/crypto.cc
+build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/messages/*.h cc/tf/runtime/*.h) | env
 	mkdir -p build
 	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
 		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 -ldl

@@ -55,7 +55,7 @@ py::dict ServerStats(Runtime& runtime) {
   for (const auto& [task, peer] : s.peers) peers[py::str(task)] = PeerToDict(peer);
   out["peers"] = peers;
   py::dict pools;
-  for (const auto& [backend, usage] : runtime.PoolUsage()) {
+  for (const auto& [backend, usage] : runtime.receive_pools().Usage()) {
     py::dict pool;
     pool["region_bytes"] = usage.region_bytes;
     pool["buffers_in_use"] = usage.buffers_in_use;

@@ -5,7 +5,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
+#include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/common_runtime/base_collective_executor.h"
 #include "tensorflow/core/common_runtime/device.h"
 #include "tensorflow/core/distributed_runtime/collective_param_resolver_distributed.h"
@@ -95,8 +96,9 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
     }
     const Tag tag = CollectiveTag(key, step_id_, from_device->name(), peer_device);
     const tensorflow::Tensor value = *from_tensor;  // shares the buffer: kept until the write completes
-    transfers_->runtime->WithConnection(peer_task, [transfers = transfers_, peer_task, tag, value, done](
-                                                       absl::StatusOr<std::shared_ptr<Connection>> connection) {
+    Connections& connections = transfers_->runtime->connections();
+    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, value, done](
+                                              absl::StatusOr<std::shared_ptr<Connection>> connection) {
       if (!connection.ok()) {
         return transfers->Complete(done, transfers->Failed("sending a collective buffer to", peer_task,
                                                            connection.status()));
@@ -127,9 +129,9 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
       return;
     }
     const Tag tag = CollectiveTag(key, step_id_, peer_device, to_device->name());
-    transfers_->runtime->WithConnection(peer_task, [transfers = transfers_, peer_task, tag, to_tensor,
-                                                    cancellation_manager, done](
-                                                       absl::StatusOr<std::shared_ptr<Connection>> connection) {
+    Connections& connections = transfers_->runtime->connections();
+    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, to_tensor, cancellation_manager, done](
+                                              absl::StatusOr<std::shared_ptr<Connection>> connection) {
       if (!connection.ok()) {
         return transfers->Complete(done, transfers->Failed("receiving a collective buffer from", peer_task,
                                                            connection.status()));
@@ -155,7 +157,7 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
                       tensorflow::Tensor* to_tensor, tsl::CancellationManager* cancellation_manager,
                       const StatusCallback& done) {
     const uint64_t bytes = to_tensor->TotalBytes();
-    absl::StatusOr<std::shared_ptr<BufferPool>> pool = transfers->runtime->PoolFor(connection);
+    absl::StatusOr<std::shared_ptr<BufferPool>> pool = transfers->runtime->receive_pools().For(connection);
     if (!pool.ok()) return transfers->Complete(done, pool.status());
     absl::StatusOr<std::unique_ptr<PoolBuffer>> allocated = (*pool)->Allocate(bytes);
     if (!allocated.ok()) return transfers->Complete(done, allocated.status());

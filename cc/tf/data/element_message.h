@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cc/tf/data/data_transfer_api.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "cc/transport/transport.h"
 #include "google/protobuf/message.h"
 

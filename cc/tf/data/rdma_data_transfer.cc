@@ -103,7 +103,7 @@ class RdmaDataTransferServer : public DataTransferServer,
   };
 
   void Serve(std::shared_ptr<Connection> connection) {
-    absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->PoolFor(connection);
+    absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->receive_pools().For(connection);
     if (!pool.ok()) {
       connection->Close(pool.status());
       return;
@@ -365,12 +365,12 @@ class RdmaDataTransferClient : public DataTransferClient {
 
   absl::Status ConnectedLocked(std::shared_ptr<Connection>* connection, std::shared_ptr<BufferPool>* pool) {
     if (!connection_ || !connection_->health().ok()) {
-      absl::StatusOr<std::shared_ptr<Connection>> dialed = runtime_->Dial(address_);
+      absl::StatusOr<std::shared_ptr<Connection>> dialed = runtime_->connections().Dial(address_);
       if (!dialed.ok()) {
         return absl::UnavailableError(absl::StrCat("tf_rdma: the tf.data worker at ", address_.ToString(),
                                                    " is unreachable: ", dialed.status().message()));
       }
-      absl::StatusOr<std::shared_ptr<BufferPool>> dialed_pool = runtime_->PoolFor(*dialed);
+      absl::StatusOr<std::shared_ptr<BufferPool>> dialed_pool = runtime_->receive_pools().For(*dialed);
       if (!dialed_pool.ok()) return dialed_pool.status();
       granted_.clear();  // grants of a connection that ended completed with its error
       connection_ = *dialed;

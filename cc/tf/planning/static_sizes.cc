@@ -7,6 +7,7 @@
 
 #include "cc/tf/planning/fusion.h"
 #include "cc/tf/runtime/runtime.h"
+#include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/common_runtime/shape_refiner.h"
 #include "tensorflow/core/framework/node_def_util.h"

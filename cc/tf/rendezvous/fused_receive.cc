@@ -3,7 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
+#include "cc/tf/runtime/task_names.h"
 
 namespace tf_rdma {
 
@@ -37,15 +38,15 @@ void FusedReceive::Attach(const FusedMember& member, Deliver deliver) {
   if (started_) return;
   started_ = true;
   lock.unlock();
-  runtime_->WithConnection(peer_task_, [self = shared_from_this()](
-                                           absl::StatusOr<std::shared_ptr<Connection>> connection) {
+  runtime_->connections().WithConnection(peer_task_, [self = shared_from_this()](
+                                                         absl::StatusOr<std::shared_ptr<Connection>> connection) {
     if (!connection.ok()) return self->Fail(connection.status());
     self->Grant(std::move(*connection));
   });
 }
 
 void FusedReceive::Grant(std::shared_ptr<Connection> connection) {
-  absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->PoolFor(connection);
+  absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->receive_pools().For(connection);
   if (!pool.ok()) return Fail(pool.status());
   absl::StatusOr<std::unique_ptr<PoolBuffer>> allocated = (*pool)->Allocate(total_);
   if (!allocated.ok()) return Fail(allocated.status());

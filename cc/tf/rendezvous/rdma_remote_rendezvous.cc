@@ -79,7 +79,8 @@ void RdmaRemoteRendezvous::RecvFromRemoteAsync(const ParsedKey& parsed, const Re
   call->Start([this, call, key = std::string(parsed.FullKey()), peer_task, args, done = std::move(done)] {
     DeregisterCall(call, args);
     ParsedKey reparsed;
-    if (!call->status().ok() && runtime_->Renamed(peer_task) && Rendezvous::ParseKey(key, &reparsed).ok()) {
+    if (!call->status().ok() && runtime_->task_addresses().Renamed(peer_task) &&
+        Rendezvous::ParseKey(key, &reparsed).ok()) {
       // The sender's session renamed it, so it serves the tensor over gRPC.
       runtime_->stats().Fallback(kRenamedTask);
       grpc_->RecvAsync(reparsed, args, done);

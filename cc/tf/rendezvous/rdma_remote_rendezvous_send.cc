@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cc/tf/rendezvous/transfer_names.h"
+#include "cc/tf/runtime/task_names.h"
 #include "cc/transport/peer_errors.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 
@@ -86,7 +87,7 @@ void RdmaRemoteRendezvous::WithdrawPendingPushes(const absl::Status& status) {
       for (const Tag& tag : tags) connection->DropWrites(tag, status);
     }
     // And the peer's next connection: its receive grants again there after a freeze.
-    runtime_->GiveUp(push.peer_task, tags, status);
+    runtime_->connections().GiveUp(push.peer_task, tags, status);
   }
 }
 
@@ -178,7 +179,7 @@ struct RdmaRemoteRendezvous::MessageInFlight {
     // The message is given up, and no step's withdrawal knows it (it is no longer pending): the
     // peer's receive, should it grant again over a new connection (it was frozen and runs again),
     // learns why instead of waiting.
-    runtime->GiveUp(peer_task, TagsWritten(tags, writes.size() > 1), status);
+    runtime->connections().GiveUp(peer_task, TagsWritten(tags, writes.size() > 1), status);
     if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
   }
 };
@@ -203,11 +204,11 @@ void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string wha
 }
 
 void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std::function<void()> sent) {
-  Runtime& runtime = *message->runtime;
-  runtime.WithConnection(message->peer_task, [message, sent = std::move(sent)](
-                                                  absl::StatusOr<std::shared_ptr<Connection>> connection) {
+  Connections& connections = message->runtime->connections();
+  connections.WithConnection(message->peer_task, [message, sent = std::move(sent)](
+                                                      absl::StatusOr<std::shared_ptr<Connection>> connection) {
     RdmaRemoteRendezvous& step = **message->step;
-    if (!connection.ok() && message->runtime->Renamed(message->peer_task)) {
+    if (!connection.ok() && message->runtime->task_addresses().Renamed(message->peer_task)) {
       // The receiver's session renamed it, so it fetches the tensor over gRPC, from here.
       message->runtime->stats().Fallback(kRenamedTask);
       return message->Report(message->over_grpc(step));
@@ -253,7 +254,7 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
       const absl::Status stopped = step.Stopped();
       const std::vector<Tag> given_up = TagsWritten(tags, has_data_write);
       for (const Tag& tag : given_up) (*connection)->DropWrites(tag, stopped);
-      message->runtime->GiveUp(message->peer_task, given_up, stopped);
+      message->runtime->connections().GiveUp(message->peer_task, given_up, stopped);
     }
     if (sent) sent();
   });

@@ -7,6 +7,7 @@
 #include "cc/tf/planning/static_sizes.h"
 #include "cc/tf/rendezvous/transfer_names.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
+#include "cc/tf/runtime/task_names.h"
 #include "cc/transport/peer_errors.h"
 
 namespace tf_rdma {
@@ -37,8 +38,8 @@ void TensorReceive::StartGrants() {
     tags_ = TagsFor(key_, step_id_);
     transfer_ = TransferName(key_);
   }
-  runtime_->WithConnection(peer_task_, [self = shared_from_this()](
-                                           absl::StatusOr<std::shared_ptr<Connection>> connection) {
+  runtime_->connections().WithConnection(peer_task_, [self = shared_from_this()](
+                                                         absl::StatusOr<std::shared_ptr<Connection>> connection) {
     if (!connection.ok()) return self->Finish(connection.status());
     self->Grant(std::move(*connection));
   });
@@ -57,7 +58,7 @@ void TensorReceive::OnFusedSlot(const absl::Status& status, std::string_view mes
 }
 
 void TensorReceive::Grant(std::shared_ptr<Connection> connection) {
-  absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->PoolFor(connection);
+  absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->receive_pools().For(connection);
   Locked lock(this);
   if (finished_) return;
   if (!pool.ok()) return FinishLocked(pool.status());
@@ -76,7 +77,7 @@ void TensorReceive::Grant(std::shared_ptr<Connection> connection) {
 }
 
 uint64_t TensorReceive::FirstGrantBytes() {
-  const uint64_t learned = runtime_->ExpectedBytes(transfer_);
+  const uint64_t learned = runtime_->learned_sizes().Expected(transfer_);
   if (learned != 0) return learned;
   const std::optional<uint64_t> planned = PlannedBytes(transfer_);
   if (!planned) return 0;
@@ -201,7 +202,7 @@ void TensorReceive::MaybeOutputLocked() {
 
 void TensorReceive::OutputLocked(const char* bytes, std::shared_ptr<PoolBuffer> landed) {
   const uint64_t length = header_->data_bytes;
-  if (!transfer_.empty()) runtime_->Learn(transfer_, length);
+  if (!transfer_.empty()) runtime_->learned_sizes().Learn(transfer_, length);
   if (TravelsAsBytes(header_->dtype) && landed) {
     auto* storage = new PoolTensorBuffer(std::move(landed), length);
     tensor_ = Tensor(header_->dtype, header_->shape, storage);

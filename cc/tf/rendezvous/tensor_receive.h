@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "cc/tf/planning/fusion.h"
 #include "cc/tf/rendezvous/fused_receive.h"
-#include "cc/tf/rendezvous/tensor_message.h"
 #include "cc/tf/runtime/buffer_pool.h"
 #include "cc/tf/runtime/runtime.h"
 #include "cc/transport/transport.h"

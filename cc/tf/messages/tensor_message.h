@@ -3,8 +3,8 @@
 // tensor's bytes follow its header in the same message, a larger one's come as a second message.
 // Tensors whose bytes are their value travel as they lie in memory; the others (string, variant)
 // as their TensorProto, as gRPC would send them.
-#ifndef TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
-#define TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
+#ifndef TF_RDMA_CC_TF_MESSAGES_TENSOR_MESSAGE_H_
+#define TF_RDMA_CC_TF_MESSAGES_TENSOR_MESSAGE_H_
 
 #include <cstdint>
 #include <string>
@@ -76,4 +76,4 @@ absl::StatusOr<std::string_view> ReadFusedSlot(const char* slot, uint64_t capaci
 
 }  // namespace tf_rdma
 
-#endif  // TF_RDMA_CC_TF_RENDEZVOUS_TENSOR_MESSAGE_H_
+#endif  // TF_RDMA_CC_TF_MESSAGES_TENSOR_MESSAGE_H_

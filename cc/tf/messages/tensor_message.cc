@@ -1,4 +1,4 @@
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 
 #include <climits>
 #include <cstring>
