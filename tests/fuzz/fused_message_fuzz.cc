@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cc/tf/planning/fusion.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "tests/fuzz/tensor_from_peer.h"
 
 namespace {

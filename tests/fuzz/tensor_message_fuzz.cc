@@ -1,4 +1,4 @@
-// A rendezvous tensor's header message (cc/tf/rendezvous/tensor_message.h) as a peer may send it:
+// A rendezvous tensor's header message (cc/tf/messages/tensor_message.h) as a peer may send it:
 // decoded as the receiver decodes it, the tensor made from its inline bytes (TensorProto for
 // string and variant tensors). What decodes must encode back to the same header, and a tensor
 // made from it must travel again, alone and in a fused slot, and decode to the same dtype and shape.
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "tests/fuzz/tensor_from_peer.h"
 
 namespace {

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/data/element_message.h"
-#include "cc/tf/rendezvous/tensor_message.h"
+#include "cc/tf/messages/tensor_message.h"
 #include "cc/transport/wire.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor.pb.h"
