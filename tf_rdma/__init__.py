@@ -33,6 +33,9 @@ def __getattr__(name):
     if name == "DATA_TRANSFER_PROTOCOL":
         from tf_rdma import server
         return server.data_transfer_protocol()
+    if name == "keras":
+        import tf_rdma.keras
+        return tf_rdma.keras
     if name in _TENSORFLOW_SIDE:
         from tf_rdma import server
         return getattr(server, name)
@@ -41,5 +44,5 @@ def __getattr__(name):
 __all__ = [
     "BackendUnavailableError", "CancelledError", "Config", "DATA_TRANSFER_PROTOCOL", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
-    "TensorFlowMismatchError", "TransportError", "config", "errors", "load_config",
+    "TensorFlowMismatchError", "TransportError", "config", "errors", "keras", "load_config",
 ]
