@@ -47,8 +47,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", help="worker 0 writes its final weights and per-step losses here (.npz)")
     p.add_argument("--tensorboard", metavar="DIR",
-                   help="with --transport rdma: each worker writes tf_rdma's per-peer traffic as "
-                        "TensorBoard scalars to DIR/workerN every 10 steps (tf_rdma.keras.StatsCallback)")
+                   help="each worker writes TensorBoard logs to DIR/workerN: with --transport rdma, "
+                        "tf_rdma's per-peer traffic as scalars every 10 steps (tf_rdma.keras.StatsCallback); "
+                        "with --loop fit, a profile of the first two timed steps (Keras' TensorBoard "
+                        "callback: tf_rdma's transfers appear in its trace viewer)")
     args = p.parse_args(argv)
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     if args.warmup_steps >= args.steps:
@@ -126,12 +128,16 @@ def run_worker(args):
             def on_train_batch_end(self, batch, logs=None):
                 losses.append(logs["loss"])   # Keras 2: the epoch's running mean so far
 
-        def run_steps(n, epoch):
+        def run_steps(n, epoch, profiled=False):
+            callbacks = [StepLosses(), *([stats_callback] if stats_callback else [])]
+            if profiled and args.tensorboard:
+                callbacks.append(keras.callbacks.TensorBoard(os.path.join(args.tensorboard, f"worker{index}"),
+                                                             profile_batch=(1, 2)))
             model.fit(data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=n, verbose=0,
-                      callbacks=[StepLosses(), *([stats_callback] if stats_callback else [])])
+                      callbacks=callbacks)
         run_steps(args.warmup_steps, 0)
         t = time.perf_counter()
-        run_steps(args.steps - args.warmup_steps, 1)
+        run_steps(args.steps - args.warmup_steps, 1, profiled=True)
         seconds = time.perf_counter() - t
     else:
         iterator = iter(strategy.experimental_distribute_dataset(dataset()))

@@ -1,6 +1,7 @@
-"""tf_rdma.keras.StatsCallback: tf_rdma's per-peer traffic as TensorBoard scalars, read back from
-the event files a real MultiWorkerMirroredStrategy `model.fit` wrote (examples/tf2_mwms_keras.py
---tensorboard), and the callback's pieces on their own."""
+"""tf_rdma in TensorBoard from Keras: tf_rdma.keras.StatsCallback's per-peer scalars, and tf_rdma's
+collective transfers in the profile Keras' TensorBoard callback captured, read back from what a real
+MultiWorkerMirroredStrategy `model.fit` wrote (examples/tf2_mwms_keras.py --tensorboard); the
+callback's pieces on their own."""
 import json
 import os
 import struct
@@ -34,8 +35,8 @@ def scalars(log_dir):
     return out
 
 
-@pytest.mark.timeout(200)
-def test_a_fit_writes_each_peers_traffic_as_tensorboard_scalars(tmp_path):
+@pytest.mark.timeout(240)
+def test_a_fit_shows_tf_rdma_in_tensorboard_scalars_and_profile(tmp_path):
     pytest.importorskip("tf_keras", reason="the example's model.fit needs Keras 2: "
                                            "pip install --no-deps tf-keras==2.21.0")
     board = tmp_path / "board"
@@ -64,6 +65,22 @@ def test_a_fit_writes_each_peers_traffic_as_tensorboard_scalars(tmp_path):
             # Every step all-reduces the gradient: each interval moved bytes, never more than
             # the run moved in all (at least a millisecond an interval).
             assert all(0 < rate <= total / 1e-3 for _, rate in rates), (rates, total)
+
+    # The profile of two steps (worker 0, the chief: Keras writes the other's to a directory it
+    # deletes): the all-reduce's buffers each way with the other worker, in the trace viewer.
+    profiled = subprocess.run([sys.executable, "-m", "tests.tf.programs.trace_events", str(board / "worker0")],
+                              capture_output=True, text=True, timeout=120)
+    assert profiled.returncode == 0, profiled.stderr[-3000:]
+    events = json.loads(profiled.stdout)
+    stats = doc["rdma_stats"]["worker0"]
+    for name, total in (("tf_rdma collective send", stats["bytes_sent"]),
+                        ("tf_rdma collective receive", stats["bytes_received"])):
+        found = [e for e in events if e["name"] == name]
+        assert found, f"no '{name}' event in the profile: {sorted({e['name'] for e in events})}"
+        assert {e["peer"] for e in found} == {"/job:worker/replica:0/task:1"}, found
+        assert {e["backend"] for e in found} <= {"tcp", "shm"} and {e["status"] for e in found} == {"OK"}, found
+        # Two of the run's 14 steps, each moving the same gradient.
+        assert 0 < sum(e["bytes"] for e in found) <= total * 2 / 14 * 1.01, (found, total)
 
 
 def test_peers_are_named_by_job_and_task():
