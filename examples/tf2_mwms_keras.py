@@ -48,6 +48,11 @@ def parse_args(argv=None):
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", help="worker 0 writes its final weights and per-step losses here (.npz)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="each worker writes TensorBoard logs to DIR/workerN: with --transport rdma, "
+                        "tf_rdma's per-peer traffic as scalars every 10 steps (tf_rdma.keras.StatsCallback); "
+                        "with --loop fit, a profile of the first two timed steps (Keras' TensorBoard "
+                        "callback: tf_rdma's transfers appear in its trace viewer)")
     args = p.parse_args(argv)
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     if args.warmup_steps >= args.steps:
@@ -102,6 +107,12 @@ def run_worker(args):
           f"({4 * n_params / 2**20:.1f} MiB all-reduced per step), loop {args.loop}", flush=True)
     cu.emit(args.events, kind="ready", job="worker", task=index, pid=os.getpid())
 
+    stats_callback = None
+    if args.tensorboard and args.transport == "rdma":
+        import tf_rdma.keras
+        stats_callback = tf_rdma.keras.StatsCallback(os.path.join(args.tensorboard, f"worker{index}"),
+                                                     every_n_steps=10)
+
     losses = []
     if args.loop == "fit":
         model.compile(optimizer=optimizer,
@@ -112,23 +123,32 @@ def run_worker(args):
             def on_train_batch_end(self, batch, logs=None):
                 losses.append(logs["loss"])   # Keras 2: the epoch's running mean so far
 
-        def run_steps(n, epoch):
+        def run_steps(n, epoch, profiled=False):
+            callbacks = [StepLosses(), *([stats_callback] if stats_callback else [])]
+            if profiled and args.tensorboard:
+                callbacks.append(keras.callbacks.TensorBoard(os.path.join(args.tensorboard, f"worker{index}"),
+                                                             profile_batch=(1, 2)))
             model.fit(data, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=n, verbose=0,
-                      callbacks=[StepLosses()])
+                      callbacks=callbacks)
         run_steps(args.warmup_steps, 0)
         t = time.perf_counter()
-        run_steps(args.steps - args.warmup_steps, 1)
+        run_steps(args.steps - args.warmup_steps, 1, profiled=True)
         seconds = time.perf_counter() - t
     else:
         iterator = iter(strategy.experimental_distribute_dataset(dataset()))
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         train_step = mirrored_train_step(strategy, model, optimizer, loss_fn, global_batch)
 
-        for _ in range(args.warmup_steps):
+        def run_step():
             losses.append(float(train_step(iterator)))
+            if stats_callback and len(losses) % stats_callback.every_n_steps == 0:
+                stats_callback.write(len(losses))
+
+        for _ in range(args.warmup_steps):
+            run_step()
         t = time.perf_counter()
         for _ in range(args.steps - args.warmup_steps):
-            losses.append(float(train_step(iterator)))
+            run_step()
         seconds = time.perf_counter() - t
 
     # The weights are the same on every worker (mirrored): evaluate locally, no collective.
@@ -171,6 +191,8 @@ def run_local(args, out):
             "--warmup-steps", args.warmup_steps, "--batch-size", args.batch_size,
             "--hidden", ",".join(map(str, args.hidden)), "--learning-rate", args.learning_rate,
             "--seed", args.seed, "--events"]
+    if args.tensorboard:
+        argv += ["--tensorboard", os.path.abspath(args.tensorboard)]
     if args.save:
         argv += ["--save", os.path.abspath(args.save)]
     names = [f"worker{i}" for i in range(args.num_workers)]

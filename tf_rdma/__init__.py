@@ -33,16 +33,16 @@ def __getattr__(name):
     if name == "DATA_TRANSFER_PROTOCOL":
         from tf_rdma import server
         return server.data_transfer_protocol()
+    if name in ("dtensor", "keras"):
+        import importlib
+        return importlib.import_module(f"tf_rdma.{name}")
     if name in _TENSORFLOW_SIDE:
         from tf_rdma import server
         return getattr(server, name)
-    if name == "dtensor":
-        import importlib
-        return importlib.import_module("tf_rdma.dtensor")
     raise AttributeError(f"module 'tf_rdma' has no attribute {name!r}")
 
 __all__ = [
     "BackendUnavailableError", "CancelledError", "Config", "DATA_TRANSFER_PROTOCOL", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
     "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
-    "TensorFlowMismatchError", "TransportError", "config", "dtensor", "errors", "load_config",
+    "TensorFlowMismatchError", "TransportError", "config", "dtensor", "errors", "keras", "load_config",
 ]

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/messages/tensor_message.h"
+#include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/common_runtime/base_collective_executor.h"
 #include "tensorflow/core/common_runtime/device.h"
@@ -97,7 +98,8 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
     const Tag tag = CollectiveTag(key, step_id_, from_device->name(), peer_device);
     const tensorflow::Tensor value = *from_tensor;  // shares the buffer: kept until the write completes
     Connections& connections = transfers_->runtime->connections();
-    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, value, done](
+    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, value, done,
+                                           span = TraceSpan::Start(), step_id = step_id_](
                                               absl::StatusOr<std::shared_ptr<Connection>> connection) {
       if (!connection.ok()) {
         return transfers->Complete(done, transfers->Failed("sending a collective buffer to", peer_task,
@@ -105,7 +107,9 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
       }
       const uint64_t bytes = value.TotalBytes();
       (*connection)->Write(tag, value.tensor_data().data(), bytes,
-                           [transfers, peer_task, value, done](const absl::Status& s) {
+                           [transfers, peer_task, value, done, span, step_id,
+                            backend = (*connection)->backend()](const absl::Status& s) mutable {
+                             span.End([&] { return Describe("tf_rdma collective send", peer_task, backend, value.TotalBytes(), step_id, s); });
                              transfers->Complete(done, s.ok() ? s : transfers->Failed("sending a collective buffer to", peer_task, s));
                            });
       transfers->runtime->stats().Peer(peer_task, [bytes](PeerStats& s) {
@@ -130,13 +134,14 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
     }
     const Tag tag = CollectiveTag(key, step_id_, peer_device, to_device->name());
     Connections& connections = transfers_->runtime->connections();
-    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, to_tensor, cancellation_manager, done](
+    connections.WithConnection(peer_task, [transfers = transfers_, peer_task, tag, to_tensor, cancellation_manager, done,
+                                           span = TraceSpan::Start(), step_id = step_id_](
                                               absl::StatusOr<std::shared_ptr<Connection>> connection) {
       if (!connection.ok()) {
         return transfers->Complete(done, transfers->Failed("receiving a collective buffer from", peer_task,
                                                            connection.status()));
       }
-      Receive(transfers, *connection, peer_task, tag, to_tensor, cancellation_manager, done);
+      Receive(transfers, *connection, peer_task, tag, to_tensor, cancellation_manager, span, step_id, done);
     });
   }
 
@@ -152,10 +157,18 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
   }
 
  private:
+  // The span in TensorFlow's profiler of a collective buffer sent or received.
+  static std::string Describe(const char* event, const std::string& peer_task, Backend backend, uint64_t bytes,
+                              int64_t step_id, const absl::Status& status) {
+    return tsl::profiler::TraceMeEncode(event, {{"peer", peer_task}, {"backend", BackendName(backend)},
+                                                {"bytes", status.ok() ? bytes : 0}, {"step_id", step_id},
+                                                {"status", absl::StatusCodeToString(status.code())}});
+  }
+
   static void Receive(const std::shared_ptr<CollectiveTransfers>& transfers,
                       const std::shared_ptr<Connection>& connection, const std::string& peer_task, const Tag& tag,
                       tensorflow::Tensor* to_tensor, tsl::CancellationManager* cancellation_manager,
-                      const StatusCallback& done) {
+                      TraceSpan span, int64_t step_id, const StatusCallback& done) {
     const uint64_t bytes = to_tensor->TotalBytes();
     absl::StatusOr<std::shared_ptr<BufferPool>> pool = transfers->runtime->receive_pools().For(connection);
     if (!pool.ok()) return transfers->Complete(done, pool.status());
@@ -182,8 +195,8 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
     // it while the peer may still write it.
     const uint64_t grant = connection->Grant(
         tag, buffer->region(), buffer->offset(), bytes,
-        [transfers, pending, buffer, bytes, to_tensor, peer_task, cancellation_manager, token, done](
-            const GrantResult& r) {
+        [transfers, pending, buffer, bytes, to_tensor, peer_task, cancellation_manager, token, done, span, step_id,
+         backend = connection->backend()](const GrantResult& r) mutable {
           if (cancellation_manager != nullptr) cancellation_manager->TryDeregisterCallback(token);
           transfers->Forget(pending);
           absl::Status status = r.status;
@@ -201,6 +214,7 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
           } else if (!absl::IsCancelled(status)) {
             status = transfers->Failed("receiving a collective buffer from", peer_task, status);
           }
+          span.End([&] { return Describe("tf_rdma collective receive", peer_task, backend, bytes, step_id, status); });
           transfers->Complete(done, status);
         });
     transfers->runtime->stats().Peer(peer_task, [](PeerStats& s) { s.grants++; });

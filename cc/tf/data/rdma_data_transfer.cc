@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "cc/tf/data/data_transfer_api.h"
 #include "cc/tf/data/element_message.h"
+#include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
 #include "cc/tf/runtime/runtime.h"
 #include "tensorflow/core/platform/env.h"
@@ -147,6 +148,7 @@ class RdmaDataTransferServer : public DataTransferServer,
 
   // `request` points into `slot`, which goes back to the peer once the answer was written.
   void Answer(const std::shared_ptr<Peer>& peer, std::shared_ptr<PoolBuffer> slot, const ElementRequest& request) {
+    TraceSpan span = TraceSpan::Start();  // from the request to the element's last write done
     auto result = std::make_shared<GetElementResult>();
     absl::Status status;
     absl::StatusOr<std::unique_ptr<google::protobuf::Message>> message = NewGetElementRequest();
@@ -163,6 +165,7 @@ class RdmaDataTransferServer : public DataTransferServer,
     // Writes under different tags may complete in any order (each waits for its own grant): the
     // last to complete counts the element and gives the slot back.
     auto answer = std::make_shared<Answered>();
+    answer->span = span;
     answer->writes_left = static_cast<int>(response->separate.size()) + 1;
     answer->bytes = response->header_message.size();
     for (const auto& part : response->separate) answer->bytes += part.length;
@@ -174,6 +177,13 @@ class RdmaDataTransferServer : public DataTransferServer,
         if (answer->failure.ok()) answer->failure = status;
       }
       if (answer->writes_left.fetch_sub(1) != 1) return;
+      answer->span.End([&] {
+        return tsl::profiler::TraceMeEncode(
+            "tf_rdma tf.data element send",
+            {{"peer", peer->connection->peer_name()}, {"backend", BackendName(peer->connection->backend())},
+             {"bytes", answer->failure.ok() ? answer->bytes : 0},
+             {"status", absl::StatusCodeToString(answer->failure.code())}});
+      });
       auto self = weak.lock();
       if (!self) return;
       self->runtime_->stats().Peer(peer->connection->peer_name(), [&](PeerStats& s) {
@@ -200,6 +210,7 @@ class RdmaDataTransferServer : public DataTransferServer,
 
   // The writes of one answer, as they complete.
   struct Answered {
+    TraceSpan span;
     std::atomic<int> writes_left{0};
     uint64_t bytes = 0;
     std::mutex mu;
@@ -270,6 +281,33 @@ class RdmaDataTransferClient : public DataTransferClient {
   }
 
   absl::Status GetElement(const GetElementRequest& req, GetElementResult& result) override {
+    TraceSpan span = TraceSpan::Start();
+    ElementRead read;
+    absl::Status status = ReadElement(req, result, read);
+    span.End([&] {
+      return tsl::profiler::TraceMeEncode("tf_rdma tf.data element receive",
+                                          {{"peer", read.peer}, {"backend", read.backend}, {"bytes", read.bytes},
+                                           {"status", absl::StatusCodeToString(status.code())}});
+    });
+    return status;
+  }
+
+  void TryCancel() override {
+    // Wakes a read in progress, which gives its grants back; the rest go with the client.
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->cancelled = true;
+    state_->changed.notify_all();
+  }
+
+ private:
+  // What one read reached, for its span in TensorFlow's profiler.
+  struct ElementRead {
+    std::string peer;
+    const char* backend = "none";
+    uint64_t bytes = 0;
+  };
+
+  absl::Status ReadElement(const GetElementRequest& req, GetElementResult& result, ElementRead& read) {
     // Grants and revokes are made under mu_ alone: their callbacks, which may run inside those
     // calls (on a connection that failed), take state_->mu.
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,6 +315,8 @@ class RdmaDataTransferClient : public DataTransferClient {
     std::shared_ptr<BufferPool> pool;
     absl::Status connected = ConnectedLocked(&connection, &pool);
     if (!connected.ok()) return connected;
+    read.peer = connection->peer_name();
+    read.backend = BackendName(connection->backend());
     if (Cancelled()) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
     const uint64_t sequence = next_sequence_++;
     for (uint64_t s = sequence; s <= sequence + prefetch_; ++s) {
@@ -340,6 +380,7 @@ class RdmaDataTransferClient : public DataTransferClient {
       bytes += component.header.data_bytes;
     }
     if (!result.end_of_sequence && !result.skip) layout_ = std::move(layout);
+    read.bytes = bytes;
     runtime_->stats().Peer(connection->peer_name(), [&](PeerStats& s) {
       s.tensors_received += result.components.size();
       s.bytes_received += bytes;
@@ -348,14 +389,6 @@ class RdmaDataTransferClient : public DataTransferClient {
     return absl::OkStatus();
   }
 
-  void TryCancel() override {
-    // Wakes a read in progress, which gives its grants back; the rest go with the client.
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->cancelled = true;
-    state_->changed.notify_all();
-  }
-
- private:
   // What grant callbacks share with the client; they may run after it is gone.
   struct State {
     std::mutex mu;

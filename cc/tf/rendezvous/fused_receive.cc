@@ -8,10 +8,10 @@
 
 namespace tf_rdma {
 
-FusedReceive::FusedReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, Tag tag,
+FusedReceive::FusedReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, int64_t step_id, Tag tag,
                            const FusedMember& plan)
-    : runtime_(std::move(runtime)), peer_task_(std::move(peer_task)), tag_(tag), total_(plan.total),
-      count_(plan.count) {}
+    : runtime_(std::move(runtime)), peer_task_(std::move(peer_task)), step_id_(step_id), tag_(tag),
+      total_(plan.total), count_(plan.count) {}
 
 void FusedReceive::Attach(const FusedMember& member, Deliver deliver) {
   std::unique_lock<std::recursive_mutex> lock(mu_);
@@ -37,6 +37,7 @@ void FusedReceive::Attach(const FusedMember& member, Deliver deliver) {
   waiting_.push_back(std::move(waiting));
   if (started_) return;
   started_ = true;
+  span_ = TraceSpan::Start();
   lock.unlock();
   runtime_->connections().WithConnection(peer_task_, [self = shared_from_this()](
                                                          absl::StatusOr<std::shared_ptr<Connection>> connection) {
@@ -87,6 +88,7 @@ void FusedReceive::OnLanded(const GrantResult& result, const std::shared_ptr<Poo
       runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.fused_messages_received++; });
     }
     outcome = failure_;
+    EndSpanLocked(outcome);
     ready.swap(waiting_);
     if (landed_) HandedOutLocked(ready.size());
   }
@@ -107,6 +109,7 @@ void FusedReceive::Fail(const absl::Status& cause) {
     if (!failure_.ok()) return;
     failure_ = TaskFailure("receiving a fused message from", peer_task_, cause);
     status = failure_;
+    EndSpanLocked(status);
     failed.swap(waiting_);
   }
   runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.errors++; });
@@ -120,6 +123,7 @@ void FusedReceive::Abort(const absl::Status& status) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!failure_.ok()) return;
     failure_ = reason;
+    EndSpanLocked(reason);
     if (!landed_ && connection_) {
       connection_->Revoke(grant_id_);
       // Without this the sender would keep the message until the connection closes.
@@ -129,6 +133,16 @@ void FusedReceive::Abort(const absl::Status& status) {
     failed.swap(waiting_);
   }
   for (const Waiting& waiting : failed) waiting.deliver(reason, {});
+}
+
+void FusedReceive::EndSpanLocked(const absl::Status& outcome) {
+  span_.End([this, &outcome] {
+    return tsl::profiler::TraceMeEncode(
+        "tf_rdma fused receive",
+        {{"peer", peer_task_}, {"backend", connection_ ? BackendName(connection_->backend()) : "none"},
+         {"bytes", outcome.ok() ? total_ : 0}, {"tensors", count_}, {"step_id", step_id_},
+         {"status", absl::StatusCodeToString(outcome.code())}});
+  });
 }
 
 void FusedReceive::HandedOutLocked(size_t members) {

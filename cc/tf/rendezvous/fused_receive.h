@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "cc/tf/planning/fusion.h"
+#include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/runtime/runtime.h"
 #include "cc/transport/transport.h"
 
@@ -23,7 +24,8 @@ class FusedReceive : public std::enable_shared_from_this<FusedReceive> {
   // member's header message, or an empty one when the member travels on its own.
   using Deliver = std::function<void(const absl::Status&, std::string_view message)>;
 
-  FusedReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, Tag tag, const FusedMember& plan);
+  FusedReceive(std::shared_ptr<Runtime> runtime, std::string peer_task, int64_t step_id, Tag tag,
+               const FusedMember& plan);
 
   // The first member grants the message; members attached after it landed get their slot at once.
   void Attach(const FusedMember& member, Deliver deliver);
@@ -43,9 +45,11 @@ class FusedReceive : public std::enable_shared_from_this<FusedReceive> {
   // Counts members handed their slot; the buffer goes back to the pool after the last.
   void HandedOutLocked(size_t members);
   static void DeliverSlot(const PoolBuffer& buffer, const Waiting& waiting, const std::string& peer_task);
+  void EndSpanLocked(const absl::Status& outcome);
 
   const std::shared_ptr<Runtime> runtime_;
   const std::string peer_task_;
+  const int64_t step_id_;
   const Tag tag_;
   const uint64_t total_;
   const uint32_t count_;
@@ -59,6 +63,7 @@ class FusedReceive : public std::enable_shared_from_this<FusedReceive> {
   std::shared_ptr<PoolBuffer> landed_;
   uint32_t handed_out_ = 0;
   std::vector<Waiting> waiting_;
+  TraceSpan span_;  // from the grant to the message landing, or the receive's end without it
 };
 
 }  // namespace tf_rdma

@@ -119,7 +119,7 @@ absl::StatusOr<std::shared_ptr<FusedReceive>> RdmaRemoteRendezvous::FusedMessage
   AwaitedMessage& awaited = fused_receives_[member.group];
   if (!awaited.message) {
     awaited.message = std::make_shared<FusedReceive>(
-        runtime_, peer_task, FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device), member);
+        runtime_, peer_task, step_id_, FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device), member);
     awaited.members.assign(member.count, false);
     step_fused_receives_.push_back(awaited.message);
   }

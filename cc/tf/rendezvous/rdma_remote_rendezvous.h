@@ -111,7 +111,9 @@ class RdmaRemoteRendezvous : public tensorflow::BaseRemoteRendezvous {
   // granted yet, then waits for this message on a connection only this side may dial if it sorts
   // earlier. Without it, that receive waited TF_RDMA_CONNECT_TIMEOUT_MS for a dial that never came
   // (docs/faults.md). Once only: a peer that goes silent again fails the message.
-  void WriteTo(const std::string& peer_task, std::string what, bool fails_step, const TransferTags& tags,
+  // `event`: the name of its span in TensorFlow's profiler.
+  void WriteTo(const char* event, const std::string& peer_task, std::string what, bool fails_step,
+               const TransferTags& tags,
                std::vector<Write> writes, std::shared_ptr<void> keep,
                std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc, std::function<void()> sent);
   // A message WriteTo sends, shared by its writes' callbacks (rdma_remote_rendezvous_send.cc).

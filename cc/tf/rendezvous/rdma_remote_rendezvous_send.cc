@@ -11,6 +11,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/rendezvous/transfer_names.h"
 #include "cc/tf/runtime/task_names.h"
 #include "cc/transport/peer_errors.h"
@@ -121,7 +122,8 @@ void RdmaRemoteRendezvous::Push(const ParsedKey& parsed, const Rendezvous::Args&
   std::vector<Write> writes{{tags.header, encoded->data(), encoded->size()}};
   if (!travels_inline) writes.push_back({tags.data, out.data, out.header.data_bytes});
   const std::string tensor_name(parsed.edge_name);
-  WriteTo(peer_task, absl::StrCat("sending '", tensor_name, "' to"), KindOf(tensor_name) == kKindGraph, tags,
+  WriteTo("tf_rdma send", peer_task, absl::StrCat("sending '", tensor_name, "' to"), KindOf(tensor_name) == kKindGraph,
+          tags,
           std::move(writes),
           std::make_shared<std::tuple<std::shared_ptr<std::string>, std::shared_ptr<std::string>, Tensor>>(
               encoded, out.proto, value),
@@ -151,6 +153,8 @@ void RdmaRemoteRendezvous::CountSent(Runtime& runtime, const std::string& peer_t
 }
 
 struct RdmaRemoteRendezvous::MessageInFlight {
+  const char* event;
+  TraceSpan span;  // from the tensor (or the fused message) ready to its last write done
   std::shared_ptr<Runtime> runtime;
   std::shared_ptr<tsl::core::RefCountPtr<RdmaRemoteRendezvous>> step;
   std::string peer_task;
@@ -184,13 +188,15 @@ struct RdmaRemoteRendezvous::MessageInFlight {
   }
 };
 
-void RdmaRemoteRendezvous::WriteTo(const std::string& peer_task, std::string what, bool fails_step,
-                                   const TransferTags& tags, std::vector<Write> writes, std::shared_ptr<void> keep,
+void RdmaRemoteRendezvous::WriteTo(const char* event, const std::string& peer_task, std::string what,
+                                   bool fails_step, const TransferTags& tags, std::vector<Write> writes, std::shared_ptr<void> keep,
                                    std::function<absl::Status(RdmaRemoteRendezvous&)> over_grpc,
                                    std::function<void()> sent) {
   Ref();
   tsl::core::RefCountPtr<RdmaRemoteRendezvous> self(this);
   auto message = std::make_shared<MessageInFlight>();
+  message->event = event;
+  message->span = TraceSpan::Start();
   message->runtime = runtime_;
   message->step = std::make_shared<tsl::core::RefCountPtr<RdmaRemoteRendezvous>>(std::move(self));
   message->peer_task = peer_task;
@@ -224,7 +230,8 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
       message->silence = absl::OkStatus();
     }
     for (const Write& write : message->writes) {
-      (*connection)->Write(write.tag, write.bytes, write.length, [message, push](const absl::Status& status) {
+      (*connection)->Write(write.tag, write.bytes, write.length, [message, push, backend = (*connection)->backend()](
+                                                                    const absl::Status& status) {
         if (push) (*message->step)->WriteFinished(*push);
         const bool held_back = !message->resent && PeerWentSilent(status);
         bool last, all_went_silent;
@@ -247,6 +254,14 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
           message->resent = true;  // the last write's callback: no other reads it meanwhile
           return Deliver(message, nullptr);
         }
+        message->span.End([&message, &status, backend] {
+          uint64_t bytes = 0;
+          for (const Write& write : message->writes) bytes += write.length;
+          return tsl::profiler::TraceMeEncode(
+              message->event, {{"peer", message->peer_task}, {"backend", BackendName(backend)}, {"bytes", bytes},
+                               {"step_id", (*message->step)->step_id_}, {"what", message->what},
+                               {"status", absl::StatusCodeToString(status.code())}});
+        });
         message->Report(silence);
       });
     }
@@ -293,7 +308,8 @@ absl::Status RdmaRemoteRendezvous::SendFused(const ParsedKey& parsed, const Rend
     if (it != fused_sends_.end() && it->second == message) fused_sends_.erase(it);
   }
   const Tag tag = FusedTag(member.group, step_id_, parsed.src_device, parsed.dst_device);
-  WriteTo(peer_task, absl::StrCat("sending a fused message of ", member.count, " tensors to"), true, TransferTags{tag, tag},
+  WriteTo("tf_rdma fused send", peer_task, absl::StrCat("sending a fused message of ", member.count, " tensors to"),
+          true, TransferTags{tag, tag},
           {{tag, message->bytes.get(), message->total}}, message,
           [message](RdmaRemoteRendezvous& step) {
             for (const std::optional<Member>& sent : message->members) {

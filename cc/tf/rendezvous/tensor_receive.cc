@@ -15,6 +15,7 @@ namespace tf_rdma {
 using tensorflow::Tensor;
 
 void TensorReceive::Start() {
+  span_ = TraceSpan::Start();
   if (!fused_) return StartGrants();
   fused_->message->Attach(fused_->member, [self = shared_from_this()](const absl::Status& status,
                                                                        std::string_view message) {
@@ -171,6 +172,7 @@ void TensorReceive::OnData(const GrantResult& result, std::shared_ptr<PoolBuffer
   if (!result.status.ok()) return FinishLocked(result.status);
   data_ = std::move(buffer);
   data_length_ = result.length;
+  EndRegrantSpanLocked();
   MaybeOutputLocked();
 }
 
@@ -187,6 +189,7 @@ absl::Status TensorReceive::RegrantLocked() {
 
 absl::Status TensorReceive::GrantDataLocked() {
   runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.regrants++; });
+  regrant_span_ = TraceSpan::Start();
   return GrantLocked(tags_.data, header_->data_bytes, false);
 }
 
@@ -245,7 +248,23 @@ void TensorReceive::FinishLocked(const absl::Status& status) {
     runtime_->stats().Peer(peer_task_, [](PeerStats& s) { s.errors++; });
     status_ = TaskFailure(absl::StrCat("receiving '", tensor_name_, "' from"), peer_task_, status);
   }
+  EndRegrantSpanLocked();
+  span_.End([this] {
+    return tsl::profiler::TraceMeEncode(
+        fused_ ? "tf_rdma fused member receive" : "tf_rdma receive",
+        {{"peer", peer_task_}, {"backend", connection_ ? BackendName(connection_->backend()) : "none"},
+         {"bytes", header_ && status_.ok() ? header_->data_bytes : 0}, {"step_id", step_id_},
+         {"tensor", tensor_name_}, {"status", absl::StatusCodeToString(status_.code())}});
+  });
   // done_ runs when the outermost Locked lets go; later grant completions only release buffers.
+}
+
+void TensorReceive::EndRegrantSpanLocked() {
+  regrant_span_.End([this] {
+    return tsl::profiler::TraceMeEncode(
+        "tf_rdma regrant", {{"peer", peer_task_}, {"bytes", header_ ? header_->data_bytes : 0},
+                            {"step_id", step_id_}, {"tensor", tensor_name_}});
+  });
 }
 
 }  // namespace tf_rdma

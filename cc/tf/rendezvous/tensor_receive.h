@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "cc/tf/messages/tensor_message.h"
 #include "cc/tf/planning/fusion.h"
+#include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/rendezvous/fused_receive.h"
 #include "cc/tf/runtime/buffer_pool.h"
 #include "cc/tf/runtime/runtime.h"
@@ -86,6 +87,8 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
 
   void FinishLocked(const absl::Status& status);
 
+  void EndRegrantSpanLocked();
+
   // Holds mu_; the outermost one on a thread runs done_ once the receive finished, unlocked:
   // TensorFlow may run downstream kernels inline in it, on the transport's thread.
   class Locked {
@@ -134,6 +137,8 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   // process went silent (stopped, cut off) before anything came: the sender, whose writes failed
   // with that connection, sends the message again (RdmaRemoteRendezvous::WriteTo).
   int attempt_ = 0;
+  TraceSpan span_;          // from Start to the tensor, or the receive's failure
+  TraceSpan regrant_span_;  // from a data grant made once the header came to the data landing
 };
 
 }  // namespace tf_rdma

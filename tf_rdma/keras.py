@@ -1,0 +1,153 @@
+"""tf_rdma's traffic as TensorBoard scalars, from Keras training.
+
+    callback = tf_rdma.keras.StatsCallback(log_dir, every_n_steps=100)
+    model.fit(..., callbacks=[callback])          # or, in a custom loop: callback.write(step)
+
+Every `every_n_steps` training batches (and when training ends) it writes, per peer task of this
+process's tf_rdma server, under `tf_rdma/<peer>/`:
+  sent_bytes_per_second, received_bytes_per_second   over the batches since the last write
+  regrants, errors                                    totals since the server started
+and `tf_rdma/left_on_grpc/<reason>`: transfers that stayed on gRPC, by reason (totals). A peer is
+named by job and task (`ps.0`, `worker.1`; `worker.r1.0` for replica 1).
+
+StatsCallback subclasses the Callback of the Keras the process uses: Keras 2 (`tf_keras`) when it
+has been imported or TF_USE_LEGACY_KERAS is set, as TensorFlow itself decides, else Keras 3.
+"""
+import logging
+import os
+import re
+import sys
+import time
+
+_log = logging.getLogger(__name__)
+
+_TASK = re.compile(r"^/job:(?P<job>[^/]+)/replica:(?P<replica>\d+)/task:(?P<task>\d+)$")
+
+
+def peer_label(task):
+    """A task name as a TensorBoard tag component: `/job:ps/replica:0/task:1` -> `ps.1`."""
+    match = _TASK.match(task)
+    if match is None:
+        return re.sub(r"[^A-Za-z0-9_.\-]+", "_", task).strip("_") or "unnamed"
+    replica = match["replica"]
+    return ".".join([match["job"], *([] if replica == "0" else [f"r{replica}"]), match["task"]])
+
+
+def _server_records(stats):
+    """stats() holds one server's record, {"servers": [...]} for several, or {} for none."""
+    if "servers" in stats:
+        return stats["servers"]
+    return [stats] if stats else []
+
+
+class _Rates:
+    """Bytes per second each way per peer, between successive snapshots of stats()."""
+
+    def __init__(self):
+        self._last = None  # (time, {(server, peer): (bytes sent, bytes received)})
+
+    def update(self, records, now):
+        totals = {(record["task"], peer): (counts["bytes_sent"], counts["bytes_received"])
+                  for record in records for peer, counts in record["peers"].items()}
+        last, self._last = self._last, (now, totals)
+        if last is None or now <= last[0]:
+            return {}
+        seconds = now - last[0]
+        rates = {}
+        for key, (sent, received) in totals.items():
+            sent_before, received_before = last[1].get(key, (0, 0))
+            # reset_stats() in between makes a total go down: the interval starts from zero then.
+            rates[key] = (max(0, sent - (sent_before if sent >= sent_before else 0)) / seconds,
+                          max(0, received - (received_before if received >= received_before else 0)) / seconds)
+        return rates
+
+
+def _keras_callback_base():
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+    if legacy or "tf_keras" in sys.modules:
+        import tf_keras
+        return tf_keras.callbacks.Callback
+    import keras
+    return keras.callbacks.Callback
+
+
+def _make_stats_callback(base):
+    class StatsCallback(base):
+        """Writes tf_rdma's per-peer traffic as TensorBoard scalars every `every_n_steps`
+        training batches and when training ends (the module's docstring lists them)."""
+
+        def __init__(self, log_dir, every_n_steps=100):
+            super().__init__()
+            if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
+                raise ValueError(f"every_n_steps must be a whole number of at least 1, not {every_n_steps!r}")
+            try:
+                import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
+            except ImportError as error:
+                raise ImportError("tf_rdma.keras.StatsCallback writes TensorBoard event files, which needs "
+                                  "TensorBoard: pip install tensorboard") from error
+            self.log_dir = os.fspath(log_dir)
+            self.every_n_steps = every_n_steps
+            self._writer = None
+            self._rates = _Rates()
+            self._step = 0
+            self._warned_no_server = False
+
+        def on_train_begin(self, logs=None):
+            # The interval of the first rates starts here, not at the first write.
+            self._rates.update(_server_records(_stats()), time.monotonic())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._step += 1
+            if self._step % self.every_n_steps == 0:
+                self.write(self._step)
+
+        def on_train_end(self, logs=None):
+            if self._step % self.every_n_steps != 0:
+                self.write(self._step)
+            if self._writer is not None:
+                self._writer.flush()
+
+        def write(self, step):
+            """Writes the scalars for training step `step` now (for custom training loops)."""
+            import tensorflow as tf
+            records = _server_records(_stats())
+            rates = self._rates.update(records, time.monotonic())
+            if not records:
+                if not self._warned_no_server:
+                    _log.warning("tf_rdma.keras.StatsCallback: no tf_rdma server runs in this process, "
+                                 "so there is nothing to write to %s", self.log_dir)
+                    self._warned_no_server = True
+                return
+            if self._writer is None:
+                self._writer = tf.summary.create_file_writer(self.log_dir)
+            several = len(records) > 1
+            with self._writer.as_default(step=step):
+                for record in records:
+                    prefix = "tf_rdma/" + (peer_label(record["task"]) + "/" if several else "")
+                    for peer, counts in record["peers"].items():
+                        tag = prefix + peer_label(peer)
+                        sent, received = rates.get((record["task"], peer), (None, None))
+                        if sent is not None:
+                            tf.summary.scalar(tag + "/sent_bytes_per_second", sent)
+                            tf.summary.scalar(tag + "/received_bytes_per_second", received)
+                        tf.summary.scalar(tag + "/regrants", counts["regrants"])
+                        tf.summary.scalar(tag + "/errors", counts["errors"])
+                    for reason, transfers in record["fallback"].items():
+                        tf.summary.scalar(prefix + "left_on_grpc/" + peer_label(reason), transfers)
+            self._writer.flush()
+
+    return StatsCallback
+
+
+def _stats():
+    from tf_rdma import server
+    return server.stats()
+
+
+def __getattr__(name):
+    # Built on first use: the Keras to subclass is known only once the user's program imported it.
+    if name == "StatsCallback":
+        callback = _make_stats_callback(_keras_callback_base())
+        globals()["StatsCallback"] = callback
+        return callback
+    raise AttributeError(f"module 'tf_rdma.keras' has no attribute {name!r}")
