@@ -18,12 +18,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def scalars(log_dir):
-    """{tag: [(step, value)]} from every event file under `log_dir` (TFRecord framing: length,
-    its CRC, the Event proto, its CRC), without TensorFlow."""
+    """{tag: [(step, value)]} from the event files in `log_dir` itself (TFRecord framing: length,
+    its CRC, the Event proto, its CRC), without TensorFlow. Keras' TensorBoard callback writes its
+    own in folders below it."""
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
     out = {}
-    for path in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
         data = path.read_bytes()
         offset = 0
         while offset < len(data):
