@@ -12,6 +12,8 @@ import gc
 import hashlib
 import os
 import re
+import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -417,6 +419,50 @@ def test_shm_bytes_mapped_for_all_peers_together_are_bounded():
     time.sleep(0.2)
     third_connection.check()  # the first's bytes were given back
     third.close()
+
+
+def test_connections_under_one_name_together_map_no_more_than_one_peer_may():
+    """shm only: a key holder opening connections under one name, each sharing a region of
+    TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, has the second refused naming the variable and the
+    name (each connection used to have the limit to itself, so that enough of them took all of
+    TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL); another name's region is still mapped, and its
+    connection moves data."""
+    backend = "shm"
+    local = transport(backend, "victim", shm_max_mapped_bytes_per_peer=1 << 20,
+                      shm_max_mapped_bytes_total=4 << 20)
+    listener = local.listen(f"{HOST}:0")
+
+    def sharing(name):
+        """A connection under `name` sharing region 1 of 1 MiB: (peer, connection, the region's descriptor)."""
+        peer = w.RawPeer(backend, listener.endpoint)
+        peer.handshake(KEY, name=name)
+        connection = listener.accept(10)
+        fd = hostile_peer.memfd(1 << 20)
+        peer.sock.sendmsg([w.frame(w.SHM_REGION, struct.pack("<IQ", 1, 1 << 20))],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("<i", fd))])
+        peer.send(w.frame(w.PING))
+        return peer, connection, fd
+
+    greedy = [sharing("greedy") for _ in range(4)]
+    time.sleep(0.2)
+    greedy[0][1].check()  # the name's first megabyte
+    for peer, connection, _ in greedy[1:]:
+        reason = peer.receive_until_closed()
+        assert reason and "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER" in reason and "greedy" in reason, reason
+        with pytest.raises(errors.ResourceLimitError, match="peers named greedy"):
+            connection.check()
+    modest, modest_connection, modest_fd = sharing("modest")
+    time.sleep(0.2)
+    modest_connection.check()
+    # Its region is mapped: what is written into a grant in it lands there.
+    payload = os.urandom(1000)
+    modest.send(w.grant(1, 0, 5, 1, 4096, len(payload)))
+    modest_connection.write(5, payload).wait(10)
+    assert modest.receive() == (w.DATA, struct.pack("<QQ", 1, len(payload)))
+    assert os.pread(modest_fd, len(payload), 4096) == payload
+    for peer, _, fd in (*greedy, (modest, None, modest_fd)):
+        peer.close()
+        os.close(fd)
 
 
 # ---- What a key holder can make a shm sender do (issue 36) ----

@@ -1,7 +1,9 @@
 """A listener under exhausted resources, for real, in a child process with lowered limits: it must
 back off and keep serving, never end its accept loop or abort the process."""
+import collections
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 
 from tests.transport import hostile_peer
 from tests.transport import wire_client as w
-from tests.transport.helpers import KEY, next_line, transport
+from tests.transport.helpers import KEY, next_line, pattern, transport
 from tests.transport.victim_process import VictimProcess
 from tf_rdma import errors
 
@@ -77,10 +79,12 @@ def run_exhaustion(backend, limit_setup, connections, limit_hit, connect_timeout
     try:
         child.endpoint = next_line(child)
         # Clients that send one byte and stall: a client gets a handshake thread once it sent its
-        # first byte (a silent one only waits, holding a descriptor), so these exhaust the threads.
-        stalled = [w.RawPeer(backend, child.endpoint) for _ in range(connections)]
-        for peer in stalled:
-            peer.sock.sendall(b"\x01")
+        # first byte (a silent one only waits, holding a descriptor, and only while silent ones
+        # hold less than half of what the process has spare), so these exhaust the threads.
+        stalled = []
+        for _ in range(connections):
+            stalled.append(w.RawPeer(backend, child.endpoint))
+            stalled[-1].sock.sendall(b"\x01")
         deadline = time.monotonic() + 20
         while limit_hit not in logged(child) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -181,6 +185,108 @@ def test_a_peer_exhausting_the_address_space_fails_its_connection_only(backend, 
         assert verdict["extra_descriptors"] == 0 and verdict["extra_threads"] == 0, verdict
         ok, answer = victim.legit_peer_moves_data(member, 2)
         assert ok, answer
+    finally:
+        victim.assert_alive()
+        victim.stop()
+
+
+# ---- Descriptors: what silent sockets may hold, and what running out of them is called ----
+
+COMMON_DESCRIPTOR_LIMIT = 1024  # RLIMIT_NOFILE's soft default on most Linux distributions
+LOWER_DESCRIPTOR_LIMIT = f'''
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, ({COMMON_DESCRIPTOR_LIMIT}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+'''
+
+
+def silent_flood(backend, endpoint, per_second, stop):
+    """An outsider opening `per_second` sockets a second to `endpoint` that never send a byte,
+    until `stop` is set; each is closed 3 s after it opened (the listener drops a silent client
+    after 2 s). Returns the thread, which counts what it opened in `.opened`."""
+    host, port = endpoint.rsplit(":", 1)
+    family, address = ((socket.AF_UNIX, f"\0tf_rdma-shm-{port}") if backend == "shm"
+                       else (socket.AF_INET, (host, int(port))))
+
+    def flood():
+        held = collections.deque()
+        started = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            while held and now - held[0][0] > 3:
+                held.popleft()[1].close()
+            while thread.opened < (now - started) * per_second:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                sock.connect_ex(address)  # in progress (tcp), or refused with a full backlog: either counts
+                held.append((now, sock))
+                thread.opened += 1
+            time.sleep(0.005)
+        for _, sock in held:
+            sock.close()
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.opened = 0
+    thread.start()
+    return thread
+
+
+def test_silent_sockets_leave_a_process_at_its_descriptor_limit_room_for_peers(backend):
+    """The victim runs at RLIMIT_NOFILE=1024 while an outsider opens 1,000 silent sockets a
+    second: silent clients may hold only half of what the process has spare, so a peer still
+    connects within a second and (shm) the descriptor of the region it grants in is received;
+    what the victim writes there lands byte-exactly. (Silent clients were bounded by 4,096
+    whatever the limit: the process stayed at it, the shm peer's connection was closed as
+    "SHM_REGION frame without a file descriptor" and a tcp peer waited ~3 s to connect.)"""
+    # A connect timeout past 2 s: the listener then drops a silent client after 2 s, as by default.
+    victim = VictimProcess(backend, connect_timeout=5.0, limit_setup=LOWER_DESCRIPTOR_LIMIT)
+    stop = threading.Event()
+    flood = silent_flood(backend, victim.endpoint, 1000, stop)
+    try:
+        time.sleep(3)  # the flood's first sockets are dropped: it comes and goes at its full rate
+        member = transport(backend, "member", connect_timeout=10)
+        victim.process.stdin.write("hold\n")
+        victim.process.stdin.flush()
+        started = time.monotonic()
+        connection = member.connect(victim.endpoint)
+        connected_in = time.monotonic() - started
+        assert victim.answer() == {"peer": "member"}
+        length = 1 << 20
+        region = member.allocate_region(length)
+        grant = connection.grant(100, region, 0, length)
+        time.sleep(0.5)  # the grant (over shm: the region's descriptor first) reaches the victim
+        answer = victim.ask(f"write 100 {length}")
+        assert answer["write"][0] == "ok", answer
+        assert grant.wait(10) == length
+        assert bytes(memoryview(region)) == pattern(length, seed=100)
+        print(f"\n{backend}: connected in {connected_in:.2f} s under {flood.opened} silent sockets")
+        assert connected_in < 1, f"connecting took {connected_in:.2f} s"
+        connection.close()
+    finally:
+        stop.set()
+        flood.join(10)
+        victim.assert_alive()
+        victim.stop()
+
+
+def test_a_descriptor_that_cannot_be_received_is_this_processs_shortage_not_the_peers_fault():
+    """shm only: the victim has no descriptor left when a peer shares a region; the kernel drops
+    the region's descriptor (MSG_CTRUNC). The connection ends with a ResourceLimitError naming
+    RLIMIT_NOFILE and `ulimit -n`, and the peer is told so (it was told it broke the protocol by
+    sending SHM_REGION without a descriptor)."""
+    victim = VictimProcess("shm")
+    try:
+        peer = victim.holding_raw_peer(KEY, "sharer")
+        exhausted = victim.ask("exhaust_descriptors")
+        assert exhausted["stopped_by"] == "Too many open files", exhausted
+        peer.share_region(1, 4096)
+        reason = peer.receive_until_closed()
+        victim.ask("release_descriptors")
+        assert reason and "out of file descriptors" in reason and "RLIMIT_NOFILE" in reason, reason
+        assert "broke the tf_rdma protocol" not in reason, reason
+        kind, message = victim.ask("write 100 10")["write"]
+        assert kind == "ResourceLimitError", (kind, message)
+        assert "out of file descriptors" in message and "ulimit -n" in message and "sharer" in message, message
+        peer.close()
     finally:
         victim.assert_alive()
         victim.stop()

@@ -15,6 +15,8 @@ Prints {"endpoint": ...}, then answers each command line on stdin with one JSON 
                    landed are pattern(LEGIT_CAPACITY, SEED) exactly
   baseline         record the descriptors and threads open now as the level to come back to
   dial ENDPOINT    connect to ENDPOINT as a member would; report the peer's name, or the error
+  exhaust_descriptors  open /dev/null until the process is at RLIMIT_NOFILE; report how many
+  release_descriptors  close those again
 """
 import gc
 import hashlib
@@ -26,6 +28,7 @@ import tempfile
 import time
 
 from tests.transport.helpers import HOST, next_line, pattern, transport
+from tests.transport.wire_client import RawPeer
 from tf_rdma import errors
 from tf_rdma.config import load_config
 
@@ -73,6 +76,7 @@ class Victim:
         self.attacked = None
         self.dialled = None
         self.held = None
+        self.hogged = []
 
     def attack(self):
         connection = self.listener.accept(10)
@@ -154,6 +158,19 @@ class Victim:
         self.dialled = connection  # kept open: what it connected to stays visible to the test
         return {"connected": connection.peer_name}
 
+    def exhaust_descriptors(self):
+        try:
+            while True:
+                self.hogged.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError as error:
+            return {"opened": len(self.hogged), "stopped_by": error.strerror}
+
+    def release_descriptors(self):
+        for fd in self.hogged:
+            os.close(fd)
+        self.hogged = []
+        return {"released": True}
+
     def baseline(self):
         gc.collect()
         self.level = (open_descriptors(), threads())
@@ -195,6 +212,14 @@ class VictimProcess:
     def logged(self):
         self.log.seek(0)
         return self.log.read()
+
+    def holding_raw_peer(self, key, name):
+        """A peer written from the wire format (wire_client.RawPeer), handshaken under `name`, whose
+        connection the victim holds (its `write` command writes on it)."""
+        peer = RawPeer(self.backend, self.endpoint)
+        peer.handshake(key, name=name)
+        assert self.ask("hold") == {"peer": name}
+        return peer
 
     def legit_peer_moves_data(self, member, seed):
         """A legitimate peer connects through the same listener and writes; what landed must be

@@ -25,9 +25,64 @@
 namespace tf_rdma {
 namespace {
 
-// Bytes of peers' regions every shm connection of this process maps together, against
-// TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL: reserved before a region is mapped, given back with it.
-std::atomic<uint64_t> process_mapped_bytes{0};
+// Bytes of peers' regions this process maps: in all, against TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
+// and by peer name, every connection under a name together, against
+// TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER: a key holder's connections under one name get no more
+// than one connection would, and cannot take the total from other names. Reserved before a
+// region is mapped, given back with it.
+class MappedBytes {
+ public:
+  // Reserves `region`'s bytes for the peer `name`, whose connection at hand maps
+  // `connection_bytes` already.
+  absl::Status Reserve(const std::string& name, uint64_t connection_bytes, const wire::ShmRegion& region,
+                       const TransportLimits& limits) {
+    const uint64_t per_peer = limits.shm_max_mapped_bytes_per_peer;
+    if (region.size > per_peer - connection_bytes) {
+      // More than the connection may map on its own: the peer ignored the limit it was given.
+      return absl::DataLossError(absl::StrCat(
+          "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
+          per_peer, " bytes of the peer's regions, the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets"));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto found = by_name_.find(name);
+    const uint64_t by_name = found == by_name_.end() ? 0 : found->second;
+    if (region.size > per_peer - by_name) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
+          per_peer, " bytes of the regions of peers named ", name, " (", by_name,
+          " mapped now, over all their connections), the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets for "
+          "every peer name"));
+    }
+    if (region.size > limits.shm_max_mapped_bytes_total - std::min(limits.shm_max_mapped_bytes_total, total_)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
+          limits.shm_max_mapped_bytes_total, " bytes of all its peers' regions together (", total_,
+          " mapped now), the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL sets"));
+    }
+    by_name_[name] = by_name + region.size;
+    total_ += region.size;
+    return absl::OkStatus();
+  }
+
+  void Release(const std::string& name, uint64_t bytes) {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    total_ -= bytes;
+    auto it = by_name_.find(name);
+    it->second -= bytes;
+    if (it->second == 0) by_name_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t total_ = 0;
+  std::unordered_map<std::string, uint64_t> by_name_;  // names with bytes mapped only
+};
+
+MappedBytes& ProcessMappedBytes() {
+  static auto* mapped = new MappedBytes;  // never destroyed: connections may outlive static destruction
+  return *mapped;
+}
 
 // A peer maps our region: once the size is sealed, it can rely on every mapped page existing.
 constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
@@ -53,7 +108,7 @@ class SharedRegion : public MemoryRegion {
 class ShmConnection : public StreamConnection {
  public:
   using StreamConnection::StreamConnection;
-  ~ShmConnection() override { process_mapped_bytes.fetch_sub(mapped_bytes_); }
+  ~ShmConnection() override { ProcessMappedBytes().Release(peer_name(), mapped_bytes_); }
 
  protected:
   absl::Status CheckLocalRegion(const MemoryRegion& region) override {
@@ -139,7 +194,7 @@ class ShmConnection : public StreamConnection {
     if (fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) != region.size ||
         seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
       close(fd);
-      process_mapped_bytes.fetch_sub(region.size);
+      ProcessMappedBytes().Release(peer_name(), region.size);
       return absl::DataLossError(absl::StrCat("SHM_REGION ", region.region_id,
                                               ": descriptor is not a sealed region of ", region.size,
                                               " bytes"));
@@ -148,14 +203,14 @@ class ShmConnection : public StreamConnection {
     void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
-      process_mapped_bytes.fetch_sub(region.size);
+      ProcessMappedBytes().Release(peer_name(), region.size);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot map the peer's region of ", region.size, " bytes: ", std::strerror(errno)));
     }
     auto mapping = std::make_shared<const Mapping>(static_cast<char*>(base), length, region.size);
     std::lock_guard<std::mutex> lock(mappings_mu_);
     if (!mappings_.emplace(region.region_id, mapping).second) {
-      process_mapped_bytes.fetch_sub(region.size);
+      ProcessMappedBytes().Release(peer_name(), region.size);
       return absl::DataLossError(absl::StrCat("region ", region.region_id, " shared twice"));
     }
     mapped_bytes_ += region.size;
@@ -170,7 +225,7 @@ class ShmConnection : public StreamConnection {
                                               ", which the peer has not shared"));
     }
     mapped_bytes_ -= it->second->size;
-    process_mapped_bytes.fetch_sub(it->second->size);
+    ProcessMappedBytes().Release(peer_name(), it->second->size);
     mappings_.erase(it);  // unmapped now, or once a copy into it finished
     return absl::OkStatus();
   }
@@ -190,31 +245,15 @@ class ShmConnection : public StreamConnection {
 
   // Whether mapping `region` keeps this peer within its share of our address space; checked on
   // the declared size, before anything is mapped (a sparse memfd costs its sender nothing).
+  // Reserved now, before mapping, so concurrent connections cannot pass the limits together;
+  // given back if the region is refused below, and when the connection goes.
   absl::Status CheckMappingLimits(const wire::ShmRegion& region) {
-    const uint64_t limit = options().limits.shm_max_mapped_bytes_per_peer;
     std::lock_guard<std::mutex> lock(mappings_mu_);
     if (mappings_.size() >= kMaxRegionsPerPeer) {
       return absl::DataLossError(absl::StrCat("SHM_REGION ", region.region_id, ": the peer shared more than ",
                                               kMaxRegionsPerPeer, " regions, the most one peer may"));
     }
-    if (region.size > limit - mapped_bytes_) {
-      return absl::DataLossError(absl::StrCat(
-          "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
-          limit, " bytes of the peer's regions, the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets"));
-    }
-    // Reserved now, before mapping, so concurrent connections cannot pass the total together;
-    // given back if the region is refused below, and when the connection goes.
-    const uint64_t total = options().limits.shm_max_mapped_bytes_total;
-    uint64_t mapped = process_mapped_bytes.load();
-    do {
-      if (region.size > total - std::min(total, mapped)) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
-            total, " bytes of all its peers' regions together (", mapped,
-            " mapped now), the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL sets"));
-      }
-    } while (!process_mapped_bytes.compare_exchange_weak(mapped, mapped + region.size));
-    return absl::OkStatus();
+    return ProcessMappedBytes().Reserve(peer_name(), mapped_bytes_, region, options().limits);
   }
 
   // Our regions shared with the peer, by id; guarded by the connection's lock.

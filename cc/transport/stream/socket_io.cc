@@ -1,5 +1,6 @@
 #include "cc/transport/stream/socket_io.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -75,9 +76,35 @@ absl::Status SetReceiveTimeout(int fd, absl::Duration limit) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Descriptors one receive takes: a tf_rdma peer passes one per send, and a receive ends with the
+// send that passed descriptors.
+constexpr size_t kDescriptorsPerReceive = 4;
+
+// Why the kernel dropped descriptors the peer passed (MSG_CTRUNC), given how many it delivered.
+// A full control buffer means the peer passed more than it holds; fewer means one could not be
+// installed here: this process (or the host) is out of descriptors, no fault of the peer's.
+absl::Status DroppedDescriptors(size_t delivered) {
+  if (delivered == kDescriptorsPerReceive) {
+    return absl::DataLossError(absl::StrCat("the peer passed more than ", kDescriptorsPerReceive,
+                                            " file descriptors with one send; a tf_rdma peer passes one"));
+  }
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this process is out of file descriptors: one the peer passed (its shared memory) could not be received, "
+      "at the limit RLIMIT_NOFILE sets (",
+      limit.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(limit.rlim_cur),
+      " here; or the host's fs.file-max). Raise it (`ulimit -n`, LimitNOFILE= in a systemd unit, "
+      "--ulimit nofile= for docker) or open fewer files and connections in the process"));
+}
+
+}  // namespace
+
 absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::deque<int>* received_fds,
                                    bool nonblocking) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kDescriptorsPerReceive)];
   while (true) {
     iovec iov{dst, capacity};
     msghdr msg{};
@@ -99,19 +126,24 @@ absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::dequ
       }
       return absl::UnavailableError(ErrnoMessage("receive failed", errno));
     }
+    int passed[kDescriptorsPerReceive];
+    size_t delivered = 0;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int passed;
-        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (received_fds != nullptr) {
-          received_fds->push_back(passed);
-        } else {
-          close(passed);
-        }
+      for (size_t i = 0; i < count && delivered < kDescriptorsPerReceive; ++i) {
+        std::memcpy(&passed[delivered++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
       }
     }
+    const bool dropped = (msg.msg_flags & MSG_CTRUNC) != 0;
+    for (size_t i = 0; i < delivered; ++i) {
+      if (received_fds != nullptr && !dropped) {
+        received_fds->push_back(passed[i]);
+      } else {
+        close(passed[i]);
+      }
+    }
+    if (dropped) return DroppedDescriptors(delivered);
     if (got == 0) return absl::UnavailableError("the peer closed the connection");
     return static_cast<size_t>(got);
   }

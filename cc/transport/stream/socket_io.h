@@ -39,7 +39,10 @@ absl::StatusOr<size_t> ReceiveSome(int fd, char* dst, size_t capacity, std::dequ
 // Fills [dst, dst + length). Fails with kUnavailable when the peer closed the stream and with
 // kDeadlineExceeded when no byte arrived within the receive timeout, or when `deadline` (if not
 // infinite) passed: a peer that trickles bytes cannot stretch it. Descriptors passed by the peer
-// are appended to `received_fds` (owned by the caller) when it is not null, else closed.
+// are appended to `received_fds` (owned by the caller) when it is not null, else closed; when the
+// kernel dropped some (MSG_CTRUNC), none are, and it fails: kResourceExhausted naming
+// RLIMIT_NOFILE when this process had no descriptor left to receive one, kDataLoss when the peer
+// passed more with one send than a tf_rdma peer does.
 absl::Status ReceiveExact(int fd, char* dst, size_t length, std::deque<int>* received_fds,
                           absl::Time deadline = absl::InfiniteFuture());
 

@@ -1,10 +1,12 @@
 #include "cc/transport/stream/stream_transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,6 +42,23 @@ void RefuseBeforeHandshake(int client, const absl::Status& why) {
   close(client);
 }
 
+// Clients that every listener of this process holds before their first byte, counted together
+// against the descriptors the process has left.
+std::atomic<size_t> silent_clients{0};
+
+// Descriptors this process has open, or nullopt when they cannot be listed (no descriptor left to
+// list them with).
+std::optional<size_t> OpenDescriptors() {
+  DIR* listing = opendir("/proc/self/fd");
+  if (listing == nullptr) return std::nullopt;
+  size_t entries = 0;
+  while (const dirent* entry = readdir(listing)) {
+    if (entry->d_name[0] != '.') ++entries;
+  }
+  closedir(listing);
+  return entries - 1;  // the listing's own
+}
+
 // Where an accepted client comes from, for the per-source limits: its IP address (any port), or
 // for a Unix socket the user it runs as.
 std::string SourceOf(int fd) {
@@ -60,9 +79,13 @@ std::string SourceOf(int fd) {
 // Accepts on its own thread, and handshakes each client that sent its first byte on a thread of
 // its own (HandshakeThreads); joins them all when destroyed, so nothing it started outlives it.
 // A client that sends nothing holds only its descriptor, never a handshake slot, for at most
-// kFirstByteDeadline; past kMaxWaiting such clients (kMaxWaitingPerSource from one source), the
-// one waiting longest goes: silent sockets cannot lock legitimate peers out. Running out of
-// descriptors, threads or memory refuses clients for a while, never for good.
+// kFirstByteDeadline. Such clients of all listeners together hold at most half the descriptors
+// RLIMIT_NOFILE leaves the process beside everything else it has open (and at most kMaxWaiting),
+// half of that from one source: the other half stays for connections and the shm regions their
+// peers pass, however fast silent sockets arrive. Past it the one waiting longest goes, not the
+// newcomer: a tf_rdma client speaks at once, so it is never the one waiting longest, while
+// refusing newcomers would lock peers out for as long as a flood holds its places. Running out
+// of descriptors, threads or memory refuses clients for a while, never for good.
 class StreamListener : public Listener {
  public:
   using Handshake = std::function<void(int fd)>;
@@ -80,6 +103,7 @@ class StreamListener : public Listener {
     accept_thread_.join();
     handshakes_.reset();
     for (const Waiting& waiting : waiting_) close(waiting.fd);
+    silent_clients -= waiting_.size();
     close(wake_fd_);
     close(epoll_fd_);
     close(fd_);
@@ -138,7 +162,7 @@ class StreamListener : public Listener {
       }
       DropSilent(absl::Now());
       if ((listening_ready || accept_again != absl::InfinitePast()) && absl::Now() >= accept_again) {
-        if (AcceptAll(backoff)) {
+        if (AcceptSome(backoff)) {
           accept_again = absl::InfinitePast();
           backoff = kFirstBackoff;
         } else {
@@ -149,14 +173,24 @@ class StreamListener : public Listener {
     }
   }
 
-  // Accepts every client waiting in the backlog; false when short of descriptors or memory (the
-  // rest wait in the backlog until `backoff` passed: retrying at once would only spin).
-  bool AcceptAll(absl::Duration backoff) {
-    while (!stopping_) {
+  // Accepts the clients waiting in the backlog, kAcceptsPerRound at most: the first bytes of
+  // those accepted are seen to before more come, so a flood cannot push a peer that spoke out as
+  // the one waiting longest. False when short of descriptors or memory (the rest wait in the
+  // backlog until `backoff` passed: retrying at once would only spin).
+  bool AcceptSome(absl::Duration backoff) {
+    for (int round = 0; round < kAcceptsPerRound && !stopping_; ++round) {
       const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
         const int error = errno;
         if (error == EAGAIN || error == EWOULDBLOCK) return true;
+        if ((error == EMFILE || error == ENFILE) && !waiting_.empty()) {
+          // The oldest silent client's descriptor is worth less than the next client's.
+          MakeRoom(waiting_.begin(), absl::ResourceExhaustedError(
+                                         "the listener dropped this client, silent while the process ran out of "
+                                         "descriptors"));
+          counted_at_ = absl::InfinitePast();
+          continue;
+        }
         if (ResourceShortage(error)) {
           LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: cannot accept on " << endpoint_.ToString() << ": "
                                        << std::strerror(error) << "; retrying in "
@@ -174,22 +208,10 @@ class StreamListener : public Listener {
     return true;
   }
 
-  // Holds `client` until its first byte (or its hang-up) arrives, making room if need be.
+  // Holds `client` until its first byte (or its hang-up) arrives, then makes room if need be: the
+  // oldest from its source past that source's share, the oldest of all past the process's (a
+  // newcomer that has not spoken is dropped itself when the others are not this listener's).
   void Wait(int client) {
-    Waiting waiting{client, SourceOf(client), absl::Now()};
-    const size_t from_source = std::count_if(waiting_.begin(), waiting_.end(),
-                                             [&](const Waiting& w) { return w.source == waiting.source; });
-    if (from_source >= kMaxWaitingPerSource || waiting_.size() >= kMaxWaiting) {
-      auto oldest = from_source >= kMaxWaitingPerSource
-                        ? std::find_if(waiting_.begin(), waiting_.end(),
-                                       [&](const Waiting& w) { return w.source == waiting.source; })
-                        : waiting_.begin();
-      Unwatch(oldest->fd);
-      RefuseBeforeHandshake(oldest->fd, absl::ResourceExhaustedError(absl::StrCat(
-                                            "the listener dropped this client, silent while ",
-                                            waiting_.size(), " more clients connected")));
-      waiting_.erase(oldest);
-    }
     epoll_event event{};
     event.events = EPOLLIN | EPOLLRDHUP;
     event.data.fd = client;
@@ -198,7 +220,53 @@ class StreamListener : public Listener {
                                         ErrnoMessage("the listener cannot watch the client", errno)));
       return;
     }
-    waiting_.push_back(std::move(waiting));
+    waiting_.push_back(Waiting{client, SourceOf(client), absl::Now()});
+    ++silent_clients;
+    const size_t allowed = SilentClientsAllowed(waiting_.back().since);
+    const std::string source = waiting_.back().source;
+    const auto same_source = [&](const Waiting& w) { return w.source == source; };
+    if (static_cast<size_t>(std::count_if(waiting_.begin(), waiting_.end(), same_source)) >
+        std::max<size_t>(allowed / 2, 1)) {
+      MakeRoom(std::find_if(waiting_.begin(), waiting_.end(), same_source), CrowdedOut(allowed));
+    }
+    while (silent_clients > allowed && !waiting_.empty()) MakeRoom(waiting_.begin(), CrowdedOut(allowed));
+  }
+
+  static absl::Status CrowdedOut(size_t allowed) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the listener dropped this client, silent while clients that had not spoken held the ", allowed,
+        " descriptors its process spares them (half of what RLIMIT_NOFILE leaves, at most ", kMaxWaiting, ")"));
+  }
+
+  // How many clients of the whole process may wait for their first byte: half the descriptors
+  // that neither they nor anything else holds (RLIMIT_NOFILE less what is open), read when clients
+  // come, at most every kRecount (listing /proc/self/fd costs a syscall per 32 or so descriptors).
+  size_t SilentClientsAllowed(absl::Time now) {
+    if (now - counted_at_ < kRecount) return allowed_;
+    counted_at_ = now;
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+      allowed_ = kMaxWaiting;
+      return allowed_;
+    }
+    const size_t most = limit.rlim_cur;
+    const size_t silent = std::min<size_t>(silent_clients, most);
+    const std::optional<size_t> open = OpenDescriptors();
+    // Unlistable, the process has no descriptor left: only what the silent clients hold can be spared.
+    const size_t held_by_others = open ? *open - std::min(*open, silent) : most - silent;
+    allowed_ = std::min(kMaxWaiting, (most - std::min(most, held_by_others)) / 2);
+    return allowed_;
+  }
+
+  // Takes `waiting` off the waiting clients: dropped for `why`, unless it spoke since the last
+  // epoll_wait (clients accepted in one round may all have), then its handshake starts.
+  void MakeRoom(std::deque<Waiting>::iterator waiting, const absl::Status& why) {
+    char byte;
+    if (recv(waiting->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Drop(waiting, why);
+    } else {
+      FirstByte(waiting->fd);  // its bytes, its hang-up or its error: the handshake sees which
+    }
   }
 
   // `fd` sent its first byte (or hung up): its handshake starts, if a slot is free.
@@ -208,6 +276,7 @@ class StreamListener : public Listener {
     Unwatch(fd);
     const std::string source = it->source;
     waiting_.erase(it);
+    --silent_clients;
     absl::Status started = handshakes_->Start(source, [this, fd] { handshake_(fd); });
     if (!started.ok()) {
       LOG_EVERY_N_SEC(WARNING, 10) << "tf_rdma: refused a connection on " << endpoint_.ToString()
@@ -216,14 +285,19 @@ class StreamListener : public Listener {
     }
   }
 
+  // Refuses a waiting client and forgets it.
+  void Drop(std::deque<Waiting>::iterator waiting, const absl::Status& why) {
+    Unwatch(waiting->fd);
+    RefuseBeforeHandshake(waiting->fd, why);
+    waiting_.erase(waiting);
+    --silent_clients;
+  }
+
   void DropSilent(absl::Time now) {
     while (!waiting_.empty() && now - waiting_.front().since >= first_byte_deadline_) {
-      const int fd = waiting_.front().fd;
-      Unwatch(fd);
-      RefuseBeforeHandshake(fd, absl::DeadlineExceededError(absl::StrCat(
-                                    "the client sent nothing within ",
-                                    absl::FormatDuration(first_byte_deadline_), " of connecting")));
-      waiting_.pop_front();
+      Drop(waiting_.begin(), absl::DeadlineExceededError(absl::StrCat("the client sent nothing within ",
+                                                                      absl::FormatDuration(first_byte_deadline_),
+                                                                      " of connecting")));
     }
   }
 
@@ -248,7 +322,8 @@ class StreamListener : public Listener {
   static constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
   static constexpr absl::Duration kLastBackoff = absl::Seconds(1);
   static constexpr size_t kMaxWaiting = 4096;
-  static constexpr size_t kMaxWaitingPerSource = 2048;
+  static constexpr int kAcceptsPerRound = 64;
+  static constexpr absl::Duration kRecount = absl::Milliseconds(100);
 
   const int fd_;
   const int epoll_fd_;
@@ -258,6 +333,8 @@ class StreamListener : public Listener {
   const Handshake handshake_;
   std::atomic<bool> stopping_{false};
   std::deque<Waiting> waiting_;  // oldest first; the accept thread's only
+  absl::Time counted_at_ = absl::InfinitePast();  // SilentClientsAllowed's, the accept thread's only
+  size_t allowed_ = kMaxWaiting;
   std::optional<HandshakeThreads> handshakes_;  // reset: joined before fd_ closes
   std::thread accept_thread_;
 };
