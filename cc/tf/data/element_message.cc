@@ -50,19 +50,13 @@ class Reader {
   uint64_t left_;
 };
 
-uint64_t Load64(const uint8_t* bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(bytes[i]) << (8 * i);
-  return v;
-}
-
 absl::Status Malformed(const std::string& what, const std::string& why) {
   return absl::DataLossError(absl::StrCat("malformed tf.data ", what, " from the peer: ", why));
 }
 
 Tag TagOf(const std::string& name) {
   const Sha256Digest digest = Sha256(name);
-  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+  return Tag{LoadLittleEndian64(digest.data()), LoadLittleEndian64(digest.data() + 8)};
 }
 
 }  // namespace

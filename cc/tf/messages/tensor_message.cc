@@ -12,23 +12,23 @@ namespace {
 
 constexpr uint32_t kHeaderMagic = 0x4d524654;  // "TFRM"
 
-uint64_t Load64(const uint8_t* bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(bytes[i]) << (8 * i);
-  return v;
-}
-
 void Append(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 }  // namespace
 
+uint64_t LoadLittleEndian64(const uint8_t* bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  return v;
+}
+
 TransferTags TagsFor(std::string_view transfer, int64_t step_id) {
   // A cryptographic digest: tags of distinct transfers must not collide, whatever the names.
   const Sha256Digest digest = Sha256(absl::StrCat("tensor;", transfer, ";", step_id));
-  const uint64_t hi = Load64(digest.data());
-  const uint64_t lo = Load64(digest.data() + 8) & ~uint64_t{1};
+  const uint64_t hi = LoadLittleEndian64(digest.data());
+  const uint64_t lo = LoadLittleEndian64(digest.data() + 8) & ~uint64_t{1};
   return TransferTags{Tag{hi, lo}, Tag{hi, lo | 1}};
 }
 
@@ -36,13 +36,13 @@ Tag CollectiveTag(std::string_view key, int64_t step_id, std::string_view from_d
                   std::string_view to_device) {
   const Sha256Digest digest =
       Sha256(absl::StrCat("collective;", key, ";", step_id, ";", from_device, ";", to_device));
-  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+  return Tag{LoadLittleEndian64(digest.data()), LoadLittleEndian64(digest.data() + 8)};
 }
 
 Tag FusedTag(uint64_t group, int64_t step_id, std::string_view from_device, std::string_view to_device) {
   const Sha256Digest digest =
       Sha256(absl::StrCat("fused;", group, ";", step_id, ";", from_device, ";", to_device));
-  return Tag{Load64(digest.data()), Load64(digest.data() + 8)};
+  return Tag{LoadLittleEndian64(digest.data()), LoadLittleEndian64(digest.data() + 8)};
 }
 
 bool TravelsAsBytes(tensorflow::DataType dtype) {
@@ -69,14 +69,14 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
     return absl::DataLossError(absl::StrCat("malformed tensor header from the peer: ", why));
   };
   if (length < 24) return malformed(absl::StrCat(length, " bytes"));
-  if (static_cast<uint32_t>(Load64(in)) != kHeaderMagic) return malformed("bad magic");
+  if (static_cast<uint32_t>(LoadLittleEndian64(in)) != kHeaderMagic) return malformed("bad magic");
   TensorHeader header;
-  header.dead = (Load64(in + 4) & 0xffffffff) != 0;
+  header.dead = (LoadLittleEndian64(in + 4) & 0xffffffff) != 0;
   *data_offset = 24;
   if (header.dead) return header;
-  header.dtype = static_cast<tensorflow::DataType>(Load64(in + 8) & 0xffffffff);
-  const uint64_t dims = Load64(in + 12) & 0xffffffff;
-  header.data_bytes = Load64(in + 16);
+  header.dtype = static_cast<tensorflow::DataType>(LoadLittleEndian64(in + 8) & 0xffffffff);
+  const uint64_t dims = LoadLittleEndian64(in + 12) & 0xffffffff;
+  header.data_bytes = LoadLittleEndian64(in + 16);
   if (!tensorflow::DataType_IsValid(header.dtype) || header.dtype == tensorflow::DT_INVALID ||
       tensorflow::IsRefType(header.dtype)) {
     return malformed(absl::StrCat("dtype ", static_cast<int>(header.dtype)));
@@ -90,7 +90,7 @@ absl::StatusOr<TensorHeader> DecodeHeader(const char* bytes, uint64_t length, ui
     return malformed(absl::StrCat(dims, " dimensions and ", inline_bytes, " inline bytes in ", length, " bytes"));
   }
   for (uint64_t i = 0; i < dims; ++i) {
-    const auto size = static_cast<int64_t>(Load64(in + 24 + 8 * i));
+    const auto size = static_cast<int64_t>(LoadLittleEndian64(in + 24 + 8 * i));
     absl::Status added = header.shape.AddDimWithStatus(size);
     if (!added.ok()) return malformed(std::string(added.message()));
   }
@@ -168,7 +168,7 @@ absl::StatusOr<std::string_view> ReadFusedSlot(const char* slot, uint64_t capaci
   if (capacity < kSlotLengthBytes) {
     return absl::InternalError(absl::StrCat("a fused slot of ", capacity, " bytes"));
   }
-  const uint64_t length = Load64(reinterpret_cast<const uint8_t*>(slot));
+  const uint64_t length = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(slot));
   if (length > capacity - kSlotLengthBytes) {
     return absl::DataLossError(absl::StrCat("malformed fused message from the peer: a member of ", length,
                                             " bytes in a slot of ", capacity));

@@ -31,6 +31,10 @@ struct TransferTags {
   Tag data;
 };
 
+// The 8 bytes at `bytes` as a little-endian number: how tf_rdma's messages store numbers, and
+// how tags are taken from digests.
+uint64_t LoadLittleEndian64(const uint8_t* bytes);
+
 // `transfer` is the rendezvous key (devices, incarnation, tensor name, frame and iteration).
 TransferTags TagsFor(std::string_view transfer, int64_t step_id);
 // One message carrying a collective's buffer: the collective's key names the buffer within a
