@@ -54,11 +54,11 @@ class _Rates:
             return {}
         seconds = now - last[0]
         rates = {}
-        for key, (sent, received) in totals.items():
-            sent_before, received_before = last[1].get(key, (0, 0))
+        for key, now_totals in totals.items():
+            before = last[1].get(key, (0, 0))
             # reset_stats() in between makes a total go down: the interval starts from zero then.
-            rates[key] = (max(0, sent - (sent_before if sent >= sent_before else 0)) / seconds,
-                          max(0, received - (received_before if received >= received_before else 0)) / seconds)
+            rates[key] = tuple((total - earlier if total >= earlier else total) / seconds
+                               for total, earlier in zip(now_totals, before))
         return rates
 
 

@@ -5,7 +5,7 @@
 // A span ends on another thread than it started on, often (a send's last write completes on a
 // transport thread), and what it carried is known only at its end (a receive's bytes), so it is
 // recorded whole at its end, with its start time, on the ending thread. With no profiler
-// recording, a span costs one relaxed load of TensorFlow's trace level at either end; a build
+// recording, a span costs one atomic load of TensorFlow's trace level at either end; a build
 // with -DTF_RDMA_NO_TRACE_EVENTS has none at all (to measure that cost against).
 #ifndef TF_RDMA_CC_TF_PROFILING_TRACE_SPAN_H_
 #define TF_RDMA_CC_TF_PROFILING_TRACE_SPAN_H_
