@@ -294,6 +294,8 @@ HANDLING = (("treated as a transient connectivity failure", "transient, step ret
 # as absl does, "I0000 00:00:1796236505.480491  16220 file.cc:153] ..." (seconds since the epoch
 # while absl's logging is not initialised, as in these tasks).
 TASK_LOG_FORMAT = "%(created).6f %(levelname)s %(message)s"  # the C++ lines' clock
+# The lines TensorFlow puts before a graph's error, naming no cause.
+TENSORFLOW_PREAMBLE = ("Graph execution error:", "Detected at node", "<stack traces unavailable>")
 LOG_LINE = re.compile(r"\n(?:\d+\.\d+ (?:CRITICAL|ERROR|WARNING|INFO|DEBUG) |[IWEF]\d{4} \d\d:\d\d:)")
 
 
@@ -307,9 +309,13 @@ def _errors_seen(chief_log):
         end = LOG_LINE.search(rest)
         message = rest[:end.start() if end else len(rest)]
         handling = next((h for words, h in HANDLING if words in match.group(1) + message), "handling not known")
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
-        cause = next((line for line in lines if line.startswith("tf_rdma:")), " ".join(lines[:3]))
+        lines = [line.strip() for line in message.splitlines()
+                 if line.strip() and not line.strip().startswith(TENSORFLOW_PREAMBLE)]
+        # tf_rdma's words may come quoted inside gRPC's (a ps's failure relayed by the worker).
+        cause = next((line[line.index("tf_rdma:"):] for line in lines if "tf_rdma:" in line), " ".join(lines[:3]))
         entry = seen.setdefault(f"{match.group(2)} ({handling})", {"count": 0, "example": cause[:400]})
+        if "tf_rdma:" in cause and "tf_rdma:" not in entry["example"]:
+            entry["example"] = cause[:400]  # tf_rdma's own words, where any occurrence has them
         entry["count"] += 1
     return seen
 

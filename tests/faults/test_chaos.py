@@ -63,11 +63,11 @@ def test_a_short_chaos_run_recovers_without_a_hang_a_lost_step_or_growth():
     assert ours["lost_steps"] == 0 and ours["steps_after_last_fault"] > 0, ours
     assert ours["flat"], ours["flatness"]
     # Every failure TensorFlow recovered from is one a lost worker or ps link makes, and tf_rdma's
-    # name the peer.
+    # name the peer (the others are the coordinator's own calls, on gRPC).
     classes = {error.split()[0] for error in ours["errors"]}
     assert classes <= {"UnavailableError", "AbortedError", "CancelledError"}, ours["errors"]
     for entry in ours["errors"].values():
-        assert "/job:" in entry["example"], entry
+        assert "tf_rdma:" not in entry["example"] or "/job:" in entry["example"], entry
     # Training went on through the faults as over gRPC: both models learned, to comparable losses.
     for run in (stock, ours):
         assert "final_loss" in run and run["final_loss"] < 0.5 * run["initial_loss"], run
@@ -89,6 +89,15 @@ def test_the_schedule_is_the_seeds_one_fault_of_each_kind_apart_in_the_first_thr
 # What TensorFlow 2.21's cluster_coordinator logs (tasks run with bench_chaos.TASK_LOG_FORMAT), between
 # C++ lines (TensorFlow's and tf_rdma's, absl's format).
 COORDINATOR_LOG = """1796236590.000001 INFO Waiting for all global closures to be finished.
+1796236590.500000 ERROR Remote function on worker /job:worker/replica:0/task:2 failed with UnavailableError():Socket closed
+It is treated as a transient connectivity failure for now.
+1796236590.750000 ERROR Remote function on worker /job:worker/replica:0/task:2 failed with UnavailableError():Graph execution error:
+
+Detected at node mul_1/_6 defined at (most recent call last):
+<stack traces unavailable>
+Additional GRPC error information from remote target /job:ps/replica:0/task:1 while calling RunComponentFunction:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:" tf_rdma: receiving 'edge_35_mul_1' from task /job:worker/replica:0/task:2 failed"}
+It is treated as a transient connectivity failure for now.
 1796236591.250000 ERROR Remote function on worker /job:worker/replica:0/task:1 failed with UnavailableError():Graph execution error:
 
 Detected at node ...
@@ -108,7 +117,9 @@ def test_the_coordinators_failures_are_counted_by_class_and_handling_with_their_
     assert seen.keys() == {"UnavailableError (transient, step retried)",
                            "UnavailableError (worker failure, steps retried once it is back)"}
     transient = seen["UnavailableError (transient, step retried)"]
-    assert transient["count"] == 1 and transient["example"].startswith("tf_rdma: receiving 'edge_45'")
+    # tf_rdma's words where any occurrence has them, the first such, found inside gRPC's too.
+    assert transient["count"] == 3 and transient["example"].startswith(
+        "tf_rdma: receiving 'edge_35_mul_1' from task /job:worker/replica:0/task:2"), transient
     worker = seen["UnavailableError (worker failure, steps retried once it is back)"]
     # The message ends where the next line of a log begins, a C++ one too.
     assert worker["count"] == 2 and worker["example"] == (
