@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <iterator>
-#include <cctype>
 #include <map>
 #include <set>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/transport/crypto.h"
@@ -72,8 +72,6 @@ absl::Status ParseLimit(const std::string& name, const std::string& value, uint6
 // A secret longer than this is not a secret someone typed or mounted by mistake: refused.
 constexpr size_t kMaxSecretLength = 4096;
 
-// The command runs as printed in the environment that got the error: tf_rdma's import refuses
-// that environment's secret, so the command drops both variables that could carry it.
 // SecretFlaw's rule, as the error states it.
 constexpr char kSecretRule[] =
     "A secret must be at least 16 random bytes written as hex (32 digits or more) or base64 or "
@@ -81,6 +79,8 @@ constexpr char kSecretRule[] =
     "digits, 7 base64 characters) repeated or a run, not letters of one case only, and not a UUID "
     "(see docs/security.md)";
 
+// The command runs as printed in the environment that got the error: tf_rdma's import refuses
+// that environment's secret, so the command drops both variables that could carry it.
 constexpr char kMakeASecret[] =
     "Make one with `env -u TF_RDMA_SECRET -u TF_RDMA_SECRET_FILE python -m tf_rdma secret` (256 "
     "random bits; or `openssl rand -base64 32`) and give every task the same";
@@ -157,12 +157,12 @@ absl::Status CheckSecretStrength(const std::string& variable, const std::string&
       "secret and can test guesses of it offline. ", kMakeASecret, " value."));
 }
 
-bool IsHexDigit(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+// ASCII only, whatever the locale (Python sets LC_CTYPE from the user's: under ISO-8859-1,
+// std::isalnum took byte 0xE9 for a base64 character).
+bool IsHexDigit(char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); }
 bool IsBase64Character(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '+' || c == '/' || c == '-' || c == '_';
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '-' || c == '_';
 }
-bool IsLetter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
-bool IsUpper(char c) { return std::isupper(static_cast<unsigned char>(c)) != 0; }
 
 // Whether `stretch` is one character repeated, or counts up or down one code at a time.
 bool IsRun(std::string_view stretch) {
@@ -213,8 +213,8 @@ std::string SecretFlaw(std::string_view secret) {
     }
     if (!seen.insert(window).second) return absl::StrCat("repeats a stretch of ", stretch, " characters");
   }
-  const size_t upper = std::count_if(text.begin(), text.end(), IsUpper);
-  if (std::all_of(text.begin(), text.end(), IsLetter) && (upper == 0 || upper == text.size())) {
+  const size_t upper = std::count_if(text.begin(), text.end(), [](char c) { return absl::ascii_isupper(static_cast<unsigned char>(c)); });
+  if (std::all_of(text.begin(), text.end(), [](char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)); }) && (upper == 0 || upper == text.size())) {
     return "is letters of one case only, as words are";
   }
   return "";
