@@ -38,7 +38,7 @@ class MappedBytes {
                        const TransportLimits& limits) {
     const uint64_t per_peer = limits.shm_max_mapped_bytes_per_peer;
     if (region.size > per_peer - connection_bytes) {
-      // More than the connection may map on its own: the peer ignored the limit it was given.
+      // One connection past the limit on its own: that peer's fault, whatever its name's others map.
       return absl::DataLossError(absl::StrCat(
           "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
           per_peer, " bytes of the peer's regions, the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER sets"));
@@ -46,7 +46,8 @@ class MappedBytes {
     std::lock_guard<std::mutex> lock(mu_);
     const auto found = by_name_.find(name);
     const uint64_t by_name = found == by_name_.end() ? 0 : found->second;
-    if (region.size > per_peer - by_name) {
+    // min: transports of one process may be given different limits, and share these counts.
+    if (region.size > per_peer - std::min(per_peer, by_name)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "SHM_REGION ", region.region_id, " of ", region.size, " bytes would make this process map more than ",
           per_peer, " bytes of the regions of peers named ", name, " (", by_name,
@@ -59,6 +60,7 @@ class MappedBytes {
           limits.shm_max_mapped_bytes_total, " bytes of all its peers' regions together (", total_,
           " mapped now), the limit TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL sets"));
     }
+    if (region.size == 0) return absl::OkStatus();  // by_name_ holds names with bytes mapped only
     by_name_[name] = by_name + region.size;
     total_ += region.size;
     return absl::OkStatus();
@@ -108,7 +110,15 @@ class SharedRegion : public MemoryRegion {
 class ShmConnection : public StreamConnection {
  public:
   using StreamConnection::StreamConnection;
-  ~ShmConnection() override { ProcessMappedBytes().Release(peer_name(), mapped_bytes_); }
+  ~ShmConnection() override { ReleaseMappings(); }
+
+  // Unmapped (or once a copy into them finished) and given back to the peer name's share when the
+  // connection ends, not when the last holder of this object lets go: a peer that reconnects must
+  // find its name's share free.
+  void OnRemoved() override {
+    StreamConnection::OnRemoved();
+    ReleaseMappings();
+  }
 
  protected:
   absl::Status CheckLocalRegion(const MemoryRegion& region) override {
@@ -242,6 +252,13 @@ class ShmConnection : public StreamConnection {
     const size_t length;  // mapped: at least a page's worth of address space
     const uint64_t size;  // the region's: what grants must lie in
   };
+
+  void ReleaseMappings() {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    ProcessMappedBytes().Release(peer_name(), mapped_bytes_);
+    mapped_bytes_ = 0;
+    mappings_.clear();
+  }
 
   // Whether mapping `region` keeps this peer within its share of our address space; checked on
   // the declared size, before anything is mapped (a sparse memfd costs its sender nothing).
