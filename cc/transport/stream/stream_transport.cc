@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/log/log.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/addresses.h"
 #include "cc/transport/connect_retry.h"
@@ -46,11 +47,15 @@ void RefuseBeforeHandshake(int client, const absl::Status& why) {
 // against the descriptors the process has left.
 std::atomic<size_t> silent_clients{0};
 
-// Descriptors this process has open, or nullopt when they cannot be listed (no descriptor left to
-// list them with).
-std::optional<size_t> OpenDescriptors() {
+// Descriptors this process has open; ResourceExhausted when no descriptor is left to list them
+// with, Unavailable when they cannot be listed otherwise (no /proc in a sandbox).
+absl::StatusOr<size_t> OpenDescriptors() {
   DIR* listing = opendir("/proc/self/fd");
-  if (listing == nullptr) return std::nullopt;
+  if (listing == nullptr) {
+    const int error = errno;
+    if (error == EMFILE || error == ENFILE) return absl::ResourceExhaustedError(ErrnoMessage("opendir", error));
+    return absl::UnavailableError(ErrnoMessage("opendir(/proc/self/fd)", error));
+  }
   size_t entries = 0;
   while (const dirent* entry = readdir(listing)) {
     if (entry->d_name[0] != '.') ++entries;
@@ -209,8 +214,10 @@ class StreamListener : public Listener {
   }
 
   // Holds `client` until its first byte (or its hang-up) arrives, then makes room if need be: the
-  // oldest from its source past that source's share, the oldest of all past the process's (a
-  // newcomer that has not spoken is dropped itself when the others are not this listener's).
+  // oldest from its source past that source's share, this listener's oldest past the process's.
+  // Never the newcomer for the process's share: when the others are another listener's (a flood
+  // on the tcp port, a peer dialling the shm one), that listener makes room at its next client,
+  // so the share is passed by at most one client per listener.
   void Wait(int client) {
     epoll_event event{};
     event.events = EPOLLIN | EPOLLRDHUP;
@@ -229,7 +236,7 @@ class StreamListener : public Listener {
         std::max<size_t>(allowed / 2, 1)) {
       MakeRoom(std::find_if(waiting_.begin(), waiting_.end(), same_source), CrowdedOut(allowed));
     }
-    while (silent_clients > allowed && !waiting_.empty()) MakeRoom(waiting_.begin(), CrowdedOut(allowed));
+    while (silent_clients > allowed && waiting_.size() > 1) MakeRoom(waiting_.begin(), CrowdedOut(allowed));
   }
 
   static absl::Status CrowdedOut(size_t allowed) {
@@ -251,9 +258,13 @@ class StreamListener : public Listener {
     }
     const size_t most = limit.rlim_cur;
     const size_t silent = std::min<size_t>(silent_clients, most);
-    const std::optional<size_t> open = OpenDescriptors();
-    // Unlistable, the process has no descriptor left: only what the silent clients hold can be spared.
-    const size_t held_by_others = open ? *open - std::min(*open, silent) : most - silent;
+    const absl::StatusOr<size_t> open = OpenDescriptors();
+    if (!open.ok() && !absl::IsResourceExhausted(open.status())) {
+      allowed_ = std::min(kMaxWaiting, most / 2);  // uncountable here: the limit alone
+      return allowed_;
+    }
+    // Unlistable for want of a descriptor: only what the silent clients hold can be spared.
+    const size_t held_by_others = open.ok() ? *open - std::min(*open, silent) : most - silent;
     allowed_ = std::min(kMaxWaiting, (most - std::min(most, held_by_others)) / 2);
     return allowed_;
   }
