@@ -136,10 +136,11 @@ void Connections::DialBackLocked(const std::string& peer_task) {
   // (the resend's dial found the peer frozen past TF_RDMA_CONNECT_TIMEOUT_MS), so only its
   // receive waits, and it would wait out its own connect timeout. Dialled, it learns why at once
   // (WITHDRAWN, from the tags given up).
-  auto known = peers_.find(peer_task);
-  if (known == peers_.end() || !addresses_.Find(peer_task) || known->second.connecting) return;
-  Peer& peer = known->second;
-  if (peer.connection && peer.connection->health().ok()) return;
+  // Any task of a cluster this server has seen, whether or not it ever exchanged with it (this
+  // process may have run again since): a name no cluster gives makes no entry.
+  if (!addresses_.Find(peer_task)) return;
+  Peer& peer = peers_[peer_task];
+  if (peer.connecting || (peer.connection && peer.connection->health().ok())) return;
   const absl::Status started = StartEstablishingLocked(peer_task, peer);
   if (!started.ok()) LOG(WARNING) << "tf_rdma: " << started;
 }

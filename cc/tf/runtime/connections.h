@@ -98,8 +98,8 @@ class Connections {
   // The task name the tf_rdma server at `peer`'s address was started as (one handshake).
   absl::StatusOr<std::string> IdentityAt(const TaskAddress& peer);
 
-  const std::string local_task_;
-  const Config config_;
+  const std::string& local_task_;  // the addresses'
+  const Config& config_;  // outlives it (the Runtime's options)
   const AcceptCallback serve_any_peer_;
   TaskAddresses& addresses_;
   Transports& transports_;

@@ -23,11 +23,15 @@ void ReceivePools::StartReleasingIdleRegions() {
 }
 
 absl::StatusOr<std::shared_ptr<BufferPool>> ReceivePools::For(const std::shared_ptr<Connection>& connection) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::shared_ptr<BufferPool> pool = PoolOfLocked(connection)) return pool;
+  }
+  // A connection's first receive: only it needs the transport (whose lookup takes a lock of its own).
   absl::StatusOr<Transport*> transport = transports_.For(connection->backend());
   if (!transport.ok()) return transport.status();
   std::lock_guard<std::mutex> lock(mu_);
-  auto found = pools_.find(connection.get());
-  if (found != pools_.end() && found->second.connection.lock() == connection) return found->second.pool;
+  if (std::shared_ptr<BufferPool> pool = PoolOfLocked(connection)) return pool;  // made meanwhile
   // A connection's first receive. Pools of connections that ended without being replaced (their
   // peer died and never came back) go now, not at the process's end.
   for (auto it = pools_.begin(); it != pools_.end();) {
@@ -37,6 +41,12 @@ absl::StatusOr<std::shared_ptr<BufferPool>> ReceivePools::For(const std::shared_
   auto pool = std::make_shared<BufferPool>(*transport, min_slab_bytes_, max_slab_bytes_);
   pools_[connection.get()] = ConnectionPool{connection, connection->backend(), pool};
   return pool;
+}
+
+std::shared_ptr<BufferPool> ReceivePools::PoolOfLocked(const std::shared_ptr<Connection>& connection) const {
+  auto found = pools_.find(connection.get());
+  if (found != pools_.end() && found->second.connection.lock() == connection) return found->second.pool;
+  return nullptr;
 }
 
 void ReceivePools::Retire(const std::shared_ptr<Connection>& connection) {

@@ -42,6 +42,8 @@ class ReceivePools {
   std::map<Backend, BufferPool::Usage> Usage() const;
 
  private:
+  // `connection`'s pool, if it has one yet; with mu_ held.
+  std::shared_ptr<BufferPool> PoolOfLocked(const std::shared_ptr<Connection>& connection) const;
   void ReleaseIdleRegions();
 
   Transports& transports_;

@@ -48,6 +48,7 @@ absl::Status TaskAddresses::MarkRenamed(const TaskAddress& peer, const std::stri
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_[peer.task].served_by = identity;
+    any_renamed_.store(true, std::memory_order_release);
   }
   absl::Status renamed = RenamedPeer(peer, identity);
   LOG(WARNING) << "tf_rdma: " << renamed.message();
@@ -55,6 +56,7 @@ absl::Status TaskAddresses::MarkRenamed(const TaskAddress& peer, const std::stri
 }
 
 absl::Status TaskAddresses::RenamedError(const std::string& task) const {
+  if (!any_renamed_.load(std::memory_order_acquire)) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tasks_.find(task);
   if (it == tasks_.end() || it->second.served_by.empty()) return absl::OkStatus();
@@ -62,6 +64,7 @@ absl::Status TaskAddresses::RenamedError(const std::string& task) const {
 }
 
 bool TaskAddresses::Renamed(const std::string& task) const {
+  if (!any_renamed_.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tasks_.find(task);
   return it != tasks_.end() && !it->second.served_by.empty();

@@ -3,6 +3,7 @@
 #ifndef TF_RDMA_CC_TF_RUNTIME_TASK_ADDRESSES_H_
 #define TF_RDMA_CC_TF_RUNTIME_TASK_ADDRESSES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -54,6 +55,9 @@ class TaskAddresses {
   const std::string local_task_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> tasks_;
+  // Whether any entry has served_by set: every transfer asks RenamedError, and clusters that rename
+  // tasks are rare, so the common answer takes no lock and no lookup.
+  std::atomic<bool> any_renamed_{false};
 };
 
 }  // namespace tf_rdma

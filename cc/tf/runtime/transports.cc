@@ -4,8 +4,8 @@
 
 namespace tf_rdma {
 
-Transports::Transports(std::string local_task, Config config)
-    : local_task_(std::move(local_task)), config_(std::move(config)) {}
+Transports::Transports(const std::string& local_task, const Config& config)
+    : local_task_(local_task), config_(config) {}
 
 absl::StatusOr<Transport*> Transports::For(Backend backend) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -21,15 +21,16 @@ constexpr absl::Duration kConnectAttempt = absl::Seconds(4);
 
 class Transports {
  public:
-  Transports(std::string local_task, Config config);
+  // Both must outlive it (the Runtime's options do).
+  Transports(const std::string& local_task, const Config& config);
 
   absl::StatusOr<Transport*> For(Backend backend);
   // The transport of the backend chosen for a peer on `host`, and why that backend.
   absl::StatusOr<std::pair<Transport*, BackendChoice>> To(const std::string& host);
 
  private:
-  const std::string local_task_;
-  const Config config_;
+  const std::string& local_task_;
+  const Config& config_;
   std::mutex mu_;
   std::map<Backend, std::unique_ptr<Transport>> transports_;
 };
