@@ -109,7 +109,10 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
       (*connection)->Write(tag, value.tensor_data().data(), bytes,
                            [transfers, peer_task, value, done, span, step_id,
                             backend = (*connection)->backend()](const absl::Status& s) mutable {
-                             span.End([&] { return Describe("tf_rdma collective send", peer_task, backend, value.TotalBytes(), step_id, s); });
+                             span.End([&] {
+                               return TransferEvent("tf_rdma collective send", peer_task, BackendName(backend),
+                                                    value.TotalBytes(), step_id, s);
+                             });
                              transfers->Complete(done, s.ok() ? s : transfers->Failed("sending a collective buffer to", peer_task, s));
                            });
       transfers->runtime->stats().Peer(peer_task, [bytes](PeerStats& s) {
@@ -157,14 +160,6 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
   }
 
  private:
-  // The span in TensorFlow's profiler of a collective buffer sent or received.
-  static std::string Describe(const char* event, const std::string& peer_task, Backend backend, uint64_t bytes,
-                              int64_t step_id, const absl::Status& status) {
-    return tsl::profiler::TraceMeEncode(event, {{"peer", peer_task}, {"backend", BackendName(backend)},
-                                                {"bytes", status.ok() ? bytes : 0}, {"step_id", step_id},
-                                                {"status", absl::StatusCodeToString(status.code())}});
-  }
-
   static void Receive(const std::shared_ptr<CollectiveTransfers>& transfers,
                       const std::shared_ptr<Connection>& connection, const std::string& peer_task, const Tag& tag,
                       tensorflow::Tensor* to_tensor, tsl::CancellationManager* cancellation_manager,
@@ -214,7 +209,9 @@ class RdmaCollectiveRemoteAccess : public tensorflow::CollectiveRemoteAccessDist
           } else if (!absl::IsCancelled(status)) {
             status = transfers->Failed("receiving a collective buffer from", peer_task, status);
           }
-          span.End([&] { return Describe("tf_rdma collective receive", peer_task, backend, bytes, step_id, status); });
+          span.End([&] {
+            return TransferEvent("tf_rdma collective receive", peer_task, BackendName(backend), bytes, step_id, status);
+          });
           transfers->Complete(done, status);
         });
     transfers->runtime->stats().Peer(peer_task, [](PeerStats& s) { s.grants++; });

@@ -20,10 +20,6 @@ constexpr uint64_t kMaxStatusMessageBytes = 4096;
 constexpr uint32_t kEndOfSequence = 1;
 constexpr uint32_t kSkip = 2;
 
-void Put(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
 // Reads what a peer sent, never past its end.
 class Reader {
  public:
@@ -78,10 +74,10 @@ Tag ResponseTag(uint64_t client_id, uint64_t sequence, uint32_t slot) {
 std::string EncodeRequest(const ElementRequest& request) {
   std::string out;
   out.reserve(kRequestFixedBytes + request.serialized_request.size());
-  Put(out, kRequestMagic, 4);
-  Put(out, request.client_id, 8);
-  Put(out, request.sequence, 8);
-  Put(out, request.serialized_request.size(), 4);
+  AppendLittleEndian(out, kRequestMagic, 4);
+  AppendLittleEndian(out, request.client_id, 8);
+  AppendLittleEndian(out, request.sequence, 8);
+  AppendLittleEndian(out, request.serialized_request.size(), 4);
   out.append(request.serialized_request);
   return out;
 }
@@ -133,12 +129,12 @@ EncodedResponse EncodeResponse(const absl::Status& status, const tensorflow::dat
   const bool components = status.ok() && !result.end_of_sequence && !result.skip;
   const uint32_t count = components ? static_cast<uint32_t>(result.components.size()) : 0;
   std::string& head = out.header_message;
-  Put(head, kResponseMagic, 4);
-  Put(head, static_cast<uint32_t>(status.code()), 4);
-  Put(head, (result.end_of_sequence ? kEndOfSequence : 0) | (result.skip ? kSkip : 0), 4);
-  Put(head, count, 4);
-  Put(head, static_cast<uint64_t>(result.element_index), 8);
-  Put(head, message.size(), 4);
+  AppendLittleEndian(head, kResponseMagic, 4);
+  AppendLittleEndian(head, static_cast<uint32_t>(status.code()), 4);
+  AppendLittleEndian(head, (result.end_of_sequence ? kEndOfSequence : 0) | (result.skip ? kSkip : 0), 4);
+  AppendLittleEndian(head, count, 4);
+  AppendLittleEndian(head, static_cast<uint64_t>(result.element_index), 8);
+  AppendLittleEndian(head, message.size(), 4);
   head += message;
   for (uint32_t i = 0; i < count; ++i) {
     const tensorflow::Tensor& tensor = result.components[i];
@@ -159,7 +155,7 @@ EncodedResponse EncodeResponse(const absl::Status& status, const tensorflow::dat
     }
     const bool inline_bytes = TravelsInline(header);
     const std::string encoded = EncodeHeader(header);
-    Put(head, encoded.size() + (inline_bytes ? header.data_bytes : 0), 8);
+    AppendLittleEndian(head, encoded.size() + (inline_bytes ? header.data_bytes : 0), 8);
     head += encoded;
     if (inline_bytes) {
       head.append(data, header.data_bytes);

@@ -178,11 +178,8 @@ class RdmaDataTransferServer : public DataTransferServer,
       }
       if (answer->writes_left.fetch_sub(1) != 1) return;
       answer->span.End([&] {
-        return tsl::profiler::TraceMeEncode(
-            "tf_rdma tf.data element send",
-            {{"peer", peer->connection->peer_name()}, {"backend", BackendName(peer->connection->backend())},
-             {"bytes", answer->failure.ok() ? answer->bytes : 0},
-             {"status", absl::StatusCodeToString(answer->failure.code())}});
+        return TransferEvent("tf_rdma tf.data element send", peer->connection->peer_name(),
+                             BackendName(peer->connection->backend()), answer->bytes, std::nullopt, answer->failure);
       });
       auto self = weak.lock();
       if (!self) return;
@@ -283,11 +280,10 @@ class RdmaDataTransferClient : public DataTransferClient {
   absl::Status GetElement(const GetElementRequest& req, GetElementResult& result) override {
     TraceSpan span = TraceSpan::Start();
     ElementRead read;
-    absl::Status status = ReadElement(req, result, read);
+    absl::Status status = ReadElement(req, result, span.recording() ? &read : nullptr);
     span.End([&] {
-      return tsl::profiler::TraceMeEncode("tf_rdma tf.data element receive",
-                                          {{"peer", read.peer}, {"backend", read.backend}, {"bytes", read.bytes},
-                                           {"status", absl::StatusCodeToString(status.code())}});
+      return TransferEvent("tf_rdma tf.data element receive", read.peer, read.backend, read.bytes, std::nullopt,
+                           status);
     });
     return status;
   }
@@ -307,7 +303,8 @@ class RdmaDataTransferClient : public DataTransferClient {
     uint64_t bytes = 0;
   };
 
-  absl::Status ReadElement(const GetElementRequest& req, GetElementResult& result, ElementRead& read) {
+  // `read`, when a profiler records, learns what the read reached.
+  absl::Status ReadElement(const GetElementRequest& req, GetElementResult& result, ElementRead* read) {
     // Grants and revokes are made under mu_ alone: their callbacks, which may run inside those
     // calls (on a connection that failed), take state_->mu.
     std::lock_guard<std::mutex> lock(mu_);
@@ -315,8 +312,10 @@ class RdmaDataTransferClient : public DataTransferClient {
     std::shared_ptr<BufferPool> pool;
     absl::Status connected = ConnectedLocked(&connection, &pool);
     if (!connected.ok()) return connected;
-    read.peer = connection->peer_name();
-    read.backend = BackendName(connection->backend());
+    if (read != nullptr) {
+      read->peer = connection->peer_name();
+      read->backend = BackendName(connection->backend());
+    }
     if (Cancelled()) return absl::CancelledError("tf_rdma: the tf.data client was cancelled");
     const uint64_t sequence = next_sequence_++;
     for (uint64_t s = sequence; s <= sequence + prefetch_; ++s) {
@@ -380,7 +379,7 @@ class RdmaDataTransferClient : public DataTransferClient {
       bytes += component.header.data_bytes;
     }
     if (!result.end_of_sequence && !result.skip) layout_ = std::move(layout);
-    read.bytes = bytes;
+    if (read != nullptr) read->bytes = bytes;
     runtime_->stats().Peer(connection->peer_name(), [&](PeerStats& s) {
       s.tensors_received += result.components.size();
       s.bytes_received += bytes;
@@ -491,7 +490,8 @@ class RdmaDataTransferClient : public DataTransferClient {
       return tensor;
     }
     tensorflow::Tensor tensor(header.dtype, header.shape);
-    std::memcpy(const_cast<char*>(tensor.tensor_data().data()), bytes.data(), bytes.size());
+    // An empty tensor has no buffer: memcpy's null destination would be undefined even for 0 bytes.
+    if (!bytes.empty()) std::memcpy(const_cast<char*>(tensor.tensor_data().data()), bytes.data(), bytes.size());
     return tensor;
   }
 

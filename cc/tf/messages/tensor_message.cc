@@ -12,11 +12,11 @@ namespace {
 
 constexpr uint32_t kHeaderMagic = 0x4d524654;  // "TFRM"
 
-void Append(std::string& out, uint64_t value, int bytes) {
+}  // namespace
+
+void AppendLittleEndian(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
-
-}  // namespace
 
 uint64_t LoadLittleEndian64(const uint8_t* bytes) {
   uint64_t v = 0;
@@ -54,12 +54,12 @@ bool TravelsInline(const TensorHeader& header) { return header.dead || header.da
 std::string EncodeHeader(const TensorHeader& header, uint64_t room) {
   std::string out;
   out.reserve(24 + 8 * header.shape.dims() + room);
-  Append(out, kHeaderMagic, 4);
-  Append(out, header.dead ? 1 : 0, 4);
-  Append(out, static_cast<uint32_t>(header.dtype), 4);
-  Append(out, static_cast<uint32_t>(header.shape.dims()), 4);
-  Append(out, header.data_bytes, 8);
-  for (int i = 0; i < header.shape.dims(); ++i) Append(out, static_cast<uint64_t>(header.shape.dim_size(i)), 8);
+  AppendLittleEndian(out, kHeaderMagic, 4);
+  AppendLittleEndian(out, header.dead ? 1 : 0, 4);
+  AppendLittleEndian(out, static_cast<uint32_t>(header.dtype), 4);
+  AppendLittleEndian(out, static_cast<uint32_t>(header.shape.dims()), 4);
+  AppendLittleEndian(out, header.data_bytes, 8);
+  for (int i = 0; i < header.shape.dims(); ++i) AppendLittleEndian(out, static_cast<uint64_t>(header.shape.dim_size(i)), 8);
   return out;
 }
 
@@ -154,7 +154,7 @@ bool FillFusedSlot(char* slot, uint64_t capacity, const TensorHeader& header, co
                     capacity >= kSlotLengthBytes + head.size() + inline_bytes;
   const uint64_t length = fits ? head.size() + inline_bytes : 0;
   std::string encoded_length;
-  Append(encoded_length, length, kSlotLengthBytes);
+  AppendLittleEndian(encoded_length, length, kSlotLengthBytes);
   std::memcpy(slot, encoded_length.data(), kSlotLengthBytes);
   if (fits) {
     std::memcpy(slot + kSlotLengthBytes, head.data(), head.size());

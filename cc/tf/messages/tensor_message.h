@@ -31,9 +31,10 @@ struct TransferTags {
   Tag data;
 };
 
-// The 8 bytes at `bytes` as a little-endian number: how tf_rdma's messages store numbers, and
-// how tags are taken from digests.
+// How tf_rdma's messages store numbers, and how tags are taken from digests: little-endian.
+// The 8 bytes at `bytes` as a number; `value`'s low `bytes` bytes appended to `out`.
 uint64_t LoadLittleEndian64(const uint8_t* bytes);
+void AppendLittleEndian(std::string& out, uint64_t value, int bytes);
 
 // `transfer` is the rendezvous key (devices, incarnation, tensor name, frame and iteration).
 TransferTags TagsFor(std::string_view transfer, int64_t step_id);

@@ -11,9 +11,14 @@
 #define TF_RDMA_CC_TF_PROFILING_TRACE_SPAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "tsl/profiler/lib/traceme_encode.h"
 #ifndef TF_RDMA_NO_TRACE_EVENTS
 #include "tsl/profiler/lib/traceme.h"
 #endif
@@ -32,8 +37,7 @@ class TraceSpan {
   }
 
   // Records the span, if it began while a profiler recorded and one still does. `describe()`
-  // gives its name and arguments (tsl::profiler::TraceMeEncode("tf_rdma send", {{"peer", ...}})),
-  // and runs only then. Once per span.
+  // gives its name and arguments (TransferEvent(...)), and runs only then. Once per span.
   template <typename Describe>
   void End(Describe&& describe) {
 #ifndef TF_RDMA_NO_TRACE_EVENTS
@@ -53,6 +57,22 @@ class TraceSpan {
   static constexpr int kLevel = 1;
   int64_t start_ns_ = 0;
 };
+
+// A transfer's event, named `name`: the peer task, the backend ("none" before a connection), the
+// bytes it moved (0 when it failed), its outcome, the step it served where it has one (a tf.data
+// element has none), and one detail where given (`detail_key`=`detail`).
+inline std::string TransferEvent(const char* name, absl::string_view peer, const char* backend, uint64_t bytes,
+                                 std::optional<int64_t> step_id, const absl::Status& status,
+                                 absl::string_view detail_key = {}, const absl::AlphaNum& detail = absl::AlphaNum("")) {
+  std::string event = tsl::profiler::TraceMeEncode(
+      name, {{"peer", peer}, {"backend", backend}, {"bytes", status.ok() ? bytes : 0},
+             {"status", absl::StatusCodeToString(status.code())}});
+  event.pop_back();  // the arguments' closing '#': more go before it
+  if (step_id) absl::StrAppend(&event, ",step_id=", *step_id);
+  if (!detail_key.empty()) absl::StrAppend(&event, ",", detail_key, "=", detail.Piece());
+  event.push_back('#');
+  return event;
+}
 
 }  // namespace tf_rdma
 

@@ -137,11 +137,9 @@ void FusedReceive::Abort(const absl::Status& status) {
 
 void FusedReceive::EndSpanLocked(const absl::Status& outcome) {
   span_.End([this, &outcome] {
-    return tsl::profiler::TraceMeEncode(
-        "tf_rdma fused receive",
-        {{"peer", peer_task_}, {"backend", connection_ ? BackendName(connection_->backend()) : "none"},
-         {"bytes", outcome.ok() ? total_ : 0}, {"tensors", count_}, {"step_id", step_id_},
-         {"status", absl::StatusCodeToString(outcome.code())}});
+    return TransferEvent("tf_rdma fused receive", peer_task_,
+                         connection_ ? BackendName(connection_->backend()) : "none", total_, step_id_, outcome,
+                         "tensors", count_);
   });
 }
 

@@ -171,6 +171,7 @@ struct RdmaRemoteRendezvous::MessageInFlight {
   // back from Report: when all of them failed so, none of the message reached the peer.
   size_t went_silent = 0;
   absl::Status silence;
+  absl::Status failure;  // the first write's that failed, for the message's profiler event
 
   void Report(const absl::Status& status) const {
     if (status.ok()) return;
@@ -228,6 +229,7 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
       message->writes_left = message->writes.size();
       message->went_silent = 0;  // a resent message's writes report every failure
       message->silence = absl::OkStatus();
+      message->failure = absl::OkStatus();
     }
     for (const Write& write : message->writes) {
       (*connection)->Write(write.tag, write.bytes, write.length, [message, push, backend = (*connection)->backend()](
@@ -239,6 +241,7 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
         {
           std::lock_guard<std::mutex> lock(message->mu);
           if (held_back && message->went_silent++ == 0) message->silence = status;
+          if (!status.ok() && message->failure.ok()) message->failure = status;
           last = --message->writes_left == 0;
           all_went_silent = message->went_silent == message->writes.size();
           if (last) silence = message->silence;
@@ -254,13 +257,11 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
           message->resent = true;  // the last write's callback: no other reads it meanwhile
           return Deliver(message, nullptr);
         }
-        message->span.End([&message, &status, backend] {
+        message->span.End([&message, backend] {
           uint64_t bytes = 0;
           for (const Write& write : message->writes) bytes += write.length;
-          return tsl::profiler::TraceMeEncode(
-              message->event, {{"peer", message->peer_task}, {"backend", BackendName(backend)}, {"bytes", bytes},
-                               {"step_id", (*message->step)->step_id_}, {"what", message->what},
-                               {"status", absl::StatusCodeToString(status.code())}});
+          return TransferEvent(message->event, message->peer_task, BackendName(backend), bytes,
+                               (*message->step)->step_id_, message->failure, "what", message->what);
         });
         message->Report(silence);
       });

@@ -250,20 +250,20 @@ void TensorReceive::FinishLocked(const absl::Status& status) {
   }
   EndRegrantSpanLocked();
   span_.End([this] {
-    return tsl::profiler::TraceMeEncode(
-        fused_ ? "tf_rdma fused member receive" : "tf_rdma receive",
-        {{"peer", peer_task_}, {"backend", connection_ ? BackendName(connection_->backend()) : "none"},
-         {"bytes", header_ && status_.ok() ? header_->data_bytes : 0}, {"step_id", step_id_},
-         {"tensor", tensor_name_}, {"status", absl::StatusCodeToString(status_.code())}});
+    return TransferEvent(fused_ ? "tf_rdma fused member receive" : "tf_rdma receive", peer_task_, BackendOfLocked(),
+                         header_ ? header_->data_bytes : 0, step_id_, status_, "tensor", tensor_name_);
   });
   // done_ runs when the outermost Locked lets go; later grant completions only release buffers.
 }
 
+const char* TensorReceive::BackendOfLocked() const {
+  return connection_ ? BackendName(connection_->backend()) : "none";
+}
+
 void TensorReceive::EndRegrantSpanLocked() {
   regrant_span_.End([this] {
-    return tsl::profiler::TraceMeEncode(
-        "tf_rdma regrant", {{"peer", peer_task_}, {"bytes", header_ ? header_->data_bytes : 0},
-                            {"step_id", step_id_}, {"tensor", tensor_name_}});
+    return TransferEvent("tf_rdma regrant", peer_task_, BackendOfLocked(), header_ ? header_->data_bytes : 0,
+                         step_id_, status_, "tensor", tensor_name_);
   });
 }
 

@@ -88,6 +88,7 @@ class TensorReceive : public std::enable_shared_from_this<TensorReceive> {
   void FinishLocked(const absl::Status& status);
 
   void EndRegrantSpanLocked();
+  const char* BackendOfLocked() const;  // for events
 
   // Holds mu_; the outermost one on a thread runs done_ once the receive finished, unlocked:
   // TensorFlow may run downstream kernels inline in it, on the transport's thread.
