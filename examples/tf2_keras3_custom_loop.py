@@ -23,8 +23,8 @@ tf_rdma's (`tf_rdma.MultiWorkerMirroredStrategy`, `tf_rdma.ParameterServerStrate
 
 Deterministic: seeded initializers, a seeded shuffle and a fixed sharding of each batch; with ps, one
 worker (the default) runs the steps in order (with more, which worker takes which step is
-TensorFlow's choice). `--save PATH` writes the trainer's final weights and per-step losses (.npz),
-so runs over both transports compare bit for bit.
+TensorFlow's choice). `--save PATH` writes the trainer's final weights and per-step losses (.npz)
+to compare runs bit for bit (the tests compare mwms over tf_rdma with gRPC, ps over tcp with shm).
 """
 import json
 import os
@@ -55,6 +55,8 @@ def parse_args(argv=None):
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     if args.num_workers is None:
         args.num_workers = WORKERS_BY_DEFAULT[args.strategy]
+    if args.steps < 1 or args.num_workers < 1:
+        p.error("--steps and --num-workers must be at least 1")
     return args
 
 
@@ -259,6 +261,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.launch_local:
         return launch_local(args)
+    if not os.environ.get("TF_CONFIG"):
+        raise SystemExit("set TF_CONFIG (or use --launch-local)")
     cluster, job, index = cu.resolve_task(None, None, None)
     if args.strategy == "mwms":
         run_mirrored_worker(args, cluster, index)

@@ -5,7 +5,7 @@
 argument to change it. This module starts the same cluster, from the same `DTENSOR_*` variables and
 with the same ServerDef and collective settings, on "grpc+tf_rdma", through the context calls
 TensorFlow's own start makes: every collective DTensor runs across clients (its all-reduces,
-all-gathers, all-to-alls between CPU devices) then moves over tf_rdma. Everything else (meshes,
+all-gathers between CPU devices) then moves over tf_rdma. Everything else (meshes,
 layouts, `tf.experimental.dtensor.*`) is TensorFlow's, unchanged.
 """
 import tensorflow as tf
@@ -41,16 +41,16 @@ def initialize_accelerator_system(device_type=None, enable_coordination_service=
             "only; give device_type='CPU', or start a GPU or TPU mesh with "
             "tf.experimental.dtensor.initialize_accelerator_system()")
     if accelerator_util.is_initialized():
-        raise ValueError("The accelerator system has already been initialized; a multi-client "
+        raise ConfigError("The accelerator system has already been initialized; a multi-client "
                          "DTensor system cannot be shut down and started again in one process")
     ctx = context.context()
     if experimental_reset_context:
         ctx.ensure_uninitialized()
-        ctx._clear_caches()  # pylint: disable=protected-access  (tensors of the context just reset)
     if ctx._initialized:  # pylint: disable=protected-access  (TensorFlow's own start checks it so)
-        raise ValueError("TensorFlow has already been initialized: call "
-                         "tf_rdma.dtensor.initialize_accelerator_system() before any TensorFlow "
-                         "operation, or pass experimental_reset_context=True")
+        raise ConfigError("TensorFlow has already been initialized: call "
+                          "tf_rdma.dtensor.initialize_accelerator_system() before any TensorFlow "
+                          "operation, or pass experimental_reset_context=True")
+    ctx._clear_caches()  # pylint: disable=protected-access  (as TensorFlow's own start, every time)
     if num_logical_cpu_devices is not None:
         tf.config.set_logical_device_configuration(
             tf.config.list_physical_devices("CPU")[0],

@@ -10,14 +10,14 @@ process's tf_rdma server, under `tf_rdma/<peer>/`:
 and `tf_rdma/left_on_grpc/<reason>`: transfers that stayed on gRPC, by reason (totals). A peer is
 named by job and task (`ps.0`, `worker.1`; `worker.r1.0` for replica 1).
 
-StatsCallback subclasses the Callback of the Keras the process uses: Keras 2 (`tf_keras`) when it
-has been imported or TF_USE_LEGACY_KERAS is set, as TensorFlow itself decides, else Keras 3.
+It works with Keras 2 (`tf_keras`) and Keras 3 alike.
 """
 import logging
 import os
 import re
-import sys
 import time
+
+from tf_rdma.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
@@ -31,13 +31,6 @@ def peer_label(task):
         return re.sub(r"[^A-Za-z0-9_.\-]+", "_", task).strip("_") or "unnamed"
     replica = match["replica"]
     return ".".join([match["job"], *([] if replica == "0" else [f"r{replica}"]), match["task"]])
-
-
-def _server_records(stats):
-    """stats() holds one server's record, {"servers": [...]} for several, or {} for none."""
-    if "servers" in stats:
-        return stats["servers"]
-    return [stats] if stats else []
 
 
 class _Rates:
@@ -62,92 +55,106 @@ class _Rates:
         return rates
 
 
-def _keras_callback_base():
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
-    if legacy or "tf_keras" in sys.modules:
-        import tf_keras
-        return tf_keras.callbacks.Callback
-    import keras
-    return keras.callbacks.Callback
+class StatsCallback:
+    """Writes tf_rdma's per-peer traffic as TensorBoard scalars every `every_n_steps` training
+    batches and when a fit ends (the module's docstring lists them).
+
+    Keras 2 (tf_keras) and Keras 3 both call a callback's hooks by name, so this class subclasses
+    neither and works with whichever Keras the model comes from, whatever was imported first."""
+
+    # tf_keras: this callback takes its logs as Python numbers, and implements train batch hooks only.
+    _supports_tf_logs = False
+
+    def __init__(self, log_dir, every_n_steps=100):
+        if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
+            raise ConfigError(f"every_n_steps must be a whole number of at least 1, not {every_n_steps!r}")
+        try:
+            import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
+        except ImportError as error:
+            raise ImportError("tf_rdma.keras.StatsCallback writes TensorBoard event files, which needs "
+                              "TensorBoard: pip install tensorboard") from error
+        self.log_dir = os.fspath(log_dir)
+        self.every_n_steps = every_n_steps
+        self.model = None
+        self.params = {}
+        self._writer = None
+        self._rates = _Rates()
+        self._step = 0
+        self._warned_no_server = False
+        # The server whose scalars go under tf_rdma/ directly, fixed at the first write: a record
+        # that appears later (stats() adds the tf.data trainer's once one of its reads fell back)
+        # must not move every tag.
+        self._main_task = None
+        self._main_task_fixed = False
+
+    def set_params(self, params):
+        self.params = params
+
+    def set_model(self, model):
+        self.model = model
+
+    def _implements_train_batch_hooks(self):
+        return True
+
+    def _implements_test_batch_hooks(self):
+        return False
+
+    def _implements_predict_batch_hooks(self):
+        return False
+
+    def _nothing(self, *args, **kwargs):
+        pass
+
+    on_epoch_begin = on_epoch_end = on_batch_begin = on_batch_end = on_train_batch_begin = _nothing
+    on_test_begin = on_test_end = on_test_batch_begin = on_test_batch_end = _nothing
+    on_predict_begin = on_predict_end = on_predict_batch_begin = on_predict_batch_end = _nothing
+
+    def on_train_begin(self, logs=None):
+        # The interval of the first rates starts here, not at the first write.
+        self._rates.update(_stats_records(), time.monotonic())
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        if self._step % self.every_n_steps == 0:
+            self.write(self._step)
+
+    def on_train_end(self, logs=None):
+        if self._step % self.every_n_steps != 0:
+            self.write(self._step)
+
+    def write(self, step):
+        """Writes the scalars for training step `step` now (for custom training loops: the rates
+        of the first call's interval need an earlier call, or on_train_begin)."""
+        import tensorflow as tf
+        records = _stats_records()
+        rates = self._rates.update(records, time.monotonic())
+        if not records:
+            if not self._warned_no_server:
+                _log.warning("tf_rdma.keras.StatsCallback: no tf_rdma server runs in this process, "
+                             "so there is nothing to write to %s", self.log_dir)
+                self._warned_no_server = True
+            return
+        if not self._main_task_fixed:
+            self._main_task = records[0]["task"] if len(records) == 1 else None
+            self._main_task_fixed = True
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=step):
+            for record in records:
+                prefix = "tf_rdma/" + ("" if record["task"] == self._main_task else peer_label(record["task"]) + "/")
+                for peer, counts in record["peers"].items():
+                    tag = prefix + peer_label(peer)
+                    sent, received = rates.get((record["task"], peer), (None, None))
+                    if sent is not None:
+                        tf.summary.scalar(tag + "/sent_bytes_per_second", sent)
+                        tf.summary.scalar(tag + "/received_bytes_per_second", received)
+                    tf.summary.scalar(tag + "/regrants", counts["regrants"])
+                    tf.summary.scalar(tag + "/errors", counts["errors"])
+                for reason, transfers in record["fallback"].items():
+                    tf.summary.scalar(prefix + "left_on_grpc/" + peer_label(reason), transfers)
+        self._writer.flush()
 
 
-def _make_stats_callback(base):
-    class StatsCallback(base):
-        """Writes tf_rdma's per-peer traffic as TensorBoard scalars every `every_n_steps`
-        training batches and when training ends (the module's docstring lists them)."""
-
-        def __init__(self, log_dir, every_n_steps=100):
-            super().__init__()
-            if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
-                raise ValueError(f"every_n_steps must be a whole number of at least 1, not {every_n_steps!r}")
-            try:
-                import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
-            except ImportError as error:
-                raise ImportError("tf_rdma.keras.StatsCallback writes TensorBoard event files, which needs "
-                                  "TensorBoard: pip install tensorboard") from error
-            self.log_dir = os.fspath(log_dir)
-            self.every_n_steps = every_n_steps
-            self._writer = None
-            self._rates = _Rates()
-            self._step = 0
-            self._warned_no_server = False
-
-        def on_train_begin(self, logs=None):
-            # The interval of the first rates starts here, not at the first write.
-            self._rates.update(_server_records(_stats()), time.monotonic())
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._step += 1
-            if self._step % self.every_n_steps == 0:
-                self.write(self._step)
-
-        def on_train_end(self, logs=None):
-            if self._step % self.every_n_steps != 0:
-                self.write(self._step)
-            if self._writer is not None:
-                self._writer.flush()
-
-        def write(self, step):
-            """Writes the scalars for training step `step` now (for custom training loops)."""
-            import tensorflow as tf
-            records = _server_records(_stats())
-            rates = self._rates.update(records, time.monotonic())
-            if not records:
-                if not self._warned_no_server:
-                    _log.warning("tf_rdma.keras.StatsCallback: no tf_rdma server runs in this process, "
-                                 "so there is nothing to write to %s", self.log_dir)
-                    self._warned_no_server = True
-                return
-            if self._writer is None:
-                self._writer = tf.summary.create_file_writer(self.log_dir)
-            several = len(records) > 1
-            with self._writer.as_default(step=step):
-                for record in records:
-                    prefix = "tf_rdma/" + (peer_label(record["task"]) + "/" if several else "")
-                    for peer, counts in record["peers"].items():
-                        tag = prefix + peer_label(peer)
-                        sent, received = rates.get((record["task"], peer), (None, None))
-                        if sent is not None:
-                            tf.summary.scalar(tag + "/sent_bytes_per_second", sent)
-                            tf.summary.scalar(tag + "/received_bytes_per_second", received)
-                        tf.summary.scalar(tag + "/regrants", counts["regrants"])
-                        tf.summary.scalar(tag + "/errors", counts["errors"])
-                    for reason, transfers in record["fallback"].items():
-                        tf.summary.scalar(prefix + "left_on_grpc/" + peer_label(reason), transfers)
-            self._writer.flush()
-
-    return StatsCallback
-
-
-def _stats():
+def _stats_records():
     from tf_rdma import server
-    return server.stats()
-
-
-def __getattr__(name):
-    # Built on first use: the Keras to subclass is known only once the user's program imported it.
-    if name == "StatsCallback":
-        callback = _make_stats_callback(_keras_callback_base())
-        globals()["StatsCallback"] = callback
-        return callback
-    raise AttributeError(f"module 'tf_rdma.keras' has no attribute {name!r}")
+    return server.stats_records()

@@ -190,6 +190,14 @@ def stats():
     fused messages each way (small tensors of a step sharing one message), and the transfers left on
     gRPC with the reason. With one server in the process, its record; with
     several, {"servers": [record, ...]}; empty before any server started."""
+    servers = stats_records()
+    if len(servers) == 1:
+        return servers[0]
+    return {"servers": servers} if servers else {}
+
+
+def stats_records():
+    """stats() as a list of every server's record, however many there are."""
     servers = _extension().server_stats()
     # A trainer whose tf.data workers lack tf_rdma never builds a tf_rdma client: TensorFlow falls
     # back to gRPC and counts why, and that count is reported with the process's trainer record.
@@ -201,9 +209,7 @@ def stats():
             servers.append(trainer)
         for reason, count in data_fallbacks.items():
             trainer["fallback"][reason] = trainer["fallback"].get(reason, 0) + count
-    if len(servers) == 1:
-        return servers[0]
-    return {"servers": servers} if servers else {}
+    return servers
 
 
 def reset_stats():
