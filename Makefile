@@ -74,7 +74,7 @@ ASAN_PYTESTS = tests/transport/test_transport.py tests/transport/test_adversaria
 	tests/transport/test_wire_robustness.py
 ASAN_FUZZ = FUZZ_FRAMES=400 FUZZ_HANDSHAKE_FRAMES=60
 TSAN_PYTESTS = tests/transport/test_transport.py
-sanitizers: env
+sanitizers: test-prereqs env
 	$(SANITIZER_RUN) build asan $(CC_TEST_SOURCES)
 	$(SANITIZER_RUN) unit-tests asan --gtest_brief=1
 	$(ASAN_FUZZ) $(SANITIZER_RUN) pytest asan -q -p no:cacheprovider $(ASAN_PYTESTS)
@@ -123,7 +123,7 @@ build/fuzz/write_seeds: tests/fuzz/write_seeds.cc build/fuzz/libtf_rdma_fuzz.a
 		-pthread -ldl -Wl,--no-as-needed -l:libcrypto.so.3 $(FUZZ_TF_LDFLAGS) -l:libtensorflow_cc.so.2
 fuzz-seeds: build/fuzz/write_seeds
 	build/fuzz/write_seeds tests/fuzz/corpus
-fuzz-build: env
+fuzz-build: test-prereqs env
 	$(MAKE) --no-print-directory -j2 -o env $(patsubst %,build/fuzz/%_fuzz,$(FUZZ_TARGETS))
 fuzz: fuzz-build
 	@set -e; mkdir -p build/fuzz/crashes; for target in $(FUZZ_TARGETS); do \

@@ -107,14 +107,9 @@ def test_a_key_holder_answering_at_a_tasks_address_under_another_name_is_a_probl
     squatter = "/job:worker/replica:0/task:7"
     answered = []
     # The doctor's check that the port answers is a connection and nothing more: it ends its answer.
-    thread = hostile_peer.answer_each("tcp", listening,
-                                      lambda peer: answered.append(peer.answer_handshake(key, squatter)))
-    try:
+    with hostile_peer.answering_each("tcp", listening,
+                                     lambda peer: answered.append(peer.answer_handshake(key, squatter))):
         tasks, report = doctor({"ps": [f"127.0.0.1:{port}"]})
-    finally:
-        listening.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept, which a close alone does not
-        listening.close()
-        thread.join(10)
     assert answered == [b"tf_rdma doctor"], answered
     ps = tasks["/job:ps/replica:0/task:0"]
     assert not report["healthy"] and len(ps["problems"]) == 1, report

@@ -6,6 +6,8 @@
 #   libgtest-dev GoogleTest for the C++ unit tests (tests/transport/cc, `make cc-tests`)
 #   clang, libclang-rt-dev  clang and its sanitizer and libFuzzer runtimes: the sanitizer builds
 #              (`make sanitizers`, tools/sanitizers) and the fuzz targets (tests/fuzz, `make fuzz`)
+#   llvm       llvm-symbolizer: their reports name functions and lines
+#   openssl    `openssl rand` (tests/transport/test_config.py: its secrets pass tf_rdma's rule)
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
 #   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a
@@ -14,7 +16,7 @@
 #              (tools/bazel/check.sh builds BUILD offline)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev iproute2 nftables iptables bazel-bootstrap bazel-rules-java)
+PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev llvm openssl iproute2 nftables iptables bazel-bootstrap bazel-rules-java)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

@@ -104,24 +104,30 @@ def test_rates_are_bytes_over_the_interval_and_survive_a_reset():
     assert at(13.0, 40, 10) == {("/job:worker/replica:0/task:0", "/job:ps/replica:0/task:0"): (40.0, 10.0)}
 
 
-def test_the_callback_subclasses_keras_3_without_tf_keras_and_says_when_no_server_runs(tmp_path):
+def test_one_callback_class_serves_keras_3_and_tf_keras_whatever_came_first(tmp_path):
+    """Imported before either Keras, the class is accepted by a Keras 3 fit and then by a tf_keras
+    fit in the same process; with no tf_rdma server it says so once; a bad step count is refused."""
     program = f"""
-import logging, numpy as np, keras
+import logging, numpy as np
 import tf_rdma.keras
-assert issubclass(tf_rdma.keras.StatsCallback, keras.callbacks.Callback)
-assert keras.__version__.startswith("3."), keras.__version__
+from tf_rdma.errors import ConfigError
+import keras, tf_keras
+assert keras.__version__.startswith("3.") and tf_keras.__version__.startswith("2."), (keras.__version__, tf_keras.__version__)
 logging.basicConfig()
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-model.compile(optimizer="sgd", loss="mse")
-model.fit(np.zeros((8, 4)), np.zeros((8, 1)), batch_size=4, epochs=1, verbose=0,
-          callbacks=[tf_rdma.keras.StatsCallback({str(tmp_path)!r}, every_n_steps=1)])
+for k in (keras, tf_keras):
+    model = k.Sequential([k.Input((4,)), k.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.zeros((8, 4)), np.zeros((8, 1)), batch_size=4, epochs=1, verbose=0,
+              callbacks=[tf_rdma.keras.StatsCallback({str(tmp_path)!r}, every_n_steps=1)])
+    print("fit with", k.__name__)
 try:
     tf_rdma.keras.StatsCallback({str(tmp_path)!r}, every_n_steps=0)
-except ValueError as error:
+except ConfigError as error:
     print("refused:", error)
 """
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "no tf_rdma server runs in this process" in proc.stderr
-    assert proc.stderr.count("no tf_rdma server runs in this process") == 1, proc.stderr[-3000:]
+    assert "fit with keras" in proc.stdout and "fit with tf_keras" in proc.stdout, proc.stdout
+    # Once per callback, and each fit had its own.
+    assert proc.stderr.count("no tf_rdma server runs in this process") == 2, proc.stderr[-3000:]
     assert "refused: every_n_steps must be a whole number of at least 1, not 0" in proc.stdout

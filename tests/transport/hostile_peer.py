@@ -6,6 +6,7 @@ A batch is one connection: frames the victim must accept (it keeps the connectio
 it must refuse, which ends the connection with a ProtocolError naming the cause; a batch of only
 acceptable frames ends with an unknown frame type, so every batch's outcome is known exactly and
 proves that every frame before it was taken as harmless."""
+import contextlib
 import fcntl
 import mmap
 import os
@@ -596,10 +597,12 @@ def squat(backend):
     return listening, endpoint
 
 
-def answer_each(backend, listening, answer):
+@contextlib.contextmanager
+def answering_each(backend, listening, answer):
     """A thread answering each client of `listening` (from squat) with `answer(peer)`, peer a
-    wire_client.RawPeer, until the socket is closed; a client that hangs up or breaks off ends its
-    answer, not the thread."""
+    wire_client.RawPeer, for as long as the context lasts; a client that hangs up or breaks off
+    ends its answer, not the thread. On leaving, the socket is shut down (a close alone does not
+    wake a pending accept), closed, and the thread joined."""
     def serve():
         while True:
             try:
@@ -615,7 +618,16 @@ def answer_each(backend, listening, answer):
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        try:
+            listening.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected in the kernel's eyes: the close below ends the accept
+        listening.close()
+        thread.join(10)
+        assert not thread.is_alive(), "the answering thread did not end"
 
 
 class Squatter:

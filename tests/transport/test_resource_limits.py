@@ -1,6 +1,7 @@
 """A listener under exhausted resources, for real, in a child process with lowered limits: it must
 back off and keep serving, never end its accept loop or abort the process."""
 import collections
+import contextlib
 import os
 import re
 import socket
@@ -15,7 +16,7 @@ import pytest
 
 from tests.transport import hostile_peer
 from tests.transport import wire_client as w
-from tests.transport.helpers import KEY, next_line, pattern, transport
+from tests.transport.helpers import HOST, KEY, free_port, next_line, pattern, transport
 from tests.transport.victim_process import VictimProcess
 from tf_rdma import errors
 
@@ -199,35 +200,57 @@ resource.setrlimit(resource.RLIMIT_NOFILE, ({COMMON_DESCRIPTOR_LIMIT}, resource.
 '''
 
 
-def silent_flood(backend, endpoint, per_second, stop):
-    """An outsider opening `per_second` sockets a second to `endpoint` that never send a byte,
-    until `stop` is set; each is closed 3 s after it opened (the listener drops a silent client
-    after 2 s). Returns the thread, which counts what it opened in `.opened`."""
+@contextlib.contextmanager
+def silent_flood(backend, endpoint, per_second):
+    """An outsider opening `per_second` sockets a second to `endpoint` that never send a byte, each
+    closed 3 s after it opened (the listener drops a silent client after 2 s), for as long as the
+    context lasts; yields a function that fails the test unless the flood runs at its full rate
+    (holding ~3 x per_second descriptors: this process's soft RLIMIT_NOFILE is raised for it, or at
+    a common 1024 the flood itself would die of EMFILE and the test pass with no flood)."""
     host, port = endpoint.rsplit(":", 1)
     family, address = ((socket.AF_UNIX, f"\0tf_rdma-shm-{port}") if backend == "shm"
                        else (socket.AF_INET, (host, int(port))))
+    stop = threading.Event()
 
     def flood():
         held = collections.deque()
         started = time.monotonic()
-        while not stop.is_set():
-            now = time.monotonic()
-            while held and now - held[0][0] > 3:
-                held.popleft()[1].close()
-            while thread.opened < (now - started) * per_second:
-                sock = socket.socket(family, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                sock.connect_ex(address)  # in progress (tcp), or refused with a full backlog: either counts
-                held.append((now, sock))
-                thread.opened += 1
-            time.sleep(0.005)
-        for _, sock in held:
-            sock.close()
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                while held and now - held[0][0] > 3:
+                    held.popleft()[1].close()
+                while thread.opened < (now - started) * per_second:
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                    sock.setblocking(False)
+                    sock.connect_ex(address)  # in progress (tcp), or refused with a full backlog: either counts
+                    held.append((now, sock))
+                    thread.opened += 1
+                time.sleep(0.005)
+        except OSError as error:
+            thread.error = error
+        finally:
+            for _, sock in held:
+                sock.close()
 
+    def at_full_rate():
+        assert thread.is_alive() and thread.error is None, f"the flood stopped: {thread.error}"
+        assert thread.opened >= 2.5 * per_second, f"the flood opened only {thread.opened} sockets"
+
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8 * per_second)), hard))
     thread = threading.Thread(target=flood, daemon=True)
-    thread.opened = 0
+    thread.opened, thread.error = 0, None
     thread.start()
-    return thread
+    try:
+        time.sleep(3)  # the flood's first sockets are dropped: it comes and goes at its full rate
+        at_full_rate()
+        yield at_full_rate
+    finally:
+        stop.set()
+        thread.join(10)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_silent_sockets_leave_a_process_at_its_descriptor_limit_room_for_peers(backend):
@@ -239,33 +262,57 @@ def test_silent_sockets_leave_a_process_at_its_descriptor_limit_room_for_peers(b
     "SHM_REGION frame without a file descriptor" and a tcp peer waited ~3 s to connect.)"""
     # A connect timeout past 2 s: the listener then drops a silent client after 2 s, as by default.
     victim = VictimProcess(backend, connect_timeout=5.0, limit_setup=LOWER_DESCRIPTOR_LIMIT)
-    stop = threading.Event()
-    flood = silent_flood(backend, victim.endpoint, 1000, stop)
     try:
-        time.sleep(3)  # the flood's first sockets are dropped: it comes and goes at its full rate
-        member = transport(backend, "member", connect_timeout=10)
-        victim.process.stdin.write("hold\n")
-        victim.process.stdin.flush()
-        started = time.monotonic()
-        connection = member.connect(victim.endpoint)
-        connected_in = time.monotonic() - started
-        assert victim.answer() == {"peer": "member"}
-        length = 1 << 20
-        region = member.allocate_region(length)
-        grant = connection.grant(100, region, 0, length)
-        time.sleep(0.5)  # the grant (over shm: the region's descriptor first) reaches the victim
-        answer = victim.ask(f"write 100 {length}")
-        assert answer["write"][0] == "ok", answer
-        assert grant.wait(10) == length
-        assert bytes(memoryview(region)) == pattern(length, seed=100)
-        print(f"\n{backend}: connected in {connected_in:.2f} s under {flood.opened} silent sockets")
+        with silent_flood(backend, victim.endpoint, 1000) as at_full_rate:
+            connected_in = connect_and_receive_a_write(victim, backend)
+            at_full_rate()
         assert connected_in < 1, f"connecting took {connected_in:.2f} s"
-        connection.close()
     finally:
-        stop.set()
-        flood.join(10)
         victim.assert_alive()
         victim.stop()
+
+
+def test_a_flood_on_one_listener_leaves_the_processs_other_listener_open():
+    """shm peers of a process whose tcp listener is flooded with silent sockets (the share of
+    descriptors is the process's, the clients each listener's) still connect within a second: a
+    listener makes room among its own clients, never by refusing a newcomer for another's."""
+    flooded_port = free_port()
+    second_listener = LOWER_DESCRIPTOR_LIMIT + textwrap.dedent(f'''
+        from tests.transport.helpers import HOST, transport
+        victim.flooded = transport("tcp", "victim", connect_timeout=5.0)
+        victim.flooded_listener = victim.flooded.listen(f"{{HOST}}:{flooded_port}")
+        ''')
+    victim = VictimProcess("shm", connect_timeout=5.0, limit_setup=second_listener)
+    try:
+        with silent_flood("tcp", f"{HOST}:{flooded_port}", 1000) as at_full_rate:
+            took = [connect_and_receive_a_write(victim, "shm") for _ in range(5)]
+            at_full_rate()
+        assert max(took) < 1, f"connecting took {took} s"
+    finally:
+        victim.assert_alive()
+        victim.stop()
+
+
+def connect_and_receive_a_write(victim, backend):
+    """A member connects to the victim and grants 1 MiB (over shm: the region's descriptor
+    passes), the victim writes it, it lands byte-exactly; how long connecting took."""
+    member = transport(backend, "member", connect_timeout=10)
+    victim.process.stdin.write("hold\n")
+    victim.process.stdin.flush()
+    started = time.monotonic()
+    connection = member.connect(victim.endpoint)
+    connected_in = time.monotonic() - started
+    assert victim.answer() == {"peer": "member"}
+    length = 1 << 20
+    region = member.allocate_region(length)
+    grant = connection.grant(100, region, 0, length)
+    answer = victim.ask(f"write 100 {length}")  # waits for the grant to reach the victim
+    assert answer["write"][0] == "ok", answer
+    assert grant.wait(10) == length
+    assert bytes(memoryview(region)) == pattern(length, seed=100)
+    print(f"\n{backend}: connected in {connected_in:.2f} s")
+    connection.close()
+    return connected_in
 
 
 def test_a_descriptor_that_cannot_be_received_is_this_processs_shortage_not_the_peers_fault():
@@ -273,7 +320,7 @@ def test_a_descriptor_that_cannot_be_received_is_this_processs_shortage_not_the_
     the region's descriptor (MSG_CTRUNC). The connection ends with a ResourceLimitError naming
     RLIMIT_NOFILE and `ulimit -n`, and the peer is told so (it was told it broke the protocol by
     sending SHM_REGION without a descriptor)."""
-    victim = VictimProcess("shm")
+    victim = VictimProcess("shm", limit_setup=LOWER_DESCRIPTOR_LIMIT)  # few to exhaust, whatever the caller's
     try:
         peer = victim.holding_raw_peer(KEY, "sharer")
         exhausted = victim.ask("exhaust_descriptors")

@@ -111,10 +111,9 @@ class RawPeer:
         assert kind == ACCEPT, (kind, body)
         assert body == token(key, "responder->initiator", self.backend, name, server_name, nonce, server_nonce)
 
-    def answer_handshake(self, key, name, in_place_of_accept=None):
+    def answer_handshake(self, key, name):
         """The listener's side of the handshake, as task `name`: a CHALLENGE, then the initiator's
-        PROOF checked and answered with ACCEPT and its token, or with `in_place_of_accept` (an
-        encoded frame, e.g. a REJECT) if given. The initiator's name."""
+        PROOF checked and answered with ACCEPT and its token. The initiator's name."""
         kind, body = self.receive()
         assert kind == HELLO, (kind, body)
         version, _, initiator_nonce, initiator, _ = parse_greeting(body)
@@ -123,8 +122,7 @@ class RawPeer:
         kind, body = self.receive()
         assert kind == PROOF, (kind, body)
         assert body == token(key, "initiator->responder", self.backend, initiator, name, initiator_nonce, nonce)
-        self.send(in_place_of_accept or
-                  frame(ACCEPT, token(key, "responder->initiator", self.backend, initiator, name, initiator_nonce, nonce)))
+        self.send(frame(ACCEPT, token(key, "responder->initiator", self.backend, initiator, name, initiator_nonce, nonce)))
         return initiator
 
     def send(self, data):

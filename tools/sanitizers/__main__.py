@@ -138,8 +138,14 @@ def main():
     if args.action == "unit-tests":
         command = [str(build_dir(args.sanitizer) / "transport_unit_tests"), *args.arguments]
         return subprocess.run(command, env=sanitized_environment(args.sanitizer, preload=False)).returncode
-    command = [sys.executable, "-m", "pytest", *args.arguments]
-    return subprocess.run(command, env=sanitized_environment(args.sanitizer, preload=True), cwd=ROOT).returncode
+    env = sanitized_environment(args.sanitizer, preload=True)
+    # The tests would pass as well against the ordinary build: make sure they get the sanitized one.
+    loaded = subprocess.run([sys.executable, "-c", "import tf_rdma._transport as t; print(t.__file__)"],
+                            env=env, cwd=ROOT, capture_output=True, text=True)
+    if loaded.returncode != 0 or not loaded.stdout.strip().startswith(str(build_dir(args.sanitizer))):
+        sys.exit(f"tools.sanitizers: the tests would not load the {args.sanitizer} build of tf_rdma._transport "
+                 f"(they load {loaded.stdout.strip() or loaded.stderr.strip()[-500:]})")
+    return subprocess.run([sys.executable, "-m", "pytest", *args.arguments], env=env, cwd=ROOT).returncode
 
 
 if __name__ == "__main__":
