@@ -121,6 +121,16 @@ def format_cluster(cluster):
     return ";".join(f"{job}={','.join(hosts)}" for job, hosts in cluster.items())
 
 
+def launch_locally_or_require_tf_config(args, launch_local):
+    """launch_local(args)'s outcome under --launch-local; else None once TF_CONFIG is known to be
+    set (the task runs itself), or exit saying how to run the example."""
+    if args.launch_local:
+        return launch_local(args)
+    if not os.environ.get("TF_CONFIG"):
+        raise SystemExit("set TF_CONFIG (or use --launch-local)")
+    return None
+
+
 def resolve_task(args_cluster, args_job, args_task):
     """(cluster dict, job, task index) from --cluster/--job/--task, else from TF_CONFIG."""
     if args_cluster:

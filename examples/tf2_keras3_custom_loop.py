@@ -259,10 +259,9 @@ def launch_local(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.launch_local:
-        return launch_local(args)
-    if not os.environ.get("TF_CONFIG"):
-        raise SystemExit("set TF_CONFIG (or use --launch-local)")
+    launched = cu.launch_locally_or_require_tf_config(args, launch_local)
+    if launched is not None:
+        return launched
     cluster, job, index = cu.resolve_task(None, None, None)
     if args.strategy == "mwms":
         run_mirrored_worker(args, cluster, index)

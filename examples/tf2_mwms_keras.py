@@ -244,10 +244,9 @@ def launch_local(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.launch_local:
-        return launch_local(args)
-    if not os.environ.get("TF_CONFIG"):
-        raise SystemExit("set TF_CONFIG (or use --launch-local)")
+    launched = cu.launch_locally_or_require_tf_config(args, launch_local)
+    if launched is not None:
+        return launched
     run_worker(args)
     sys.stdout.flush()
     # The strategy's server cannot be shut down (GrpcServer::Stop is unimplemented) and its
