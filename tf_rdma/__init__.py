@@ -11,6 +11,7 @@ from tf_rdma.errors import (
     ConfigError,
     HandshakeError,
     MessageTooLargeError,
+    MissingLibraryError,
     OperationTimeoutError,
     PeerUnavailableError,
     ProtocolError,
@@ -43,6 +44,6 @@ def __getattr__(name):
 
 __all__ = [
     "BackendUnavailableError", "CancelledError", "Config", "DATA_TRANSFER_PROTOCOL", *_TENSORFLOW_SIDE, "ConfigError", "HandshakeError",
-    "MessageTooLargeError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
+    "MessageTooLargeError", "MissingLibraryError", "OperationTimeoutError", "PeerUnavailableError", "ProtocolError",
     "TensorFlowMismatchError", "TransportError", "config", "dtensor", "errors", "keras", "load_config",
 ]

@@ -72,8 +72,8 @@ def _handshake(report, transport, host, rdma_port):
         connection = transport.connect(f"{host}:{rdma_port}")
     except errors.HandshakeError as e:
         text = str(e)
-        if "wire protocol" in text:
-            report.problems.append(text)  # names both sides' versions and the fix
+        if "cluster key mismatch" not in text:
+            report.problems.append(text)  # another wire protocol, a refusal: the text names it and the fix
         else:
             report.same_secret = False
             report.problems.append(

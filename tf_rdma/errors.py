@@ -1,4 +1,5 @@
-"""The exceptions tf_rdma raises. C++ status codes map onto them in one place, from_status."""
+"""The exceptions tf_rdma raises. A C++ status maps onto them in one place, from_status: by the
+kind marked where the failure arose (cc/transport/error_kinds.h), else by its code."""
 
 
 class TransportError(RuntimeError):
@@ -52,17 +53,32 @@ class OperationTimeoutError(TransportError, TimeoutError):
 
 
 class BackendUnavailableError(TransportError):
-    """The requested backend cannot work on this host; the message says why."""
+    """The requested backend cannot work on this host, or toward this peer (no RDMA device reaches
+    it, or not the device, port or GID the settings name); the message says why."""
 
 
-# absl::StatusCode values.
+class MissingLibraryError(TransportError):
+    """A shared library tf_rdma needs cannot be loaded or is unfit (OpenSSL's libcrypto, for the
+    handshake); the message names it and the package that installs it."""
+
+
+# The kinds C++ marks where a failure arises (cc/transport/error_kinds.h: ErrorKindName). A status
+# code is shared by unrelated failures (FAILED_PRECONDITION is a peer of another cluster, a missing
+# libcrypto or an RDMA device that does not reach the peer), so a kind, where set, decides.
+_BY_KIND = {
+    "handshake": HandshakeError,
+    "missing_library": MissingLibraryError,
+    "rdma_device_mismatch": BackendUnavailableError,
+}
+
+
+# absl::StatusCode values, for statuses with no kind. FAILED_PRECONDITION and PERMISSION_DENIED
+# have no class of their own: they mean too many different things.
 _BY_CODE = {
     1: CancelledError,
     3: ConfigError,
     4: OperationTimeoutError,
-    7: HandshakeError,
     8: MessageTooLargeError,
-    9: HandshakeError,
     10: AbortedError,
     12: BackendUnavailableError,
     14: PeerUnavailableError,
@@ -70,7 +86,9 @@ _BY_CODE = {
 }
 
 
-def from_status(code, message, needed=0):
+def from_status(code, message, needed=0, kind=None):
+    if kind is not None:
+        return _BY_KIND.get(kind, TransportError)(message)
     cls = _BY_CODE.get(code, TransportError)
     if cls is MessageTooLargeError:
         # RESOURCE_EXHAUSTED without a size is a resource limit, not a message too big for its grant.

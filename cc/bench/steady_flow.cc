@@ -119,7 +119,7 @@ absl::Status SteadyFlow::Stop(absl::Duration timeout) {
   state.stopping.store(true);
   if (state.side == Side::kSend) {
     for (auto& peer : state.peers) {
-      peer.connection->DropWrites(kSteadyFlowTag, absl::CancelledError("the flow stopped"));
+      peer.connection->Withdraw(kSteadyFlowTag, absl::CancelledError("the flow stopped"));
     }
   }
   std::unique_lock<std::mutex> lock(state.mu);

@@ -1,16 +1,19 @@
 // How a failed absl::Status leaves C++ for Python in every tf_rdma module: as the tf_rdma.errors
-// class for its code (see tf_rdma/errors.py: from_status).
+// class for its kind (cc/transport/error_kinds.h), or for its code where no kind was marked (see
+// tf_rdma/errors.py: from_status).
 #ifndef TF_RDMA_CC_PYTHON_STATUS_EXCEPTION_H_
 #define TF_RDMA_CC_PYTHON_STATUS_EXCEPTION_H_
 
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cc/transport/error_kinds.h"
 
 namespace tf_rdma {
 
@@ -45,8 +48,10 @@ inline void RegisterStatusTranslator() {
       if (p) std::rethrow_exception(p);
     } catch (const StatusException& e) {
       pybind11::object errors = pybind11::module_::import("tf_rdma.errors");
+      const std::optional<std::string> kind = ErrorKindOf(e.status);
       pybind11::object error = errors.attr("from_status")(
-          static_cast<int>(e.status.code()), ToPython(e.status.message()), e.needed);
+          static_cast<int>(e.status.code()), ToPython(e.status.message()), e.needed,
+          kind.has_value() ? pybind11::object(pybind11::str(*kind)) : pybind11::object(pybind11::none()));
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     }
   });

@@ -340,10 +340,10 @@ PYBIND11_MODULE(_transport, m) {
       .def("withdraw", [](PyConnection& c, const py::int_& tag, const std::string& reason) {
              const Tag parsed = TagFromInt(tag);
              InsideConnectionCall inside;
-             c.get().DropWrites(parsed, absl::AbortedError(reason));
+             c.get().Withdraw(parsed, absl::AbortedError(reason));
            },
            py::arg("tag"), py::arg("reason") = "the sender's step was aborted",
-           "Sender side: gives up on `tag`; its writes waiting or to come complete as cancelled, and the "
+           "Sender side: withdraws `tag`; its writes waiting or to come complete as cancelled, and the "
            "receiver's grants under it, made or to come, fail as aborted with `reason`.")
       .def("write",
            [](PyConnection& c, const py::int_& tag, const py::buffer& data) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/transport/crypto.h"
+#include "cc/transport/error_kinds.h"
 #include "cc/transport/shm/shm_transport.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #ifdef TF_RDMA_HAVE_VERBS
@@ -81,9 +82,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(Backend backend,
   if (!crypto.ok()) return crypto;
   absl::Status available = BackendAvailable(backend, options);
   if (!available.ok()) {
-    return absl::Status(available.code(), absl::StrCat("the ", BackendName(backend),
-                                                       " backend is not available: ",
-                                                       available.message()));
+    return WithContext(available, absl::StrCat("the ", BackendName(backend), " backend is not available: ",
+                                               available.message()));
   }
   return RegistrationOf(backend).create(options);
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "cc/transport/addresses.h"
 #include "cc/transport/backend_registry.h"
+#include "cc/transport/error_kinds.h"
 
 namespace tf_rdma {
 namespace {
@@ -19,7 +20,7 @@ absl::StatusOr<BackendChoice> ChooseExplicitly(const std::string& requested, con
   // library an unavailable backend.
   absl::Status available = BackendAvailable(*backend, options);
   if (!available.ok()) {
-    return absl::Status(available.code(), absl::StrCat(
+    return WithContext(available, absl::StrCat(
         "TF_RDMA_BACKEND=", requested, " but that backend is not available: ", available.message(),
         ". Unset TF_RDMA_BACKEND (auto) to use what works on this host."));
   }

@@ -4,8 +4,11 @@
 
 #include <climits>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/transport/error_kinds.h"
 
 namespace tf_rdma {
 namespace {
@@ -72,17 +75,23 @@ constexpr int kOwnSymbolsFirst = 0;
 constexpr int kOwnSymbolsFirst = RTLD_DEEPBIND;
 #endif
 
+// libcrypto missing or unfit: FAILED_PRECONDITION (installing it is the fix), of its own kind so that
+// it is not taken for a peer of another cluster.
+absl::Status LibraryError(std::string message) {
+  return WithErrorKind(absl::FailedPreconditionError(std::move(message)), ErrorKind::kMissingLibrary);
+}
+
 absl::Status Load() {
   void* handle = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL | kOwnSymbolsFirst);
   if (handle == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return LibraryError(absl::StrCat(
         "tf_rdma needs OpenSSL's libcrypto.so.3 for its handshake and could not load it (",
         dlerror(), "). ", kInstallHint, "."));
   }
 #define TF_RDMA_CRYPTO_RESOLVE(ret, name, params)                                                  \
   libcrypto.name = reinterpret_cast<ret(*) params>(dlsym(handle, #name));                          \
   if (libcrypto.name == nullptr) {                                                                 \
-    return absl::FailedPreconditionError(absl::StrCat(                                             \
+    return LibraryError(absl::StrCat(                                                           \
         "the libcrypto.so.3 loaded lacks " #name ", which tf_rdma's handshake needs. ",           \
         kInstallHint, "."));                                                                       \
   }
@@ -99,7 +108,7 @@ absl::Status SelfTest() {
                                  0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
                                  0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
   if (HmacSha256("Jefe", "what do ya want for nothing?") != expected) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return LibraryError(absl::StrCat(
         "the libcrypto.so.3 loaded computes HMAC-SHA-256 wrongly (RFC 4231 test case 2). ", kInstallHint, "."));
   }
   Sha256("");

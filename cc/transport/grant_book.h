@@ -9,7 +9,7 @@
 // must have `uint64_t length` and `WriteDone done`.
 //
 // A receiver whose step was cancelled discards its tags: the sender drops writes under them, now
-// or when they come. A sender whose step was aborted or ended gives its tags up (withdraws them):
+// or when they come. A sender whose step was aborted or ended withdraws its tags:
 // it drops its writes under them alike, and answers the receiver's grants under them, unused now
 // or coming later, with WITHDRAWN and why, so that no receive waits for a message that will not
 // come. Tags name one transfer each in tf_rdma's use, so the book remembers only the last
@@ -92,10 +92,10 @@ class GrantBook {
     std::optional<std::pair<wire::Grant, Write>> ready;  // write it into this grant
     std::vector<wire::TooSmall> too_small;               // tell the peer
     std::optional<Write> discarded;                      // complete it as cancelled
-    std::vector<wire::Withdrawn> withdrawn;              // tell the peer: its grant's tag was given up
+    std::vector<wire::Withdrawn> withdrawn;              // tell the peer: its grant's tag was withdrawn
   };
-  // What the sender's giving up a tag lets go.
-  struct Dropped {
+  // What the sender's withdrawing a tag lets go.
+  struct Withdrawal {
     std::vector<Write> writes;               // complete them as cancelled
     std::vector<wire::Withdrawn> withdrawn;  // tell the peer: its grants under the tag
   };
@@ -247,23 +247,23 @@ class GrantBook {
     discarded_.Remember(tag, true);
     return TakeWaiting(tag);
   }
-  // Sender side: this process gives `tag` up for `why` (its step was aborted or ended): its writes
+  // Sender side: this process withdraws `tag` for `why` (its step was aborted or ended): its writes
   // are dropped as after DiscardWrites, and the peer's grants under it, unused now or to come, are
   // answered WITHDRAWN with `why` (an OK `why` reads as cancelled). `why` is kept as it is: the
   // copies a step's tags share hold one message between them.
-  Dropped DropWrites(const Tag& tag, const absl::Status& why) {
+  Withdrawal Withdraw(const Tag& tag, const absl::Status& why) {
     withdrawn_.Remember(tag, why.ok() ? absl::CancelledError("the sender gave the message up") : why);
     const absl::Status& remembered = *withdrawn_.Find(tag);
-    Dropped dropped;
-    dropped.writes = TakeWaiting(tag);
+    Withdrawal withdrawal;
+    withdrawal.writes = TakeWaiting(tag);
     auto grants = peer_grants_.find(tag);
-    if (grants == peer_grants_.end()) return dropped;
+    if (grants == peer_grants_.end()) return withdrawal;
     for (const wire::Grant& grant : grants->second) {
       peer_grant_ids_.erase(grant.grant_id);
-      dropped.withdrawn.push_back(WithdrawnAnswer(grant.grant_id, remembered));
+      withdrawal.withdrawn.push_back(WithdrawnAnswer(grant.grant_id, remembered));
     }
     peer_grants_.erase(grants);
-    return dropped;
+    return withdrawal;
   }
   // The peer's unused grants are dropped, without allocating: what frees the memory a peer made
   // us hold when the process ran out of it, before its connection is failed.
@@ -322,7 +322,7 @@ class GrantBook {
   std::unordered_map<Tag, std::deque<wire::Grant>, TagHash> peer_grants_;
   std::unordered_set<uint64_t> peer_grant_ids_;
   RecentTags<bool> discarded_;             // by the peer (DISCARD)
-  RecentTags<absl::Status> withdrawn_;     // by this process (DropWrites), with why
+  RecentTags<absl::Status> withdrawn_;     // by this process (Withdraw), with why
 };
 
 }  // namespace tf_rdma

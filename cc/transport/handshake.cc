@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "cc/transport/crypto.h"
+#include "cc/transport/error_kinds.h"
 
 #ifndef TF_RDMA_VERSION
 #define TF_RDMA_VERSION "dev"
@@ -96,18 +97,20 @@ absl::Status Refuse(FrameChannel& channel, absl::Status status) {
 
 absl::Status VersionMismatch(const wire::Greeting& peer, const std::string& peer_address,
                              const TransportOptions& options) {
-  return absl::FailedPreconditionError(absl::StrCat(
+  return WithErrorKind(absl::FailedPreconditionError(absl::StrCat(
       "tf_rdma version mismatch with peer ", peer.name, " at ", peer_address,
       ": it speaks wire protocol ", peer.protocol_version, " (tf_rdma ", peer.build,
       "), this process (", options.local_name, ") speaks ", AnnouncedVersion(options), " (tf_rdma ",
-      BuildDescription(), "). Install the same tf_rdma version in every task of the cluster."));
+      BuildDescription(), "). Install the same tf_rdma version in every task of the cluster.")),
+      ErrorKind::kHandshake);
 }
 
 absl::Status KeyMismatch(const std::string& who, const std::string& peer_address) {
-  return absl::PermissionDeniedError(absl::StrCat(
+  return WithErrorKind(absl::PermissionDeniedError(absl::StrCat(
       "cluster key mismatch with ", who, " at ", peer_address,
       ": the peer does not belong to this cluster. Start every task with the same cluster spec "
-      "and the same TF_RDMA_SECRET."));
+      "and the same TF_RDMA_SECRET.")),
+      ErrorKind::kHandshake);
 }
 
 // Expects a frame of `type`; a REJECT becomes the peer's error, anything else a protocol error.
@@ -119,9 +122,8 @@ absl::Status KeyMismatch(const std::string& who, const std::string& peer_address
 absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, absl::Time deadline) {
   absl::StatusOr<wire::Frame> frame = channel.Receive(deadline);
   if (!frame.ok()) {
-    return absl::Status(frame.status().code(),
-                        absl::StrCat("handshake with ", channel.PeerAddress(), " failed: ",
-                                     frame.status().message()));
+    return WithContext(frame.status(), absl::StrCat("handshake with ", channel.PeerAddress(), " failed: ",
+                                                    frame.status().message()));
   }
   if (frame->type == wire::FrameType::kReject) {
     const auto& reject = std::get<wire::Reject>(frame->body);
@@ -132,7 +134,12 @@ absl::StatusOr<wire::Frame> Expect(FrameChannel& channel, wire::FrameType type, 
                                             reject.message));
     const bool for_now = (type == wire::FrameType::kChallenge && code == absl::StatusCode::kResourceExhausted) ||
                          (type == wire::FrameType::kAccept && code == absl::StatusCode::kUnavailable);
-    if (for_now) refused.SetPayload(kRefusedForNowPayload, absl::Cord());
+    // Any other REJECT ends the handshake for good: the peer will not take this process.
+    if (for_now) {
+      refused.SetPayload(kRefusedForNowPayload, absl::Cord());
+    } else {
+      refused = WithErrorKind(std::move(refused), ErrorKind::kHandshake);
+    }
     return refused;
   }
   if (frame->type != type) {
@@ -155,11 +162,12 @@ absl::Status CheckNotReflected(const wire::Greeting& peer, const std::string& pe
     reflected = "claims this process's own name";
   }
   if (reflected == nullptr) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
+  return WithErrorKind(absl::PermissionDeniedError(absl::StrCat(
       "refused a reflected handshake with ", peer_address, ": the peer ", reflected,
       ", so it is relaying this process's (", options.local_name,
       ") own handshake back to it. Something at that address is not the task it should be; "
-      "check who listens there."));
+      "check who listens there.")),
+      ErrorKind::kHandshake);
 }
 
 }  // namespace
@@ -248,9 +256,10 @@ absl::StatusOr<PeerIdentity> ServerHandshake(FrameChannel& channel, Backend back
     return Refuse(channel, VersionMismatch(hello, channel.PeerAddress(), options));
   }
   if (hello.backend != static_cast<uint8_t>(backend)) {
-    return Refuse(channel, absl::FailedPreconditionError(absl::StrCat(
-                               "backend mismatch: peer ", hello.name, " asked for backend #",
-                               hello.backend, " on a ", BackendName(backend), " listener")));
+    return Refuse(channel, WithErrorKind(absl::FailedPreconditionError(absl::StrCat(
+                                             "backend mismatch: peer ", hello.name, " asked for backend #",
+                                             hello.backend, " on a ", BackendName(backend), " listener")),
+                                         ErrorKind::kHandshake));
   }
   absl::Status not_reflected = CheckNotReflected(hello, channel.PeerAddress(), options);
   if (!not_reflected.ok()) return Refuse(channel, not_reflected);

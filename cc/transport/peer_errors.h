@@ -23,7 +23,7 @@ absl::Status PeerFailure(const std::string& peer_name, const std::string& peer_a
 absl::Status PeerClosedConnection(const std::string& peer_name, const std::string& peer_address,
                                   uint32_t code, const std::string& message);
 
-// The peer withdrew the message a grant of ours waited for (a WITHDRAWN frame): it gave it up
+// The peer withdrew the message a grant of ours waited for (a WITHDRAWN frame),
 // with status `code` (not OK; wire.cc checks) and `reason`, its text escaped. kAborted, as the
 // sender's step was: the receive's step is to be aborted and retried, not taken for a lost peer.
 absl::Status PeerWithdrewMessage(const std::string& peer_name, const std::string& peer_address,

@@ -74,7 +74,7 @@ class MemoryRegion {
 
 // Outcome of a grant, delivered once. status is OK with `length` bytes written at the granted
 // offset; kResourceExhausted when the sender's message needs `length` bytes, more than granted;
-// kCancelled after Revoke; kAborted when the sender gave the message up (DropWrites), saying why;
+// kCancelled after Revoke; kAborted when the sender withdrew the message (Withdraw), saying why;
 // otherwise the connection's error.
 struct GrantResult {
   absl::Status status;
@@ -90,14 +90,14 @@ using WriteDone = std::function<void(const absl::Status&)>;
 //     arrives or the peer is found silent (TransportOptions::peer_timeout). It runs on the
 //     caller's thread inside Grant only when the grant is refused at once (a bad range, or the
 //     connection failed already), and inside Close (on whichever thread closes) for grants that
-//     were still out. Never inside Revoke, DiscardPeerWrites, Write or DropWrites.
+//     were still out. Never inside Revoke, DiscardPeerWrites, Write or Withdraw.
 //   * WriteDone runs inside Write when the write completes at once: its message went onto the
 //     socket whole (tcp and shm send small messages from the caller's thread; this saves a thread
 //     hand-off per message), its tag was discarded or withdrawn, or the connection failed. On the
 //     transport thread that is handling the same connection's events (inside one of its
 //     callbacks), tcp and shm send nothing before that handling returns: then what it queued
 //     leaves in one send, and WriteDone runs on that thread, after Write returned. It runs
-//     inside Grant/Revoke/DiscardPeerWrites/DropWrites/Close of the same connection when that call
+//     inside Grant/Revoke/DiscardPeerWrites/Withdraw/Close of the same connection when that call
 //     completes it (a paired write sent from there, a dropped one, a close), and else on a transport thread
 //     (the peer's grant arrived, the socket drained).
 
@@ -121,7 +121,7 @@ class Connection {
 
   // Sender side. [src, src + length) must stay valid and unchanged until `done` runs.
   virtual void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) = 0;
-  // The sender gives up on `tag` for `why` (its step was aborted, or ended) and drops its writes
+  // The sender withdraws `tag` for `why` (its step was aborted, or ended) and drops its writes
   // under it: those still waiting for a grant, and any that come later, complete with
   // DiscardedWrite(), as after the receiver's DiscardPeerWrites. A receiver tells only about
   // receives it issued; one whose step ended before it issued a receive never will, and the write
@@ -130,7 +130,7 @@ class Connection {
   // `why`'s code and message and this process's name, where it would otherwise wait for a message
   // that never comes. A write already paired with a grant goes on. Remembered apart from
   // discarded tags, as many (grant_book.h).
-  virtual void DropWrites(const Tag& tag, const absl::Status& why) = 0;
+  virtual void Withdraw(const Tag& tag, const absl::Status& why) = 0;
 
   // Fails every pending and future operation with `reason` and tells the peer why.
   virtual void Close(const absl::Status& reason) = 0;

@@ -97,7 +97,7 @@ struct ShmRegion {
 struct ShmRegionGone { uint32_t region_id = 0; };
 struct Withdrawn {
   uint64_t grant_id = 0;
-  uint32_t code = 0;   // absl::StatusCode of why the sender gave the message up; never OK
+  uint32_t code = 0;   // absl::StatusCode of why the sender withdrew the message; never OK
   std::string reason;  // decoded: unprintable bytes escaped (it is the peer's text)
 };
 

@@ -85,9 +85,9 @@ class Harness {
         break;
       case 4: {  // this process gives a tag up
         const Tag tag = SomeTag();
-        Book::Dropped dropped = book_.DropWrites(tag, in_.ConsumeBool() ? absl::OkStatus() : absl::AbortedError("step aborted"));
-        for (const FuzzWrite& write : dropped.writes) Completed(write);
-        for (const tf_rdma::wire::Withdrawn& withdrawn : dropped.withdrawn) Answered(withdrawn.grant_id, &tag);
+        Book::Withdrawal withdrawal = book_.Withdraw(tag, in_.ConsumeBool() ? absl::OkStatus() : absl::AbortedError("step aborted"));
+        for (const FuzzWrite& write : withdrawal.writes) Completed(write);
+        for (const tf_rdma::wire::Withdrawn& withdrawn : withdrawal.withdrawn) Answered(withdrawn.grant_id, &tag);
         break;
       }
       case 5:  // out of memory: the peer's unused grants go

@@ -75,7 +75,7 @@ class Harness {
         break;
       case 6: connection_->DiscardPeerWrites(SomeTag()); break;
       case 7:
-        connection_->DropWrites(SomeTag(), in_.ConsumeBool() ? absl::OkStatus() : absl::AbortedError("step aborted"));
+        connection_->Withdraw(SomeTag(), in_.ConsumeBool() ? absl::OkStatus() : absl::AbortedError("step aborted"));
         break;
       case 8: connection_->OnTick(absl::Now()); break;
       case 9: connection_->OnEvents(EPOLLOUT); break;

@@ -1,4 +1,4 @@
-"""The impairments the Soft-RoCE fault cases put on the linked guests' link (issue 27): `tc netem`
+"""The impairments the Soft-RoCE fault cases put on the linked guests' link: `tc netem`
 on eth0's egress, in each guest, so both directions are impaired; and partitions, nftables drops at
 one guest's end of the link, both ways.
 
@@ -6,7 +6,7 @@ NETEM: 1% loss, 1% duplication and 20 ms +- 5 ms of delay. `rate` keeps the pack
 link does.
 REORDERING: the same jitter without `rate`: netem then gives each packet its own delay, so packets
 overtake each other and RC's go-back-N retransmission slows a message to a crawl (docs/faults.md,
-"What they found")."""
+"How verbs behaves under these faults")."""
 import shutil
 import subprocess
 import time

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from tests.transport.remote_process import RemoteProcess
 from tf_rdma import _transport
 
@@ -28,6 +30,15 @@ def socket_inodes(pid="self"):
         if target.startswith("socket:["):
             inodes.add(target[len("socket:["):-1])
     return inodes
+
+
+@contextlib.contextmanager
+def raises_exactly(error_class, match=None):
+    """pytest.raises that also fails on a subclass of `error_class`: every failure has a class of its
+    own (tf_rdma/errors.py), and the test pins which."""
+    with pytest.raises(error_class, match=match) as raised:
+        yield raised
+    assert raised.type is error_class, f"raised {raised.type.__name__}, not {error_class.__name__}: {raised.value}"
 
 
 def transport(backend, name="local", key=KEY, **kwargs):

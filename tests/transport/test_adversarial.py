@@ -22,7 +22,7 @@ import pytest
 
 from tests.transport import hostile_peer
 from tests.transport import wire_client as w
-from tests.transport.helpers import HOST, KEY, listening_child, transport
+from tests.transport.helpers import HOST, KEY, listening_child, raises_exactly, transport
 from tf_rdma import _transport, errors
 from tf_rdma.config import load_config
 from tests.transport.victim_process import GRANTS, WRITES, VictimProcess
@@ -271,19 +271,19 @@ def test_refused_handshakes_are_logged_once_per_ten_seconds_with_the_count_left_
 UNAVAILABLE, RESOURCE_EXHAUSTED = 14, 8
 
 
-@pytest.mark.parametrize("in_place_of, code, retried", [
-    ("CHALLENGE", UNAVAILABLE, False),       # "not now" is no answer to a HELLO: a hang-up
-    ("ACCEPT", UNAVAILABLE, True),           # where a listener's admission says "not now"
-    ("CHALLENGE", RESOURCE_EXHAUSTED, True),  # where a listener short of handshake slots says "busy"
-    ("ACCEPT", RESOURCE_EXHAUSTED, False),   # "busy" once the handshake ran: a hang-up
+# A refusal for good is a failed handshake; one retried until the connect timeout, an unreachable peer.
+@pytest.mark.parametrize("in_place_of, code, retried, raised_class", [
+    ("CHALLENGE", UNAVAILABLE, False, errors.HandshakeError),       # "not now" is no answer to a HELLO
+    ("ACCEPT", UNAVAILABLE, True, errors.PeerUnavailableError),     # where a listener's admission says "not now"
+    ("CHALLENGE", RESOURCE_EXHAUSTED, True, errors.PeerUnavailableError),  # a listener short of handshake slots: "busy"
+    ("ACCEPT", RESOURCE_EXHAUSTED, False, errors.HandshakeError),   # "busy" once the handshake ran
 ])
 def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_a_listener_asks(
-        backend, in_place_of, code, retried):
+        backend, in_place_of, code, retried, raised_class):
     """A squatter without the key answers every dial with a REJECT of its own words, in place of
     the CHALLENGE or of the ACCEPT. The dialler quotes them as the unauthenticated words of whoever
     answered, and tries again only where a legitimate listener refuses for now; any other REJECT
-    fails the dial at once, as hanging up does (it used to keep the dial trying for its whole
-    connect timeout whatever the step)."""
+    fails the dial at once, as hanging up does."""
     connect_timeout = 2.0
     dialler = transport(backend, "victim", connect_timeout=connect_timeout)
     listening, endpoint = hostile_peer.squat(backend)
@@ -302,7 +302,7 @@ def test_a_squatters_reject_is_quoted_as_unauthenticated_and_retried_only_where_
 
     with hostile_peer.answering_each(backend, listening, refuse):
         started = time.monotonic()
-        with pytest.raises(errors.TransportError) as refused:
+        with raises_exactly(raised_class) as refused:
             dialler.connect(endpoint)
         took = time.monotonic() - started
     assert f"the peer at {endpoint}, not authenticated, said: {words}" in str(refused.value), refused.value
@@ -329,7 +329,7 @@ def test_offline_guessing_from_a_dialling_victims_token_finds_a_weak_secret_so_t
     length x Shannon entropy accepted). Every secret on such a list is therefore refused when a
     task loads it."""
     for guess in GUESSES:
-        with pytest.raises(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
+        with raises_exactly(errors.ConfigError, match="TF_RDMA_SECRET is too weak"):
             load_config({"TF_RDMA_SECRET": guess})
 
     weak = "password" * 6
@@ -407,7 +407,7 @@ def test_shm_bytes_mapped_for_all_peers_together_are_bounded():
     second, second_connection = sharing("second", 2 << 20)
     reason = second.receive_until_closed()
     assert reason and "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL" in reason, reason
-    with pytest.raises(errors.TransportError, match="TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL"):
+    with raises_exactly(errors.ResourceLimitError, match="TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL"):
         second_connection.check()
     first.close()
     failure_of(first_connection)
@@ -448,7 +448,7 @@ def test_connections_under_one_name_together_map_no_more_than_one_peer_may():
     for peer, connection, _ in greedy[1:]:
         reason = peer.receive_until_closed()
         assert reason and "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER" in reason and "greedy" in reason, reason
-        with pytest.raises(errors.ResourceLimitError, match="peers named greedy"):
+        with raises_exactly(errors.ResourceLimitError, match="peers named greedy"):
             connection.check()
     modest, modest_connection, modest_fd = sharing("modest")
     time.sleep(0.2)

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from tests.transport.helpers import HOST, transport
+from tests.transport.helpers import HOST, raises_exactly, transport
 from tf_rdma import _transport, errors
 from tf_rdma.transport import BACKENDS, STREAM_BACKENDS, available_backends, choose_backend
 
@@ -42,10 +42,10 @@ def test_an_explicit_backend_is_taken_as_said(backend):
 def test_explicit_shm_to_another_host_is_a_configuration_error():
     # What TensorFlow's runtime asks (Runtime::ConnectTo), and so what a TensorFlow step raises
     # (tests/tf/test_tf1.py: test_explicit_shm_to_a_task_on_another_host_is_a_configuration_error).
-    with pytest.raises(errors.ConfigError, match=f"TF_RDMA_BACKEND=shm but peer {ANOTHER_HOST} is on another host"):
+    with raises_exactly(errors.ConfigError, match=f"TF_RDMA_BACKEND=shm but peer {ANOTHER_HOST} is on another host"):
         _transport.choose_backend("shm", ANOTHER_HOST)
     # The transport itself refuses too, at once rather than after the connect timeout.
-    with pytest.raises(errors.ConfigError, match="shm backend reaches only peers on this host"):
+    with raises_exactly(errors.ConfigError, match="shm backend reaches only peers on this host"):
         transport("shm", connect_timeout=30).connect(f"{ANOTHER_HOST}:5")
 
 
@@ -57,11 +57,11 @@ def test_every_registered_backend_says_whether_it_works_here_and_why_not():
 
 
 def test_an_unknown_backend_is_refused_naming_the_registered_ones():
-    with pytest.raises(errors.ConfigError, match=f"unknown backend 'rdma'; expected one of: {', '.join(BACKENDS)}"):
+    with raises_exactly(errors.ConfigError, match=f"unknown backend 'rdma'; expected one of: {', '.join(BACKENDS)}"):
         _transport.backend_available("rdma")
 
 
 @pytest.mark.parametrize("requested", ["tcp", "shm", "auto"])
 def test_a_peer_host_that_does_not_resolve_is_an_error_naming_it(requested):
-    with pytest.raises(errors.ConfigError, match="cannot resolve host 'no-such-host.invalid'"):
+    with raises_exactly(errors.ConfigError, match="cannot resolve host 'no-such-host.invalid'"):
         _transport.choose_backend(requested, "no-such-host.invalid")

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from tests.transport.helpers import raises_exactly
 from tf_rdma import errors
 from tf_rdma.config import load_config
 
@@ -37,7 +38,7 @@ def test_the_poll_windows_are_read_and_bounded(name, field, default):
     assert getattr(load_config({name: "50"}), field) == 50
     assert getattr(load_config({name: "0"}), field) == 0
     for bad in ("-1", "2000000", "50us"):
-        with pytest.raises(errors.ConfigError, match=f"{name}='{bad}' is not a whole number between 0 and 1000000"):
+        with raises_exactly(errors.ConfigError, match=f"{name}='{bad}' is not a whole number between 0 and 1000000"):
             load_config({name: bad})
 
 
@@ -45,7 +46,7 @@ def test_the_io_threads_are_read_and_bounded():
     assert load_config({}).io_threads == 2
     assert load_config({"TF_RDMA_IO_THREADS": "4"}).io_threads == 4
     for bad in ("0", "65", "two"):
-        with pytest.raises(errors.ConfigError, match=f"TF_RDMA_IO_THREADS='{bad}' is not a whole number between 1 and 64"):
+        with raises_exactly(errors.ConfigError, match=f"TF_RDMA_IO_THREADS='{bad}' is not a whole number between 1 and 64"):
             load_config({"TF_RDMA_IO_THREADS": bad})
 
 
@@ -54,7 +55,7 @@ def test_the_receive_pool_idle_period_is_read_and_bounded():
     assert load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": "250"}).receive_pool_idle == 0.25
     assert load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": "0"}).receive_pool_idle == 0
     for bad in ("-1", "86400001", "30s"):
-        with pytest.raises(errors.ConfigError, match=f"TF_RDMA_RECEIVE_POOL_IDLE_MS='{bad}' is not a whole number of milliseconds between 0 and 86400000"):
+        with raises_exactly(errors.ConfigError, match=f"TF_RDMA_RECEIVE_POOL_IDLE_MS='{bad}' is not a whole number of milliseconds between 0 and 86400000"):
             load_config({"TF_RDMA_RECEIVE_POOL_IDLE_MS": bad})
 
 
@@ -80,7 +81,7 @@ def test_a_transport_runs_the_io_threads_it_is_given(backend):
     ("TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER", "G"),
 ])
 def test_bad_limits_are_errors_naming_the_variable(name, value):
-    with pytest.raises(errors.ConfigError, match=f"{name}='{value}' is not a whole number"):
+    with raises_exactly(errors.ConfigError, match=f"{name}='{value}' is not a whole number"):
         load_config({name: value})
 
 
@@ -113,7 +114,7 @@ def test_the_test_harness_prefixes_are_left_to_the_harness(name):
 
 @pytest.mark.parametrize("name", ["TF_RDMA_TESTS_HOST", "TF_RDMA_TEST", "TF_RDMA_SOFTROCEX_CACHE", "TF_RDMA_HOST"])
 def test_names_near_the_test_harness_prefixes_are_unknown(name):
-    with pytest.raises(errors.ConfigError, match=f"unknown environment variable {name};"):
+    with raises_exactly(errors.ConfigError, match=f"unknown environment variable {name};"):
         load_config({name: "whatever"})
 
 
@@ -179,7 +180,7 @@ def test_a_secret_that_is_not_random_bytes_in_hex_or_base64_is_refused_naming_it
     for variable, environment in (("TF_RDMA_SECRET", {"TF_RDMA_SECRET": weak}),
                                   (f"the secret in TF_RDMA_SECRET_FILE='{tmp_path / 'secret'}'",
                                    {"TF_RDMA_SECRET_FILE": str(tmp_path / "secret")})):
-        with pytest.raises(errors.ConfigError) as refused:
+        with raises_exactly(errors.ConfigError) as refused:
             load_config(environment)
         message = str(refused.value)
         assert message.startswith(f"{variable} is too weak to keep the cluster closed: it {flaw}"), message
@@ -221,7 +222,7 @@ def test_every_secret_of_a_random_generator_is_accepted(generator):
 def test_raw_random_bytes_in_a_secret_file_are_refused_asking_for_text(tmp_path):
     path = tmp_path / "secret"
     path.write_bytes(os.urandom(32).replace(b"\n", b"\0"))  # `head -c 32 /dev/urandom > secret`
-    with pytest.raises(errors.ConfigError, match="holds characters that neither hex nor base64 uses"):
+    with raises_exactly(errors.ConfigError, match="holds characters that neither hex nor base64 uses"):
         load_config({"TF_RDMA_SECRET_FILE": str(path)})
 
 
@@ -275,7 +276,7 @@ def test_a_secret_file_that_is_missing_empty_huge_or_weak_is_an_error_naming_it(
     path = tmp_path / "secret"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(errors.ConfigError, match=message):
+    with raises_exactly(errors.ConfigError, match=message):
         load_config({"TF_RDMA_SECRET_FILE": str(path)})
 
 
@@ -309,7 +310,7 @@ def test_setting_both_the_secret_and_its_file_is_an_error(tmp_path):
     path = tmp_path / "secret"
     secret = fresh_secret()
     path.write_text(secret)
-    with pytest.raises(errors.ConfigError, match="both TF_RDMA_SECRET and TF_RDMA_SECRET_FILE are set"):
+    with raises_exactly(errors.ConfigError, match="both TF_RDMA_SECRET and TF_RDMA_SECRET_FILE are set"):
         load_config({"TF_RDMA_SECRET": secret, "TF_RDMA_SECRET_FILE": str(path)})
 
 

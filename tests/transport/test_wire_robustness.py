@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.transport import wire_client as w
-from tests.transport.helpers import HOST, KEY, listening_child, raw_peer_connected, transport
+from tests.transport.helpers import HOST, KEY, listening_child, raises_exactly, raw_peer_connected, transport
 from tf_rdma import _transport, errors
 
 pytestmark = pytest.mark.stream_backends_only
@@ -39,9 +39,9 @@ def attack(backend, server, frames, expected):
         frames(raw)
     else:
         raw.send(b"".join(frames))
-    with pytest.raises(errors.ProtocolError, match=expected):
+    with raises_exactly(errors.ProtocolError, match=expected):
         pending.wait(10)
-    with pytest.raises(errors.ProtocolError):
+    with raises_exactly(errors.ProtocolError):
         connection.check()
     reason = raw.receive_until_closed()
     assert reason is not None and "broke the tf_rdma protocol" in reason
@@ -89,7 +89,7 @@ def test_garbage_instead_of_a_handshake_is_refused(backend, server):
     raw.send(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 64)
     raw.receive_until_closed()
     raw.close()
-    with pytest.raises(errors.OperationTimeoutError):
+    with raises_exactly(errors.OperationTimeoutError):
         listener.accept(0.2)
 
 
@@ -144,7 +144,7 @@ def test_grants_a_peer_leaves_unused_are_bounded(backend):
     raw.send(w.grant(51, 0, 51, 1, 0, 10))
     reason = raw.receive_until_closed()
     assert reason is not None and "TF_RDMA_MAX_GRANTS_PER_PEER" in reason
-    with pytest.raises(errors.ProtocolError, match=r"more than 50 .*TF_RDMA_MAX_GRANTS_PER_PEER"):
+    with raises_exactly(errors.ProtocolError, match=r"more than 50 .*TF_RDMA_MAX_GRANTS_PER_PEER"):
         connection.check()
     raw.close()
 
@@ -226,7 +226,7 @@ def test_reject_message_that_is_not_utf8_is_raised_as_the_real_error(backend, ra
         client.recv(4096)  # the HELLO
         client.sendall(w.reject(9, b"go away \xff\nE0000 forged"))
 
-    with serving(refuse), pytest.raises(errors.HandshakeError,
+    with serving(refuse), raises_exactly(errors.HandshakeError,
                                         match=r"go away \\xff\\x0aE0000 forged"):
         transport(backend, "client", connect_timeout=5).connect(endpoint)
 
@@ -322,6 +322,6 @@ def test_a_client_does_not_trust_a_listener_that_cannot_prove_the_key(backend, r
         client.recv(4096)  # PROOF
         client.sendall(w.frame(w.ACCEPT, b"\0" * 32))
 
-    with serving(accept_anything), pytest.raises(errors.HandshakeError,
+    with serving(accept_anything), raises_exactly(errors.HandshakeError,
                                                  match="cluster key mismatch with impostor"):
         transport(backend, "client", connect_timeout=5).connect(endpoint)

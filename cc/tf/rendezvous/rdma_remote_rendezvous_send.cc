@@ -85,10 +85,10 @@ void RdmaRemoteRendezvous::WithdrawPendingPushes(const absl::Status& status) {
     // bounded memory of withdrawn tags.
     const std::vector<Tag> tags = TagsWritten(push.tags, push.has_data_write);
     if (std::shared_ptr<Connection> connection = push.connection.lock()) {
-      for (const Tag& tag : tags) connection->DropWrites(tag, status);
+      for (const Tag& tag : tags) connection->Withdraw(tag, status);
     }
     // And the peer's next connection: its receive grants again there after a freeze.
-    runtime_->connections().GiveUp(push.peer_task, tags, status);
+    runtime_->connections().Withdraw(push.peer_task, tags, status);
   }
 }
 
@@ -184,7 +184,7 @@ struct RdmaRemoteRendezvous::MessageInFlight {
     // The message is given up, and no step's withdrawal knows it (it is no longer pending): the
     // peer's receive, should it grant again over a new connection (it was frozen and runs again),
     // learns why instead of waiting.
-    runtime->connections().GiveUp(peer_task, TagsWritten(tags, writes.size() > 1), status);
+    runtime->connections().Withdraw(peer_task, TagsWritten(tags, writes.size() > 1), status);
     if (fails_step) (*step)->StartAbort(TaskFailure(what, peer_task, status));
   }
 };
@@ -268,9 +268,9 @@ void RdmaRemoteRendezvous::Deliver(std::shared_ptr<MessageInFlight> message, std
     }
     if (!push) {  // the step was aborted before the writes started: nobody will take them
       const absl::Status stopped = step.Stopped();
-      const std::vector<Tag> given_up = TagsWritten(tags, has_data_write);
-      for (const Tag& tag : given_up) (*connection)->DropWrites(tag, stopped);
-      message->runtime->connections().GiveUp(message->peer_task, given_up, stopped);
+      const std::vector<Tag> withdrawn = TagsWritten(tags, has_data_write);
+      for (const Tag& tag : withdrawn) (*connection)->Withdraw(tag, stopped);
+      message->runtime->connections().Withdraw(message->peer_task, withdrawn, stopped);
     }
     if (sent) sent();
   });

@@ -135,7 +135,7 @@ void Connections::DialBackLocked(const std::string& peer_task) {
   // (AwaitFrom's IdentityAt). Nothing here may need it any more: this task gave up its transfer
   // (the resend's dial found the peer frozen past TF_RDMA_CONNECT_TIMEOUT_MS), so only its
   // receive waits, and it would wait out its own connect timeout. Dialled, it learns why at once
-  // (WITHDRAWN, from the tags given up).
+  // (WITHDRAWN, from the tags withdrawn).
   // Any task of a cluster this server has seen, whether or not it ever exchanged with it (this
   // process may have run again since): a name no cluster gives makes no entry.
   if (!addresses_.Find(peer_task)) return;
@@ -178,12 +178,12 @@ void Connections::WithConnection(const std::string& peer_task, ConnectionCallbac
   for (auto& waiter : waiters) waiter(started);
 }
 
-void Connections::GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {
-  given_up_.GiveUp(peer_task, tags, why);
+void Connections::Withdraw(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why) {
+  withdrawn_.Withdraw(peer_task, tags, why);
 }
 
 void Connections::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
-  given_up_.Adopt(peer_task, connection);
+  withdrawn_.Adopt(peer_task, connection);
   peer.connection = std::move(connection);
 }
 

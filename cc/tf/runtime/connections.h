@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cc/tf/runtime/given_up_messages.h"
+#include "cc/tf/runtime/withdrawn_messages.h"
 #include "cc/tf/runtime/receive_pools.h"
 #include "cc/tf/runtime/stats.h"
 #include "cc/tf/runtime/task_addresses.h"
@@ -41,8 +41,8 @@ class Connections {
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
   void WithConnection(const std::string& peer_task, ConnectionCallback done);
 
-  // This task gave up its messages to `peer_task` under `tags` for `why` (GivenUpMessages).
-  void GiveUp(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why);
+  // This task withdraws its messages to `peer_task` under `tags` for `why` (WithdrawnMessages).
+  void Withdraw(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why);
 
   // A connection to the tf_rdma listener at `address` whoever serves it (a tf.data service worker,
   // known by address alone). One attempt: the caller got the address from a server already up.
@@ -82,8 +82,8 @@ class Connections {
   // Starts Establish(peer_task) on a thread of its own, marking the peer as connecting; an error
   // if no thread can be started. Holds mu_.
   absl::Status StartEstablishingLocked(const std::string& peer_task, Peer& peer);
-  // Makes `connection` the one to `peer_task` (`peer`), which drops the messages given up lately
-  // (GiveUp). Holds mu_.
+  // Makes `connection` the one to `peer_task` (`peer`), which drops the messages withdrawn lately
+  // (Withdraw). Holds mu_.
   void AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection);
   // Ends `connection` for `reason` and retires its receive pool. Holds mu_.
   void RetireLocked(const std::shared_ptr<Connection>& connection, const absl::Status& reason);
@@ -105,7 +105,7 @@ class Connections {
   Transports& transports_;
   ReceivePools& pools_;
   Stats& stats_;
-  GivenUpMessages given_up_;
+  WithdrawnMessages withdrawn_;
 
   mutable std::mutex mu_;
   std::condition_variable accepted_;

@@ -463,19 +463,19 @@ void StreamConnection::OnPeerDiscard(const Tag& tag) {
   for (auto& write : dropped) write.done(DiscardedWrite());
 }
 
-void StreamConnection::DropWrites(const Tag& tag, const absl::Status& why) {
-  GrantBook<PendingWrite>::Dropped dropped;
+void StreamConnection::Withdraw(const Tag& tag, const absl::Status& why) {
+  GrantBook<PendingWrite>::Withdrawal withdrawal;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    dropped = book_.DropWrites(tag, why);
+    withdrawal = book_.Withdraw(tag, why);
     if (status_.ok()) {
-      for (wire::Withdrawn& answer : dropped.withdrawn) {
+      for (wire::Withdrawn& answer : withdrawal.withdrawn) {
         EnqueueLocked(Outgoing{ControlFrame{{wire::FrameType::kWithdrawn, std::move(answer)}}});
       }
       FlushLocked(lock);
     }
   }
-  for (auto& write : dropped.writes) write.done(DiscardedWrite());
+  for (auto& write : withdrawal.writes) write.done(DiscardedWrite());
 }
 
 absl::Status StreamConnection::OnWithdrawn(const wire::Withdrawn& withdrawn) {

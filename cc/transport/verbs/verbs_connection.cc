@@ -231,18 +231,18 @@ void VerbsConnection::Write(const Tag& tag, const void* src, uint64_t length, Wr
   EnqueuePairingLocked(std::move(pairing));
 }
 
-void VerbsConnection::DropWrites(const Tag& tag, const absl::Status& why) {
-  GrantBook<PendingWrite>::Dropped dropped;
+void VerbsConnection::Withdraw(const Tag& tag, const absl::Status& why) {
+  GrantBook<PendingWrite>::Withdrawal withdrawal;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dropped = book_.DropWrites(tag, why);
+    withdrawal = book_.Withdraw(tag, why);
     if (status_.ok()) {
-      for (const wire::Withdrawn& answer : dropped.withdrawn) {
+      for (const wire::Withdrawn& answer : withdrawal.withdrawn) {
         EnqueueFrameLocked({wire::FrameType::kWithdrawn, answer});
       }
     }
   }
-  for (auto& write : dropped.writes) write.done(DiscardedWrite());
+  for (auto& write : withdrawal.writes) write.done(DiscardedWrite());
 }
 
 void VerbsConnection::DiscardPeerWrites(const Tag& tag) {

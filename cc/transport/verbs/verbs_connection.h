@@ -86,7 +86,7 @@ class VerbsConnection : public Connection,
   void Revoke(uint64_t grant_id) override;
   void DiscardPeerWrites(const Tag& tag) override;
   void Write(const Tag& tag, const void* src, uint64_t length, WriteDone done) override;
-  void DropWrites(const Tag& tag, const absl::Status& why) override;
+  void Withdraw(const Tag& tag, const absl::Status& why) override;
   void Close(const absl::Status& reason) override;
   absl::Status health() const override;
   const std::string& peer_name() const override { return peer_name_; }

@@ -15,11 +15,13 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cc/transport/error_kinds.h"
 
 namespace tf_rdma::verbs {
 namespace {
@@ -292,6 +294,10 @@ absl::Status CheckVerbsUsable(const VerbsSettings& settings) {
 
 std::string DescribeDevices() { return Describe(InventoryAll(true)); }
 
+absl::Status DeviceMismatchError(std::string message) {
+  return WithErrorKind(absl::FailedPreconditionError(std::move(message)), ErrorKind::kRdmaDeviceMismatch);
+}
+
 absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const std::string& peer) {
   absl::StatusOr<Source> source = SourceToward(destination, length);
   if (source.ok() && (source->ifindex == 0 || IsIpoib(source->interface))) return absl::OkStatus();
@@ -300,7 +306,7 @@ absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const
       "RDMA devices here: ", Describe(devices), ". Name the peer by the IP address of its RDMA "
       "interface (in the cluster spec, or rdma_addresses=), or set TF_RDMA_BACKEND=tcp");
   if (!source.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("no RDMA device reaches ", peer, ": this host has no IP route to it (",
+    return DeviceMismatchError(absl::StrCat("no RDMA device reaches ", peer, ": this host has no IP route to it (",
                                                       source.status().message(), "). ", fix));
   }
   for (const DeviceReport& device : devices) {
@@ -308,7 +314,7 @@ absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const
       if (port.interfaces.count(source->ifindex) != 0) return absl::OkStatus();
     }
   }
-  return absl::FailedPreconditionError(absl::StrCat(
+  return DeviceMismatchError(absl::StrCat(
       "no RDMA device reaches ", peer, ": this host sends to it from ", source->address, " on ",
       source->interface, ", and ", source->interface, " is no RDMA device's interface. ", fix));
 }

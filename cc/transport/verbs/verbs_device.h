@@ -34,6 +34,10 @@ std::string DescribeDevices();
 // OK otherwise. Goes by the routing table, so a peer that is merely not up yet passes.
 absl::Status CheckRdmaRoute(const sockaddr* destination, socklen_t length, const std::string& peer);
 
+// FailedPrecondition of kind kRdmaDeviceMismatch: no RDMA device, or not the one the settings
+// name (device, port, GID), reaches the address in question; `message` names it and the fix.
+absl::Status DeviceMismatchError(std::string message);
+
 std::string DeviceName(ibv_context* context);
 std::string GidToString(const ibv_gid& gid);
 bool IsLinkLocal(const ibv_gid& gid);

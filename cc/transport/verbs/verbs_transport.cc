@@ -23,6 +23,7 @@
 #include "cc/transport/unlogged_count.h"
 #include "cc/transport/verbs/rdma_libraries.h"
 #include "cc/transport/verbs/verbs_connection.h"
+#include "cc/transport/verbs/verbs_device.h"
 
 namespace tf_rdma {
 namespace {
@@ -268,14 +269,14 @@ class VerbsTransport : public Transport {
     if (device == nullptr) {
       std::vector<std::string> names;
       for (const auto& candidate : devices_) names.push_back(candidate->name);
-      return absl::FailedPreconditionError(absl::StrCat(
+      return verbs::DeviceMismatchError(absl::StrCat(
           address, " is reached through RDMA device ", verbs::DeviceName(id->verbs),
           ", but TF_RDMA_VERBS_DEVICE restricts tf_rdma to ", absl::StrJoin(names, ", "),
           ". RDMA devices here: ", verbs::DescribeDevices(), ". Name the peer by an IP address that ",
           absl::StrJoin(names, ", "), " reaches, or unset TF_RDMA_VERBS_DEVICE"));
     }
     if (options_.verbs.port != 0 && id->port_num != options_.verbs.port) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return verbs::DeviceMismatchError(absl::StrCat(
           address, " is reached through port ", static_cast<int>(id->port_num), " of ", device->name,
           ", but TF_RDMA_VERBS_PORT=", options_.verbs.port, ". Use the IP address of port ", options_.verbs.port,
           "'s interface, or unset TF_RDMA_VERBS_PORT"));
@@ -537,19 +538,19 @@ absl::StatusOr<VerbsLocalPort> ResolveVerbsLocalPort(const std::string& host, co
   if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return CmError("rdma_create_id", host);
   if (rdma_bind_addr(cm.id, reinterpret_cast<sockaddr*>(&*address)) != 0) return CmError("rdma_bind_addr", host);
   if (cm.id->verbs == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return verbs::DeviceMismatchError(absl::StrCat(
         host, " is no address of an RDMA device's interface, so rdma_cm resolves no device for it. RDMA "
         "devices here: ", verbs::DescribeDevices()));
   }
   VerbsLocalPort chosen{verbs::DeviceName(cm.id->verbs), cm.id->port_num, config.verbs.gid_index,
                         "TF_RDMA_VERBS_GID_INDEX"};
   if (!config.verbs.device.empty() && chosen.device != config.verbs.device) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return verbs::DeviceMismatchError(absl::StrCat(
         host, " is an address of RDMA device ", chosen.device, ", but TF_RDMA_VERBS_DEVICE=",
         config.verbs.device, ". Use an address of ", config.verbs.device, " or unset TF_RDMA_VERBS_DEVICE"));
   }
   if (config.verbs.port != 0 && chosen.port != config.verbs.port) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return verbs::DeviceMismatchError(absl::StrCat(
         host, " is an address of port ", chosen.port, " of ", chosen.device, ", but TF_RDMA_VERBS_PORT=",
         config.verbs.port, ". Use the IP address of port ", config.verbs.port,
         "'s interface, or unset TF_RDMA_VERBS_PORT"));
@@ -576,7 +577,7 @@ absl::StatusOr<VerbsLocalPort> ResolveVerbsLocalPort(const std::string& host, co
     if (entry.gid_type == IBV_GID_TYPE_ROCE_V2) break;
   }
   if (chosen.gid_index < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return verbs::DeviceMismatchError(absl::StrCat(
         "no GID of ", chosen.device, " port ", chosen.port, " is ", verbs::GidToString(source), ", the GID rdma_cm "
         "resolves for ", host, "; set TF_RDMA_VERBS_GID_INDEX"));
   }

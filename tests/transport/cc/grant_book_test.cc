@@ -110,10 +110,10 @@ TEST(GrantBookSender, AWithdrawnTagDropsItsWritesAndAnswersItsUnusedGrantsWithWh
   book.OnWrite(tag, FakeWrite{100, 1});
   ASSERT_TRUE(book.OnPeerGrant(PeerGrant(4, tag, 10)).ok());  // too small: the write waits on
   ASSERT_TRUE(book.OnPeerGrant(PeerGrant(5, Tag{9, 10}, 10)).ok());
-  Book::Dropped dropped = book.DropWrites(tag, absl::UnavailableError("peer ps:0 is unresponsive"));
-  ASSERT_EQ(dropped.writes.size(), 1u);
-  EXPECT_EQ(dropped.writes[0].id, 1);
-  EXPECT_TRUE(dropped.withdrawn.empty());  // grant 4 went back as TOO_SMALL already
+  Book::Withdrawal withdrawal = book.Withdraw(tag, absl::UnavailableError("peer ps:0 is unresponsive"));
+  ASSERT_EQ(withdrawal.writes.size(), 1u);
+  EXPECT_EQ(withdrawal.writes[0].id, 1);
+  EXPECT_TRUE(withdrawal.withdrawn.empty());  // grant 4 went back as TOO_SMALL already
   // The receiver grants again, bigger: it learns the message will not come.
   absl::StatusOr<Book::Pairing> regrant = book.OnPeerGrant(PeerGrant(6, tag, 100));
   ASSERT_TRUE(regrant.ok());
@@ -133,20 +133,20 @@ TEST(GrantBookSender, AGrantWaitingUnderATagWhenItIsWithdrawnIsAnsweredAtOnce) {
   const Tag tag{8, 8};
   ASSERT_TRUE(book.OnPeerGrant(PeerGrant(1, tag, 10)).ok());
   ASSERT_TRUE(book.OnPeerGrant(PeerGrant(2, tag, 10)).ok());
-  Book::Dropped dropped = book.DropWrites(tag, absl::OkStatus());
-  EXPECT_TRUE(dropped.writes.empty());
-  ASSERT_EQ(dropped.withdrawn.size(), 2u);
-  EXPECT_EQ(dropped.withdrawn[0].grant_id, 1u);
-  EXPECT_EQ(dropped.withdrawn[1].grant_id, 2u);
+  Book::Withdrawal withdrawal = book.Withdraw(tag, absl::OkStatus());
+  EXPECT_TRUE(withdrawal.writes.empty());
+  ASSERT_EQ(withdrawal.withdrawn.size(), 2u);
+  EXPECT_EQ(withdrawal.withdrawn[0].grant_id, 1u);
+  EXPECT_EQ(withdrawal.withdrawn[1].grant_id, 2u);
   // An OK reason reads as cancelled: a WITHDRAWN never carries OK.
-  EXPECT_EQ(dropped.withdrawn[0].code, static_cast<uint32_t>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(withdrawal.withdrawn[0].code, static_cast<uint32_t>(absl::StatusCode::kCancelled));
   // The grants are gone, so they count no more against the peer's limit and cannot be revoked.
   EXPECT_FALSE(book.OnPeerRevoke(1));
 }
 
 TEST(GrantBookSender, AWithdrawalsReasonIsCutToTheWiresBound) {
   Book book(1000, 16);
-  book.DropWrites(Tag{1, 1}, absl::AbortedError(std::string(10000, 'r')));
+  book.Withdraw(Tag{1, 1}, absl::AbortedError(std::string(10000, 'r')));
   absl::StatusOr<Book::Pairing> pairing = book.OnPeerGrant(PeerGrant(1, Tag{1, 1}, 8));
   ASSERT_TRUE(pairing.ok());
   ASSERT_EQ(pairing->withdrawn.size(), 1u);
@@ -155,7 +155,7 @@ TEST(GrantBookSender, AWithdrawalsReasonIsCutToTheWiresBound) {
 
 TEST(GrantBookSender, WithdrawnTagsAreRememberedApartFromDiscardedOnesAndForgottenOldestFirst) {
   Book book(1000, 16);
-  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DropWrites(Tag{0, i}, absl::AbortedError("gone"));
+  for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.Withdraw(Tag{0, i}, absl::AbortedError("gone"));
   // As many discarded tags do not push the withdrawn ones out.
   for (uint64_t i = 0; i <= kDiscardMemory; ++i) book.DiscardWrites(Tag{1, i});
   absl::StatusOr<Book::Pairing> oldest = book.OnPeerGrant(PeerGrant(1, Tag{0, 0}, 8));

@@ -9,11 +9,13 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "cc/transport/connect_retry.h"
 #include "cc/transport/crypto.h"
+#include "cc/transport/error_kinds.h"
 
 namespace tf_rdma {
 namespace {
@@ -188,11 +190,14 @@ TEST_F(Handshake, AnInitiatorWithAnotherKeyIsRefusedAndLearnsNothingOfTheKey) {
   const absl::Status at_responder = responder.Result().status();
   EXPECT_EQ(at_responder.code(), absl::StatusCode::kPermissionDenied) << at_responder;
   EXPECT_NE(at_responder.message().find("cluster key mismatch with worker"), std::string::npos) << at_responder;
-  EXPECT_FALSE(initiator.Result().ok());
+  EXPECT_EQ(ErrorKindOf(at_responder), "handshake") << at_responder;
+  const absl::Status at_initiator = initiator.Result().status();
+  EXPECT_FALSE(at_initiator.ok());
+  EXPECT_EQ(ErrorKindOf(at_initiator), "handshake") << at_initiator;  // the REJECT: refused for good
   EXPECT_EQ(link.responder.sent(), (std::vector{wire::FrameType::kChallenge, wire::FrameType::kReject}));
 }
 
-// The listener's admission (issue 27): judged once the PROOF checked out, by the proven name, and
+// The listener's admission: judged once the PROOF checked out, by the proven name, and
 // its refusal sent in place of the ACCEPT, so that the initiator's connect fails with its code.
 TEST_F(Handshake, AResponderNotAdmittingTheInitiatorNowRefusesInPlaceOfTheAcceptAndItMayRetry) {
   Link link;
@@ -210,6 +215,7 @@ TEST_F(Handshake, AResponderNotAdmittingTheInitiatorNowRefusesInPlaceOfTheAccept
             std::string::npos)
       << at_initiator;
   EXPECT_TRUE(RefusedForNow(at_initiator)) << at_initiator;
+  EXPECT_EQ(ErrorKindOf(at_initiator), std::nullopt) << at_initiator;  // an unreachable peer, if it lasts
   EXPECT_EQ(at_responder.code(), absl::StatusCode::kUnavailable) << at_responder;
   EXPECT_EQ(link.responder.sent(), (std::vector{wire::FrameType::kChallenge, wire::FrameType::kReject}));
 }
@@ -225,6 +231,7 @@ TEST_F(Handshake, AnInitiatorTheResponderNeverAdmitsIsRefusedForGood) {
   EXPECT_NE(at_initiator.message().find("ps does not admit worker: not the side that connects"), std::string::npos)
       << at_initiator;
   EXPECT_FALSE(RefusedForNow(at_initiator)) << at_initiator;
+  EXPECT_EQ(ErrorKindOf(at_initiator), "handshake") << at_initiator;
   EXPECT_FALSE(responder.Result().ok());
 }
 
@@ -254,6 +261,7 @@ TEST_F(Handshake, AResponderThatHangsUpInPlaceOfTheAcceptIsNoRefusalForNow) {
   const absl::Status at_initiator = initiator.Result().status();
   EXPECT_EQ(at_initiator.code(), absl::StatusCode::kUnavailable) << at_initiator;
   EXPECT_FALSE(RefusedForNow(at_initiator)) << at_initiator;
+  EXPECT_EQ(ErrorKindOf(at_initiator), std::nullopt) << at_initiator;  // a lost peer, not a refusal
 }
 
 // A dial the listener kept refusing "not now" and whose last attempt then ran out of time some
