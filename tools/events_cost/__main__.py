@@ -13,8 +13,8 @@ without, with, ... for --rounds rounds, and prints each workload's steps per sec
 gRPC's figures come along in every run: they do not go through tf_rdma, so how much they move
 between the builds is the noise the comparison has to beat.
 
-Sized for about 3 minutes a round on 2 cores with --quick (three clusters of three TensorFlow
-processes per bench run)."""
+With --quick a round took about 2 minutes on 2 busy cores (each bench run starts three clusters of
+up to three TensorFlow processes)."""
 import argparse
 import json
 import os
