@@ -8,8 +8,8 @@ tf_rdma's events in a real profile, shown by a real TensorBoard, taken with head
 2. serves it with TensorBoard and its profile plugin (tensorboard-plugin-profile), from a virtualenv
    of their own (build/trace_viewer/venv, made from requirements.txt beside this file on first use);
 3. opens the plugin's trace viewer in headless Chromium (Debian's `chromium`), driven through its
-   DevTools protocol: zooms to one step's tf_rdma events, scrolls their threads into view, selects
-   the step's first receive so that its arguments show, and saves the page as a PNG.
+   DevTools protocol: zooms to one step's tf_rdma events (the profile's threads all fit the window),
+   selects the step's first receive so that its arguments show, and saves the page as a PNG.
 
 Not part of `make test`: it needs a browser, which CI does not have. The trace viewer is the
 plugin's default one (catapult's, drawn on a 2D canvas); its WebGL successor is opt-in
@@ -36,8 +36,8 @@ WINDOW = (1600, 1000)
 
 # Run in the trace viewer's page once its model is loaded: zooms the timeline to the tf_rdma events
 # of the profile's second step (the first may carry the profiler's start-up), padded by a third of
-# their span each side so the step's ops around them show, scrolls the first thread that has one
-# to the top, and selects that step's first receive, whose arguments the details pane then lists.
+# their span each side so the step's ops around them show, and selects that step's first receive,
+# whose arguments the details pane then lists.
 # Returns what it showed, or why it could not.
 SHOW_ONE_STEP = """
 (() => {
