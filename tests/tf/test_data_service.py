@@ -134,6 +134,47 @@ def read_while_a_worker_dies(tmp_path, protocol, env):
         assert digests.setdefault(index, digest) == digest, index
 
 
+def test_trainer_reading_a_killed_worker_gets_an_error_naming_it(tmp_path, backend):
+    # TensorFlow 2.21's dispatcher keeps a dead worker's task and its client retries Unavailable
+    # reads of it without end: over gRPC the trainer waits forever (watched here, same workers,
+    # same kill). Over tf_rdma the read fails once the worker cannot be dialed again within
+    # TF_RDMA_CONNECT_TIMEOUT_MS, with an error TensorFlow hands to the iterator.
+    connect_timeout_s, watch_seconds = 3, 12
+    kill_file, killed_file, output = tmp_path / "kill-now", tmp_path / "killed", tmp_path / "trainer.json"
+    with DataService(tmp_path, {"TF_RDMA_BACKEND": backend, "TF_RDMA_PEER_TIMEOUT_MS": "2000",
+                                "TF_RDMA_CONNECT_TIMEOUT_MS": str(connect_timeout_s * 1000)}) as service:
+        service.cluster("tf_rdma", "tf_rdma")
+        service.start("trainer", "read_while_worker_lost", dispatcher_port=service.dispatcher_port,
+                      output=str(output), kill_file=str(kill_file), killed_file=str(killed_file),
+                      watch_seconds=watch_seconds)
+        deadline = time.monotonic() + 60
+        while not kill_file.exists():
+            assert service.processes["trainer"].poll() is None, service.log("trainer")[-3000:]
+            assert time.monotonic() < deadline, service.log("trainer")[-3000:]
+            time.sleep(0.1)
+        worker_pid = service.processes["worker1"].pid
+        service.processes["worker1"].send_signal(signal.SIGKILL)
+        service.processes["worker1"].wait()
+        killed_file.write_text(repr(time.time()))
+        assert service.processes["trainer"].wait(watch_seconds + 30) == 0, service.log("trainer")[-3000:]
+    result = json.loads(output.read_text())
+    runs, killed_at = result["runs"], result["killed_at"]
+    print(json.dumps({run: {"elements": r["elements"], "error": r.get("error"),
+                            "seconds_after_kill": round(r.get("error_at", result["watched_until"]) - killed_at, 1)}
+                      for run, r in runs.items()}))
+    for mode in ("parallel_epochs", "distributed_epoch"):
+        rdma, grpc = runs[f"{mode}/tf_rdma"], runs[f"{mode}/grpc"]
+        assert "error" in rdma and "end" not in rdma, (mode, rdma, service.log("trainer")[-3000:])
+        assert rdma["error"].startswith("DeadlineExceededError"), rdma
+        assert "lost the tf.data worker" in rdma["error"] and "TF_RDMA_CONNECT_TIMEOUT_MS" in rdma["error"], rdma
+        assert f"tf.data worker pid {worker_pid} " in rdma["error"], (worker_pid, rdma)  # the one killed
+        # Dialing again takes the connect timeout; TensorFlow's retry backoff comes before it.
+        assert connect_timeout_s <= rdma["error_at"] - killed_at < connect_timeout_s + 6, rdma
+        # gRPC, the same workers and kill: still waiting, neither an error nor the epoch's end.
+        assert "error" not in grpc and "end" not in grpc, (mode, grpc)
+        assert result["watched_until"] - killed_at >= watch_seconds
+
+
 def test_trainer_falls_back_to_grpc_visibly_when_tf_rdma_cannot_reach_the_worker(tmp_path):
     with DataService(tmp_path, {}) as service:
         service.cluster("tf_rdma", "tf_rdma")

@@ -21,6 +21,7 @@
 #include "cc/tf/profiling/trace_span.h"
 #include "cc/tf/runtime/pool_tensor_buffer.h"
 #include "cc/tf/runtime/runtime.h"
+#include "google/protobuf/descriptor.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "xla/tsl/lib/monitoring/collection_registry.h"
@@ -95,6 +96,13 @@ class RdmaDataTransferServer : public DataTransferServer,
   absl::StatusOr<std::string> GetCompatibilityInfo() const override {
     return std::string("tf_rdma " TF_RDMA_VERSION);
   }
+
+  // TensorFlow hands this to the trainer with the worker's task. With fallback, a read that fails
+  // with an error TensorFlow does not retry (any but Unavailable, Aborted, Cancelled) moves the
+  // worker to gRPC, which retries a lost worker without end; without it, the error reaches the
+  // trainer's iterator. That is how a trainer learns that a worker died (see the client's
+  // LostWorker). Falling back when tf_rdma cannot connect at all stays (the creation-time switch).
+  bool FallBackToGrpcAtGetElementTime() const override { return false; }
 
  private:
   // One trainer process's connection: keeps request grants posted, one request buffer each.
@@ -274,7 +282,7 @@ class RdmaDataTransferClient : public DataTransferClient {
     std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<Connection> connection;
     std::shared_ptr<BufferPool> pool;
-    return ConnectedLocked(&connection, &pool);
+    return ConnectedLocked(/*coordinated_read=*/false, &connection, &pool);
   }
 
   absl::Status GetElement(const GetElementRequest& req, GetElementResult& result) override {
@@ -310,7 +318,7 @@ class RdmaDataTransferClient : public DataTransferClient {
     std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<Connection> connection;
     std::shared_ptr<BufferPool> pool;
-    absl::Status connected = ConnectedLocked(&connection, &pool);
+    absl::Status connected = ConnectedLocked(IsCoordinatedRead(req), &connection, &pool);
     if (!connected.ok()) return connected;
     if (read != nullptr) {
       read->peer = connection->peer_name();
@@ -395,10 +403,22 @@ class RdmaDataTransferClient : public DataTransferClient {
     bool cancelled = false;
   };
 
-  absl::Status ConnectedLocked(std::shared_ptr<Connection>* connection, std::shared_ptr<BufferPool>* pool) {
+  // A round-robin read (num_consumers set) of a worker that keeps failing with Unavailable makes
+  // TensorFlow ask its dispatcher to drop the worker's task, and the rounds go on without it: for
+  // those reads a lost worker stays Unavailable.
+  static bool IsCoordinatedRead(const GetElementRequest& req) {
+    const google::protobuf::Message& message = AsMessage(req);
+    const google::protobuf::FieldDescriptor* field = message.GetDescriptor()->FindFieldByName("consumer_index");
+    return field != nullptr && message.GetReflection()->HasField(message, field);
+  }
+
+  absl::Status ConnectedLocked(bool coordinated_read, std::shared_ptr<Connection>* connection,
+                               std::shared_ptr<BufferPool>* pool) {
     if (!connection_ || !connection_->health().ok()) {
       absl::StatusOr<std::shared_ptr<Connection>> dialed = runtime_->connections().Dial(address_);
       if (!dialed.ok()) {
+        if (connection_ && !coordinated_read) return LostWorker(*connection_, dialed.status());
+        // The first connect, as TensorFlow builds the client: it falls back to gRPC for this worker.
         return absl::UnavailableError(absl::StrCat("tf_rdma: the tf.data worker at ", address_.ToString(),
                                                    " is unreachable: ", dialed.status().message()));
       }
@@ -411,6 +431,22 @@ class RdmaDataTransferClient : public DataTransferClient {
     *connection = connection_;
     *pool = pool_;
     return absl::OkStatus();
+  }
+
+  // The worker's connection ended and the worker could not be dialed again for the whole connect
+  // timeout (the dial retries that long). TensorFlow 2.21 would retry an Unavailable read of it
+  // forever: its dispatcher keeps a lost worker's task, so the task never ends. The error the
+  // trainer's iterator gets instead names the worker; its code is one TensorFlow does not retry.
+  absl::Status LostWorker(const Connection& ended, const absl::Status& redial) {
+    const absl::StatusCode code = absl::IsUnavailable(redial) || absl::IsAborted(redial) || absl::IsCancelled(redial)
+                                      ? absl::StatusCode::kDeadlineExceeded
+                                      : redial.code();
+    return absl::Status(
+        code, absl::StrCat("tf_rdma: lost the tf.data worker at ", address_.ToString(), " (", ended.peer_name(),
+                           "). TensorFlow keeps a lost worker's task, so this read fails rather than wait for it; "
+                           "a worker restarted in place must be back within TF_RDMA_CONNECT_TIMEOUT_MS. Its "
+                           "connection ended (", ended.health().message(), "); dialing it again failed: ",
+                           redial.message()));
   }
 
   absl::StatusOr<std::shared_ptr<Landing>> GrantLocked(Connection& connection, BufferPool& pool, const Tag& tag,
@@ -495,8 +531,9 @@ class RdmaDataTransferClient : public DataTransferClient {
     return tensor;
   }
 
-  // A failed read: the connection may be wrong from here on, so the next read dials again. Kept as
-  // Unavailable for TensorFlow, which retries the read (from another worker if this one is gone).
+  // A failed read: the connection may be wrong from here on, so the next read dials again (and
+  // fails for good if the worker is gone, LostWorker). A connection that broke comes back as
+  // Unavailable, which TensorFlow retries; other errors reach the trainer's iterator.
   absl::Status Fail(const std::shared_ptr<Connection>& connection, const absl::Status& error) {
     runtime_->stats().Peer(connection->peer_name(), [](PeerStats& s) { s.errors++; });
     RevokeAllLocked();

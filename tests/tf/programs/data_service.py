@@ -77,9 +77,10 @@ def _descriptors_after(dataset, dispatcher_port, protocol, iterations):
 
 
 def read_until_killed(dispatcher_port, output, kill_file, protocol="tf_rdma", count=400, floats=65536):
-    """Reads an epoch from two workers; after the first elements, asks the test to kill one. As
-    over gRPC, the epoch then waits for the lost worker to come back: what arrived so far is in
-    `output`, rewritten after every element."""
+    """Reads an epoch from two workers; after the first elements, asks the test to kill one. The
+    epoch then waits for the lost worker (over gRPC without end, over tf_rdma until its
+    TF_RDMA_CONNECT_TIMEOUT_MS passed): what arrived so far is in `output`, rewritten after every
+    element."""
     got = []
     for element in _distributed(elements(count, floats), dispatcher_port, "parallel_epochs", protocol, None):
         got.append(_fingerprint(element)[:2])
@@ -89,6 +90,52 @@ def read_until_killed(dispatcher_port, output, kill_file, protocol="tf_rdma", co
         with open(output + ".tmp", "w") as f:
             json.dump({"elements": got}, f)
         os.replace(output + ".tmp", output)
+
+
+def read_while_worker_lost(dispatcher_port, output, kill_file, killed_file, watch_seconds, count=400, floats=4096):
+    """Reads four epochs at once, over tf_rdma and over gRPC in both processing modes, from the same
+    two workers. Once each read 10 elements, asks the test to kill one worker (`kill_file`) and
+    waits for the test's word that it did (`killed_file`, holding the kill's time.time()). Then
+    records, per read, the error it ended with and when, or that it still waits `watch_seconds`
+    after the kill."""
+    import threading
+    import tensorflow as tf
+    import tf_rdma
+    runs = [(mode, protocol) for protocol in (tf_rdma.DATA_TRANSFER_PROTOCOL, "grpc")
+            for mode in ("parallel_epochs", "distributed_epoch")]
+    results = {f"{mode}/{protocol}": {"elements": 0} for mode, protocol in runs}
+    ten_read = threading.Semaphore(0)
+    killed = threading.Event()
+
+    def read(mode, protocol):
+        result = results[f"{mode}/{protocol}"]
+        try:
+            for _ in _distributed(elements(count, floats), dispatcher_port, mode, protocol, None):
+                result["elements"] += 1
+                if result["elements"] == 10:
+                    ten_read.release()
+                    killed.wait()  # every read still has elements to come from the worker killed
+            result["end"] = time.time()
+        except tf.errors.OpError as e:
+            result["error_at"] = time.time()
+            result["error"] = f"{type(e).__name__}: {e.message}"
+
+    threads = [threading.Thread(target=read, args=run, daemon=True) for run in runs]
+    for thread in threads:
+        thread.start()
+    for _ in runs:
+        ten_read.acquire()
+    open(kill_file, "w").close()
+    while not os.path.exists(killed_file) or not open(killed_file).read():
+        time.sleep(0.05)
+    killed_at = float(open(killed_file).read())
+    killed.set()
+    for thread in threads:
+        thread.join(max(0.0, killed_at + watch_seconds - time.time()))
+    with open(output, "w") as f:
+        json.dump({"killed_at": killed_at, "watched_until": time.time(), "runs": results}, f)
+    print("done", flush=True)
+    os._exit(0)  # the gRPC reads of the lost worker never end
 
 
 def read_with_protocol(dispatcher_port, output, count=20, floats=1024):
