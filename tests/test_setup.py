@@ -2,7 +2,6 @@
 isolation, and without TensorFlow, or with one older than 2.16, it stops saying what to install.
 The interpreters here are small wrappers around this one, so no other Python is needed. And a
 build on a host without rdma-core's headers: it warns loudly, and its verbs says how to rebuild."""
-import importlib.util
 import os
 import shutil
 import stat
@@ -14,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tools.setup_py import load_setup_py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def setup_py(monkeypatch):
-    spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not __main__: defines the checks, builds nothing
+    module = load_setup_py()
     module.installed_tensorflow.cache_clear()
     return module
 

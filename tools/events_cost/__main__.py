@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.setup_py import load_setup_py
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILDS = {"with_events": [], "without_events": ["-DTF_RDMA_NO_TRACE_EVENTS"]}
 # Called by a span's end while a profiler records (cc/tf/profiling/trace_span.h): present in the
@@ -33,14 +35,6 @@ RECORDER_SYMBOL = "tsl::profiler::TraceMeRecorder::Record"
 
 def build_dir(build):
     return ROOT / "build" / "events_cost" / build
-
-
-def load_setup_py():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not __main__: defines the build, runs nothing
-    return module
 
 
 def build(setup_py, name):

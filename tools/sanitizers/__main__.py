@@ -14,7 +14,6 @@ asan is AddressSanitizer with UndefinedBehaviorSanitizer, tsan ThreadSanitizer; 
 process at its first report. Leaks are looked for in the unit tests only: under Python, the
 interpreter's own allocations it never frees would drown ours."""
 import argparse
-import importlib.util
 import os
 import shlex
 import shutil
@@ -22,6 +21,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from tools.setup_py import load_setup_py
 
 ROOT = Path(__file__).resolve().parents[2]
 # Line tables only: reports name file and line at a fraction of full debug info's compile time.
@@ -66,13 +67,6 @@ def shared_runtime_link_flags(sanitizer):
     """For the bindings, the runtime preloaded into Python; the unit tests link clang's own static one."""
     runtime = runtime_library(sanitizer)
     return [*SANITIZERS[sanitizer]["flags"], str(runtime), f"-Wl,-rpath,{runtime.parent}"]
-
-
-def load_setup_py():
-    spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not __main__: defines the build, runs nothing
-    return module
 
 
 def build_bindings(setup_py, sanitizer):

@@ -1,0 +1,13 @@
+"""The repository's setup.py as a module: its build decisions, for tools that build tf_rdma
+another way (sanitized, without profiler events) and for the tests that check those decisions."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_setup_py():
+    spec = importlib.util.spec_from_file_location("tf_rdma_setup_py", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not __main__: defines the build, runs nothing
+    return module
