@@ -26,7 +26,9 @@ enum class ErrorKind {
   kRdmaDeviceMismatch,
 };
 
-inline constexpr std::string_view kErrorKindPayload = "tf_rdma/error_kind";
+// A function, not an inline variable: that would be a symbol each extension using it defines
+// again beside the transport library's, where the core's data lives only (tests/test_setup.py).
+constexpr std::string_view ErrorKindPayloadUrl() { return "tf_rdma/error_kind"; }
 
 // The kind's name as the binding passes it to Python (tf_rdma/errors.py: _BY_KIND).
 inline constexpr std::string_view ErrorKindName(ErrorKind kind) {
@@ -39,13 +41,13 @@ inline constexpr std::string_view ErrorKindName(ErrorKind kind) {
 }
 
 inline absl::Status WithErrorKind(absl::Status status, ErrorKind kind) {
-  if (!status.ok()) status.SetPayload(kErrorKindPayload, absl::Cord(ErrorKindName(kind)));
+  if (!status.ok()) status.SetPayload(ErrorKindPayloadUrl(), absl::Cord(ErrorKindName(kind)));
   return status;
 }
 
 // The kind's name, or nullopt where none was marked.
 inline std::optional<std::string> ErrorKindOf(const absl::Status& status) {
-  std::optional<absl::Cord> kind = status.GetPayload(kErrorKindPayload);
+  std::optional<absl::Cord> kind = status.GetPayload(ErrorKindPayloadUrl());
   if (!kind.has_value()) return std::nullopt;
   return std::string(*kind);
 }
