@@ -44,7 +44,7 @@ class CancelledError(TransportError):
 
 
 class AbortedError(TransportError):
-    """The sender gave the message up (its step was aborted, or ended); the message names the sender
+    """The sender withdrew the message (its step was aborted, or ended); the message names the sender
     and says why."""
 
 

@@ -159,9 +159,9 @@ absl::Status CheckSecretStrength(const std::string& variable, const std::string&
 
 // ASCII only, whatever the locale (Python sets LC_CTYPE from the user's: under ISO-8859-1,
 // std::isalnum took byte 0xE9 for a base64 character).
-bool IsHexDigit(char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); }
+bool IsHexDigit(char c) { return absl::ascii_isxdigit(c); }
 bool IsBase64Character(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '-' || c == '_';
+  return absl::ascii_isalnum(c) || c == '+' || c == '/' || c == '-' || c == '_';
 }
 
 // Whether `stretch` is one character repeated, or counts up or down one code at a time.
@@ -213,8 +213,8 @@ std::string SecretFlaw(std::string_view secret) {
     }
     if (!seen.insert(window).second) return absl::StrCat("repeats a stretch of ", stretch, " characters");
   }
-  const size_t upper = std::count_if(text.begin(), text.end(), [](char c) { return absl::ascii_isupper(static_cast<unsigned char>(c)); });
-  if (std::all_of(text.begin(), text.end(), [](char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)); }) && (upper == 0 || upper == text.size())) {
+  const size_t upper = std::count_if(text.begin(), text.end(), absl::ascii_isupper);
+  if (std::all_of(text.begin(), text.end(), absl::ascii_isalpha) && (upper == 0 || upper == text.size())) {
     return "is letters of one case only, as words are";
   }
   return "";

@@ -149,7 +149,7 @@ class GrantBook {
     return Take(it);
   }
   // The peer withdrew the message grant `id` waited for (WITHDRAWN): the grant is done. Any grant
-  // still out may get it, one being revoked too (the peer gave it up before the REVOKE came).
+  // still out may get it, one being revoked too (the peer withdrew it before the REVOKE came).
   absl::StatusOr<IssuedGrant> TakeWithdrawn(uint64_t id) {
     auto it = issued_.find(id);
     if (it == issued_.end()) {
@@ -252,7 +252,7 @@ class GrantBook {
   // answered WITHDRAWN with `why` (an OK `why` reads as cancelled). `why` is kept as it is: the
   // copies a step's tags share hold one message between them.
   Withdrawal Withdraw(const Tag& tag, const absl::Status& why) {
-    withdrawn_.Remember(tag, why.ok() ? absl::CancelledError("the sender gave the message up") : why);
+    withdrawn_.Remember(tag, why.ok() ? absl::CancelledError("the sender withdrew the message") : why);
     const absl::Status& remembered = *withdrawn_.Find(tag);
     Withdrawal withdrawal;
     withdrawal.writes = TakeWaiting(tag);

@@ -63,7 +63,7 @@ absl::Status PeerClosedConnection(const std::string& peer_name, const std::strin
 absl::Status PeerWithdrewMessage(const std::string& peer_name, const std::string& peer_address,
                                  uint32_t code, const std::string& reason) {
   return absl::AbortedError(absl::StrCat("peer ", peer_name, " at ", peer_address,
-                                         " gave up the message this process waited for (",
+                                         " withdrew the message this process waited for (",
                                          absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
                                          "): ", reason));
 }

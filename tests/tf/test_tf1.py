@@ -244,7 +244,7 @@ def test_a_receive_of_tensors_its_sender_gave_up_fails_as_aborted_naming_the_sen
         outcome = json.load(f)
     assert outcome["error"] == "AbortedError", (outcome, cluster.log("ps", 0)[-3000:])
     assert "/job:worker/replica:0/task:0" in outcome["message"], outcome
-    assert "gave up the message this process waited for" in outcome["message"], outcome
+    assert "withdrew the message this process waited for" in outcome["message"], outcome
 
 
 NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")

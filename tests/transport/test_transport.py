@@ -226,7 +226,7 @@ def test_a_grant_for_a_message_its_sender_gave_up_fails_as_aborted_with_why(back
             to_receiver.withdraw(tag, "lost connection to peer /job:ps/replica:0/task:1: it went silent")
         with raises_exactly(errors.CancelledError, match="discarded"):
             waiting_write.wait(10)
-        expected = r"peer sender at .* gave up the message .*\(ABORTED\): lost connection to peer /job:ps"
+        expected = r"peer sender at .* withdrew the message .*\(ABORTED\): lost connection to peer /job:ps"
         with raises_exactly(errors.AbortedError, match=expected):
             before.wait(10)
         # The receive asks again, bigger, as after TOO_SMALL: answered alike.

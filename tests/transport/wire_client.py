@@ -43,7 +43,7 @@ def revoked(grant_id):
 
 
 def withdrawn(grant_id, code, reason):
-    """WITHDRAWN {u64 grant id, u32 status code, u16-prefixed reason}: the sender gave the message up."""
+    """WITHDRAWN {u64 grant id, u32 status code, u16-prefixed reason}: the sender withdrew the message."""
     return frame(WITHDRAWN, struct.pack("<QI", grant_id, code) + string(reason))
 
 

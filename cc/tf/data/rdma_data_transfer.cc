@@ -408,8 +408,10 @@ class RdmaDataTransferClient : public DataTransferClient {
   // those reads a lost worker stays Unavailable.
   static bool IsCoordinatedRead(const GetElementRequest& req) {
     const google::protobuf::Message& message = AsMessage(req);
-    const google::protobuf::FieldDescriptor* field = message.GetDescriptor()->FindFieldByName("consumer_index");
-    return field != nullptr && message.GetReflection()->HasField(message, field);
+    // Looked up once: every read asks.
+    static const google::protobuf::FieldDescriptor* const consumer_index =
+        message.GetDescriptor()->FindFieldByName("consumer_index");
+    return consumer_index != nullptr && message.GetReflection()->HasField(message, consumer_index);
   }
 
   absl::Status ConnectedLocked(bool coordinated_read, std::shared_ptr<Connection>* connection,
