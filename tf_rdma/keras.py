@@ -62,8 +62,10 @@ class StatsCallback:
     Keras 2 (tf_keras) and Keras 3 both call a callback's hooks by name, so this class subclasses
     neither and works with whichever Keras the model comes from, whatever was imported first."""
 
-    # tf_keras: this callback takes its logs as Python numbers, and implements train batch hooks only.
-    _supports_tf_logs = False
+    # tf_keras: the logs are never read, so they may stay tensors; False would copy them to NumPy
+    # after every batch (a wait for the step), and fit under ParameterServerStrategy refuses such
+    # a callback.
+    _supports_tf_logs = True
 
     def __init__(self, log_dir, every_n_steps=100):
         if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
@@ -83,9 +85,8 @@ class StatsCallback:
         self._warned_no_server = False
         # The server whose scalars go under tf_rdma/ directly, fixed at the first write: a record
         # that appears later (stats() adds the tf.data trainer's once one of its reads fell back)
-        # must not move every tag.
+        # must not move every tag. None until then; "" (no task) when several servers wrote.
         self._main_task = None
-        self._main_task_fixed = False
 
     def set_params(self, params):
         self.params = params
@@ -134,9 +135,8 @@ class StatsCallback:
                              "so there is nothing to write to %s", self.log_dir)
                 self._warned_no_server = True
             return
-        if not self._main_task_fixed:
-            self._main_task = records[0]["task"] if len(records) == 1 else None
-            self._main_task_fixed = True
+        if self._main_task is None:
+            self._main_task = records[0]["task"] if len(records) == 1 else ""
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         with self._writer.as_default(step=step):
