@@ -24,7 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.setup_py import load_setup_py
+from tf_rdma.transport import BACKENDS, available_backends
+from tools.setup_py import build_extensions, load_setup_py
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDS = {"with_events": [], "without_events": ["-DTF_RDMA_NO_TRACE_EVENTS"]}
@@ -40,20 +41,13 @@ def build_dir(build):
 def build(setup_py, name):
     """tf_rdma's Python package and its three binaries, compiled with the caller's CXXFLAGS plus
     BUILDS[name], into build_dir(name)/tf_rdma/."""
-    from setuptools import Distribution
     target = build_dir(name)
     shutil.rmtree(target / "tf_rdma", ignore_errors=True)
     shutil.copytree(ROOT / "tf_rdma", target / "tf_rdma", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     callers = os.environ.get("CXXFLAGS", "")
     os.environ["CXXFLAGS"] = " ".join(filter(None, [callers, *BUILDS[name]]))
     try:
-        distribution = Distribution({"name": "tf_rdma", "ext_modules": setup_py.extensions(),
-                                     "cmdclass": {"build_ext": setup_py.IncrementalBuildExt}})
-        command = distribution.get_command_obj("build_ext")
-        command.build_lib = str(target)
-        command.build_temp = str(target / "temp")
-        command.ensure_finalized()
-        command.run()
+        build_extensions(setup_py, setup_py.extensions(), target)
     finally:
         os.environ["CXXFLAGS"] = callers
 
@@ -103,9 +97,9 @@ def summary(runs, backend):
     and the ratio without events / with events of each round."""
     table = {}
     for transport in (backend, "grpc"):
-        for case in steps_per_second(runs[0]["report"], transport):
-            per_build = {name: [steps_per_second(run["report"], transport)[case] for run in runs if run["build"] == name]
-                         for name in BUILDS}
+        figures = [(run["build"], steps_per_second(run["report"], transport)) for run in runs]
+        for case in figures[0][1]:
+            per_build = {name: [cases[case] for build, cases in figures if build == name] for name in BUILDS}
             round_ratios = [without / with_ for with_, without in zip(per_build["with_events"],
                                                                       per_build["without_events"])]
             table.setdefault(transport, {})[case] = {
@@ -133,10 +127,15 @@ def main():
     parser = argparse.ArgumentParser(prog="python -m tools.events_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="runs on each build, alternating (default 3)")
-    parser.add_argument("--backend", default="tcp", help="the tf_rdma backend to bench (default tcp)")
+    parser.add_argument("--backend", default="tcp", choices=BACKENDS, help="the tf_rdma backend to bench (default tcp)")
     parser.add_argument("--full", action="store_true", help="bench tf's full sizes and budgets, not --quick")
     parser.add_argument("--json", metavar="FILE", help="also write every run's report and the summary here")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    unusable = available_backends()[args.backend]
+    if unusable:
+        parser.error(f"--backend {args.backend} is unusable here: {unusable}")
     setup_py = load_setup_py()
     for name in BUILDS:
         build(setup_py, name)

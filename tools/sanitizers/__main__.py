@@ -22,7 +22,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.setup_py import load_setup_py
+from tools.setup_py import build_extensions, load_setup_py
 
 ROOT = Path(__file__).resolve().parents[2]
 # Line tables only: reports name file and line at a fraction of full debug info's compile time.
@@ -70,18 +70,11 @@ def shared_runtime_link_flags(sanitizer):
 
 
 def build_bindings(setup_py, sanitizer):
-    from setuptools import Distribution
     os.environ["CXX"] = shlex.join(compiler())
     os.environ["CXXFLAGS"] = shlex.join([*SANITIZERS[sanitizer]["flags"], *COMMON_FLAGS])
     os.environ["LDFLAGS"] = shlex.join(shared_runtime_link_flags(sanitizer))
     transport_only = [ext for ext in setup_py.extensions() if not ext.name.endswith("_tensorflow")]
-    distribution = Distribution({"name": "tf_rdma", "ext_modules": transport_only,
-                                 "cmdclass": {"build_ext": setup_py.IncrementalBuildExt}})
-    command = distribution.get_command_obj("build_ext")
-    command.build_lib = str(build_dir(sanitizer))
-    command.build_temp = str(build_dir(sanitizer) / "temp")
-    command.ensure_finalized()
-    command.run()
+    build_extensions(setup_py, transport_only, build_dir(sanitizer))
     shutil.copy(Path(__file__).with_name("sitecustomize.py"), build_dir(sanitizer) / "sitecustomize.py")
 
 
