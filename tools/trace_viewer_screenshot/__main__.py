@@ -20,7 +20,6 @@ import gzip
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from tf_rdma.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "trace_viewer" / "venv"
@@ -69,12 +70,6 @@ SHOW_ONE_STEP = """
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_venv():
     """build/trace_viewer/venv with requirements.txt installed, made or refreshed when that changed."""
     stamp = VENV / "requirements.txt"
@@ -89,7 +84,7 @@ def capture(log_dir, backend):
     """A profile of TF1 ps steps over tf_rdma's `backend` under `log_dir`; tf_rdma's events in it."""
     events = log_dir / "events.json"
     subprocess.run([sys.executable, "-m", "tests.tf.programs.profiled_ps_steps", str(log_dir / "profile"),
-                    str(events)], cwd=ROOT, check=True,
+                    str(events)], cwd=ROOT, check=True, timeout=600,
                    env={**os.environ, "TF_RDMA_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return json.loads(events.read_text())
 
@@ -110,6 +105,15 @@ def wait_for_json(url, accept, timeout=120):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no answer from {url} within {timeout} s")
         time.sleep(0.5)
+
+
+def stop(process):
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class DevTools:
@@ -161,11 +165,15 @@ def screenshot(page_url, output):
         devtools.call("Page.navigate", url=page_url)
         deadline = time.monotonic() + 120
         while True:
-            shown = devtools.evaluate(SHOW_ONE_STEP)
+            try:
+                shown = devtools.evaluate(SHOW_ONE_STEP)
+            except RuntimeError as error:  # the page may still be navigating, its scripts half loaded
+                shown = {"waiting": True, "last_error": str(error)}
             if shown and not shown.get("waiting"):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError("the trace viewer did not load the profile within 120 s")
+                raise TimeoutError("the trace viewer did not load the profile within 120 s"
+                                   + (f" ({shown['last_error']})" if shown and "last_error" in shown else ""))
             time.sleep(1)
         if "error" in shown:
             raise RuntimeError(f"the trace viewer's profile: {shown['error']}")
@@ -175,8 +183,7 @@ def screenshot(page_url, output):
         output.write_bytes(base64.b64decode(image))
         return shown
     finally:
-        chromium.terminate()
-        chromium.wait()
+        stop(chromium)
         shutil.rmtree(profile_dir, ignore_errors=True)
 
 
@@ -194,7 +201,7 @@ def main():
         log_dir = Path(work)
         events = capture(log_dir, args.backend)
         print(f"profiled: {len(events['events'])} tf_rdma events", file=sys.stderr)
-        port = free_port()
+        port = free_ports(1)[0]
         tensorboard = subprocess.Popen(
             [str(VENV / "bin" / "tensorboard"), "--logdir", str(log_dir / "profile"), "--host", "127.0.0.1",
              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -211,8 +218,7 @@ def main():
                 {"is_streaming": "false", "is_oss": "true", "trace_data_url": data})
             shown = screenshot(page, args.output)
         finally:
-            tensorboard.terminate()
-            tensorboard.wait()
+            stop(tensorboard)
     print(json.dumps({"run": run, "host": host, "page": page, "shown": shown}, indent=2))
     return 0
 
