@@ -47,13 +47,13 @@ def read(dispatcher_port, output, count=40, floats=65536):
     results = {}
     for mode, compression in (("parallel_epochs", None), ("distributed_epoch", None), ("distributed_epoch", "AUTO")):
         for protocol in ("grpc", tf_rdma.DATA_TRANSFER_PROTOCOL):
-            before = data_bytes_received(tf_rdma.stats())
+            before = data_bytes_received()
             got = [_fingerprint(e) for e in _distributed(elements(count, floats), dispatcher_port, mode,
                                                            protocol, compression)]
             results[f"{mode}/{compression or 'none'}/{protocol}"] = {
                 "elements": sorted([index, digest] for index, digest, _ in got),
                 "element_bytes": sum(nbytes for _, _, nbytes in got),
-                "tf_rdma_bytes": data_bytes_received(tf_rdma.stats()) - before,
+                "tf_rdma_bytes": data_bytes_received() - before,
             }
     # TensorFlow makes a client per worker for each iteration: its tf_rdma connection must end with
     # the iteration. Descriptors a trainer holds after more iterations, over each protocol (gRPC's
