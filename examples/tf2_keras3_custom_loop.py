@@ -26,7 +26,6 @@ worker (the default) runs the steps in order (with more, which worker takes whic
 TensorFlow's choice). `--save PATH` writes the trainer's final weights and per-step losses (.npz)
 to compare runs bit for bit (the tests compare mwms over tf_rdma with gRPC, ps over tcp with shm).
 """
-import json
 import os
 import sys
 import time
