@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.transport.helpers import next_line, pattern, start_peer, transport, wait_for_line
+from tests.transport.helpers import next_line, pattern, raises_exactly, start_peer, transport, wait_for_line
 from tf_rdma import errors
 
 PEER_IP = os.environ["SOFTROCE_PEER_IP"]
@@ -74,7 +74,7 @@ def test_naming_a_device_that_cannot_reach_the_peer_fails_at_once_naming_both(pe
     monkeypatch.setenv("TF_RDMA_VERBS_DEVICE", UNROUTED)
     _, endpoint = peer
     started = time.monotonic()
-    with pytest.raises(errors.TransportError) as raised:
+    with raises_exactly(errors.BackendUnavailableError) as raised:
         transport("verbs", "guest-a", connect_timeout=30).connect(endpoint)
     message = str(raised.value)
     # What a user needs: the peer, the device they asked for and the one that reaches the peer.
@@ -86,7 +86,7 @@ def test_naming_a_device_that_cannot_reach_the_peer_fails_at_once_naming_both(pe
 
 def test_naming_a_device_that_does_not_exist_lists_both_real_ones(monkeypatch):
     monkeypatch.setenv("TF_RDMA_VERBS_DEVICE", "mlx5_0")
-    with pytest.raises(errors.ConfigError) as raised:
+    with raises_exactly(errors.ConfigError) as raised:
         transport("verbs", "guest-a")
     message = str(raised.value)
     assert "TF_RDMA_VERBS_DEVICE=mlx5_0 does not exist" in message, message

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.transport.helpers import HOST, connected_pair, pattern, transport
+from tests.transport.helpers import HOST, connected_pair, pattern, raises_exactly, transport
 from tf_rdma import _transport, bench, errors
 from tests.transport.verbs.verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
@@ -70,7 +70,7 @@ def test_availability_is_explained():
         return
     assert VERBS_WHY_NOT, "an unusable backend must say why"
     assert any(s in VERBS_WHY_NOT for s in ("no RDMA device", "no active port", "no verbs backend"))
-    with pytest.raises(errors.TransportError, match="verbs backend is not available"):
+    with raises_exactly(errors.BackendUnavailableError, match="verbs backend is not available"):
         transport("verbs")
 
 
@@ -386,7 +386,7 @@ def test_an_address_no_rdma_device_reaches_fails_at_once_naming_the_devices(devi
     listener = receiver.listen(f"{HOST}:0")
     loopback = "127.0.0.1:" + listener.endpoint.rsplit(":", 1)[1]
     started = time.monotonic()
-    with pytest.raises(errors.TransportError) as raised:
+    with raises_exactly(errors.BackendUnavailableError) as raised:
         transport("verbs", "sender", connect_timeout=30).connect(loopback)
     assert time.monotonic() - started < 5
     message = str(raised.value)
