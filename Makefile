@@ -37,6 +37,7 @@ check: test-prereqs env cc-tests
 TF_FLAGS = $(shell .venv/bin/python -c 'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null)
 CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_book.cc cc/transport/wire.cc \
 	cc/transport/handshake.cc cc/transport/crypto.cc cc/transport/backend_names.cc cc/transport/transport.cc cc/transport/io_loops.cc \
+	cc/transport/settings.cc \
 	cc/transport/peer_errors.cc cc/transport/stream/stream_connection.cc cc/transport/stream/socket_io.cc
 build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/transport/stream/*.h) | env
 	mkdir -p build

@@ -1,11 +1,12 @@
-"""The README's configuration table documents exactly the variables tf_rdma reads, with the defaults
-the code applies."""
+"""The README's configuration table documents exactly the settings of the code's table
+(cc/transport/settings.h), with its defaults and bounds."""
 import re
 from pathlib import Path
 
 import pytest
 
-from tf_rdma.config import load_config, variables
+from tf_rdma.config import load_config, settings
+from tf_rdma.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -14,15 +15,21 @@ TESTING = REPO / "docs" / "testing.md"
 TEST_HARNESS_PREFIXES = ("TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_")
 
 
+def documented_rows(page=README):
+    """[(variable, its default cell with backticks removed, its meaning cell)] from the variables
+    table of `page`."""
+    rows = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \| ([^|]+) \| (.*) \|$", page.read_text(), re.MULTILINE)
+    return [(name, default.strip().strip("`"), meaning) for name, default, meaning in rows]
+
+
 def documented_defaults(page=README):
     """[(variable, its default cell, backticks removed)] from the variables table of `page`."""
-    rows = re.findall(r"^\| `(TF_RDMA_[A-Z0-9_]+)` \| ([^|]+) \|", page.read_text(), re.MULTILINE)
-    return [(name, default.strip().strip("`")) for name, default in rows]
+    return [(name, default) for name, default, _ in documented_rows(page)]
 
 
 def test_every_variable_is_documented_once_and_nothing_else():
     documented = [name for name, _ in documented_defaults()]
-    assert sorted(documented) == sorted(name for name, _, _ in variables())
+    assert sorted(documented) == sorted(s.name for s in settings())
     assert len(documented) == len(set(documented))
 
 
@@ -38,11 +45,35 @@ def test_the_test_harness_variables_are_documented_in_testing_md_not_in_the_prod
     documented = [name for name, _ in documented_defaults(TESTING)]
     assert sorted(documented) == sorted(read)
     assert len(documented) == len(set(documented))
-    assert not [name for name, _, _ in variables() if name.startswith(TEST_HARNESS_PREFIXES)]
+    assert not [s.name for s in settings() if s.name.startswith(TEST_HARNESS_PREFIXES)]
 
 
 def test_documented_defaults_are_the_codes_defaults():
-    assert dict(documented_defaults()) == {name: default for name, default, _ in variables()}
+    assert dict(documented_defaults()) == {s.name: s.default for s in settings()}
+
+
+def test_the_bounds_the_readme_states_are_the_codes_bounds():
+    """A row that states its setting's range ("(0 to 64)", "At least 100") states the table's."""
+    table = {s.name: s for s in settings()}
+    for name, _, meaning in documented_rows():
+        setting = table[name]
+        for low, high in re.findall(r"\((-?\d+) to (-?\d+)[;)]", meaning):
+            assert (int(low), int(high)) == (setting.minimum, setting.maximum), (name, meaning)
+        for low in re.findall(r"At least (\d+)\.", meaning):
+            assert int(low) == setting.minimum, (name, meaning)
+
+
+@pytest.mark.parametrize("setting", settings(), ids=lambda s: s.name)
+def test_a_numeric_settings_bounds_are_accepted_and_one_past_them_refused_naming_them(setting):
+    """Every numeric row of the table reaches a field of the configuration, within its bounds."""
+    if setting.minimum is None:
+        return
+    for bound in (setting.minimum, setting.maximum):
+        if str(bound) != setting.default:
+            assert load_config({setting.name: str(bound)}) != load_config({}), (setting.name, bound)
+    for outside in (setting.minimum - 1, setting.maximum + 1):
+        with pytest.raises(ConfigError, match=f"{setting.name}='{outside}' is not .* between "):
+            load_config({setting.name: str(outside)})
 
 
 # Defaults written as a value (not "(auto)", "(unset)"): setting the variable to it must change

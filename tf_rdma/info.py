@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from tf_rdma import _transport
-from tf_rdma.config import load_config, variables
+from tf_rdma.config import load_config, settings
 from tf_rdma.transport import available_backends
 
 
@@ -82,8 +82,8 @@ def collect():
         "memlock_limit": {"soft": _limit(soft), "hard": _limit(hard)},
         "config": {k: (v if k != "secret" else _hidden(v)) for k, v in vars(load_config()).items()},
         # The variables set, as set; the secret's value never leaves the process.
-        "environment": {name: (os.environ[name] if name != "TF_RDMA_SECRET" else _hidden(os.environ[name]))
-                        for name, _, _ in variables() if name in os.environ},
+        "environment": {s.name: (os.environ[s.name] if s.name != "TF_RDMA_SECRET" else _hidden(os.environ[s.name]))
+                        for s in settings() if s.name in os.environ},
     }
 
 

@@ -4,9 +4,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <sys/resource.h>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "cc/transport/config.h"
 #include "cc/transport/fork_guard.h"
 #include "cc/transport/handshake.h"
+#include "cc/transport/settings.h"
 #include "cc/transport/stream/stream_transport.h"
 #include "cc/transport/transport.h"
 #include "cc/transport/wire.h"
@@ -228,23 +231,50 @@ class PyListener {
   uint64_t refusals_ = 0;
 };
 
-TransportOptions MakeOptions(const std::string& name, const py::bytes& cluster_key,
-                             double peer_timeout, double connect_timeout, uint32_t protocol_version,
-                             const TransportLimits& limits = {},
-                             size_t io_threads = TransportOptions{}.io_threads) {
-  TransportOptions options;
-  // The verbs and polling settings as the environment has them now (tests set them after import).
-  const Config config = ValueOrThrow(LoadConfigFromEnvironment());
-  options.verbs = config.verbs;
-  options.stream_poll_window = config.stream_poll_window;
-  options.io_threads = io_threads;
-  options.limits = limits;
+// The options a transport created now runs with: the TF_RDMA_* settings the environment has now
+// (tests set them after import), then this process's name and key.
+TransportOptions OptionsFromEnvironment(const std::string& name, const std::string& cluster_key) {
+  TransportOptions options = TransportOptionsFrom(ValueOrThrow(LoadConfigFromEnvironment()));
   options.local_name = name;
   options.cluster_key = cluster_key;
-  options.peer_timeout = absl::Seconds(peer_timeout);
-  options.connect_timeout = absl::Seconds(connect_timeout);
-  options.protocol_version_override = protocol_version;
   return options;
+}
+
+// A keyword argument of Transport() in place of `setting`'s value (`value`, in the setting's unit,
+// as the caller wrote it: `given`), held to the setting's bounds.
+int64_t CheckedOverride(const Setting& setting, const char* keyword, int64_t value, const std::string& given) {
+  if (value < setting.minimum || value > setting.maximum) {
+    const std::string unit = SettingUnit(setting);
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "Transport(", keyword, "=", given, ") is outside the bounds of ", setting.name, ", ",
+        setting.minimum, " to ", setting.maximum, unit.empty() ? "" : " ", unit,
+        "; pass a value within them or leave it unset to take ", setting.name, " from the environment")));
+  }
+  return value;
+}
+
+int64_t CheckedOverride(const Setting& setting, const char* keyword, int64_t value) {
+  return CheckedOverride(setting, keyword, value, absl::StrCat(value));
+}
+
+// A timeout given in seconds, in place of a setting in milliseconds.
+absl::Duration SecondsOverride(const Setting& setting, const char* keyword, double seconds) {
+  return absl::Milliseconds(
+      CheckedOverride(setting, keyword, std::llround(seconds * 1e3), absl::StrCat(seconds)));
+}
+
+// Every row of the settings table, for tf_rdma.config.settings().
+py::list SettingsTable() {
+  static const char* const kKindNames[] = {"text", "count", "milliseconds", "microseconds", "bytes"};
+  py::list out;
+  for (const Setting* setting : settings::kAll) {
+    const bool numeric = setting->kind != SettingKind::kText;
+    out.append(py::make_tuple(setting->name, kKindNames[static_cast<int>(setting->kind)], DefaultText(*setting),
+                              numeric ? py::object(py::int_(setting->minimum)) : py::none(),
+                              numeric ? py::object(py::int_(setting->maximum)) : py::none(),
+                              SettingUnit(*setting), setting->doc));
+  }
+  return out;
 }
 
 py::dict ConfigToDict(const Config& config) {
@@ -369,29 +399,59 @@ PYBIND11_MODULE(_transport, m) {
       .def("refuse", &PyListener::Refuse, py::arg("peer"), py::arg("code"), py::arg("times"))
       .def_property_readonly("refusals", &PyListener::refusals);
 
+  // Each keyword but backend, name, cluster_key and protocol_version stands for a TF_RDMA_* setting:
+  // unset (None), the transport takes the setting from the environment as it is now, as
+  // tf_rdma's servers do.
   py::class_<PyTransport>(m, "Transport")
       .def(py::init([](const std::string& backend, const std::string& name, const py::bytes& cluster_key,
-                       double peer_timeout, double connect_timeout, uint32_t protocol_version,
-                       size_t max_concurrent_handshakes, size_t max_grants_per_peer,
-                       uint64_t shm_max_mapped_bytes_per_peer, uint64_t shm_max_mapped_bytes_total,
-                       size_t max_connections_per_peer_name, size_t io_threads) {
-             const TransportLimits limits{max_concurrent_handshakes, max_grants_per_peer,
-                                          shm_max_mapped_bytes_per_peer, shm_max_mapped_bytes_total,
-                                          max_connections_per_peer_name};
-             return std::make_unique<PyTransport>(ValueOrThrow(CreateTransport(
-                 ValueOrThrow(ParseBackend(backend)),
-                 MakeOptions(name, cluster_key, peer_timeout, connect_timeout, protocol_version, limits,
-                             io_threads))));
+                       std::optional<double> peer_timeout, std::optional<double> connect_timeout,
+                       uint32_t protocol_version, std::optional<int64_t> max_concurrent_handshakes,
+                       std::optional<int64_t> max_grants_per_peer,
+                       std::optional<int64_t> shm_max_mapped_bytes_per_peer,
+                       std::optional<int64_t> shm_max_mapped_bytes_total,
+                       std::optional<int64_t> max_connections_per_peer_name, std::optional<int64_t> io_threads) {
+             TransportOptions options = OptionsFromEnvironment(name, cluster_key);
+             options.protocol_version_override = protocol_version;
+             TransportLimits& limits = options.limits;
+             if (peer_timeout) {
+               options.peer_timeout = SecondsOverride(settings::kPeerTimeoutMs, "peer_timeout", *peer_timeout);
+             }
+             if (connect_timeout) {
+               options.connect_timeout =
+                   SecondsOverride(settings::kConnectTimeoutMs, "connect_timeout", *connect_timeout);
+             }
+             if (max_concurrent_handshakes) {
+               limits.max_concurrent_handshakes = CheckedOverride(
+                   settings::kMaxConcurrentHandshakes, "max_concurrent_handshakes", *max_concurrent_handshakes);
+             }
+             if (max_grants_per_peer) {
+               limits.max_grants_per_peer =
+                   CheckedOverride(settings::kMaxGrantsPerPeer, "max_grants_per_peer", *max_grants_per_peer);
+             }
+             if (shm_max_mapped_bytes_per_peer) {
+               limits.shm_max_mapped_bytes_per_peer = CheckedOverride(
+                   settings::kShmMaxMappedBytesPerPeer, "shm_max_mapped_bytes_per_peer", *shm_max_mapped_bytes_per_peer);
+             }
+             if (shm_max_mapped_bytes_total) {
+               limits.shm_max_mapped_bytes_total = CheckedOverride(
+                   settings::kShmMaxMappedBytesTotal, "shm_max_mapped_bytes_total", *shm_max_mapped_bytes_total);
+             }
+             if (max_connections_per_peer_name) {
+               limits.max_connections_per_peer_name = CheckedOverride(
+                   settings::kMaxConnectionsPerPeerName, "max_connections_per_peer_name", *max_connections_per_peer_name);
+             }
+             if (io_threads) options.io_threads = CheckedOverride(settings::kIoThreads, "io_threads", *io_threads);
+             return std::make_unique<PyTransport>(
+                 ValueOrThrow(CreateTransport(ValueOrThrow(ParseBackend(backend)), options)));
            }),
            py::arg("backend"), py::arg("name") = "", py::arg("cluster_key") = py::bytes(""),
-           py::arg("peer_timeout") = 30.0, py::arg("connect_timeout") = 60.0,
-           py::arg("protocol_version") = 0,
-           py::arg("max_concurrent_handshakes") = TransportLimits{}.max_concurrent_handshakes,
-           py::arg("max_grants_per_peer") = TransportLimits{}.max_grants_per_peer,
-           py::arg("shm_max_mapped_bytes_per_peer") = TransportLimits{}.shm_max_mapped_bytes_per_peer,
-           py::arg("shm_max_mapped_bytes_total") = TransportLimits{}.shm_max_mapped_bytes_total,
-           py::arg("max_connections_per_peer_name") = TransportLimits{}.max_connections_per_peer_name,
-           py::arg("io_threads") = TransportOptions{}.io_threads)
+           py::arg("peer_timeout") = py::none(), py::arg("connect_timeout") = py::none(),
+           py::arg("protocol_version") = 0, py::arg("max_concurrent_handshakes") = py::none(),
+           py::arg("max_grants_per_peer") = py::none(), py::arg("shm_max_mapped_bytes_per_peer") = py::none(),
+           py::arg("shm_max_mapped_bytes_total") = py::none(),
+           py::arg("max_connections_per_peer_name") = py::none(), py::arg("io_threads") = py::none(),
+           "peer_timeout and connect_timeout in seconds; every keyword but name, cluster_key and "
+           "protocol_version left unset takes its TF_RDMA_* variable from the environment as it is now.")
       .def_property_readonly("backend", [](PyTransport& t) { return BackendName(t.get().backend()); })
       .def("allocate_region",
            [](PyTransport& t, size_t bytes) { return ValueOrThrow(t.get().AllocateRegion(bytes)); })
@@ -434,11 +494,12 @@ PYBIND11_MODULE(_transport, m) {
   m.def("cluster_key", [](const py::bytes& secret) {
     return py::bytes(ValueOrThrow(ClusterKey(std::string(secret))));
   }, "The key every task derives from TF_RDMA_SECRET (HKDF-SHA-256), as the handshake proves it.");
-  m.def("config_variables", [] {
-    py::list out;
-    for (const auto& v : ConfigVariables()) out.append(py::make_tuple(v.name, v.default_value, v.meaning));
-    return out;
-  });
+  m.def("settings", &SettingsTable,
+        "(name, kind, default, minimum, maximum, unit, doc) of every TF_RDMA_* setting "
+        "(cc/transport/settings.h); minimum and maximum are None for text settings.");
+  m.def("parse_size", [](const std::string& text) { return ValueOrThrow(ParseSize(text)); },
+        "A size in bytes: 4096, 64K or 64KiB, 1 GiB, 1T or 1TiB (binary units, any case).");
+  m.def("format_size", &FormatSize, "1048576 -> '1 MiB': the largest binary unit that divides it, else bytes.");
   m.def("stream_stats", &StreamStatistics,
         "Connections the tcp and shm backends started in this process (TensorFlow's too), connected "
         "and accepted alike.");
@@ -505,7 +566,7 @@ PYBIND11_MODULE(_transport, m) {
   m.def("bench_serve",
         [](const std::string& backend, const bench::BenchPlan& plan, uint16_t port,
            const std::string& cluster_key, py::function ready) {
-          TransportOptions options = MakeOptions("bench-receiver", py::bytes(cluster_key), 30, 60, 0);
+          TransportOptions options = OptionsFromEnvironment("bench-receiver", cluster_key);
           py::gil_scoped_release release;
           ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, port,
                                     [&](uint16_t transport_port, uint16_t baseline_port) {
@@ -516,7 +577,7 @@ PYBIND11_MODULE(_transport, m) {
   m.def("bench_drive",
         [](const std::string& backend, const bench::BenchPlan& plan, const std::string& endpoint,
            const std::string& baseline_endpoint, const std::string& cluster_key) {
-          TransportOptions options = MakeOptions("bench-sender", py::bytes(cluster_key), 30, 60, 0);
+          TransportOptions options = OptionsFromEnvironment("bench-sender", cluster_key);
           absl::StatusOr<bench::BenchReport> report;
           {
             py::gil_scoped_release release;

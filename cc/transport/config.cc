@@ -8,10 +8,10 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,41 +32,46 @@ bool IsTestHarnessVariable(const std::string& name) {
                      [&](const char* prefix) { return name.rfind(prefix, 0) == 0; });
 }
 
-absl::StatusOr<absl::Duration> ParseMilliseconds(const std::string& name, const std::string& value,
-                                                 int64_t minimum) {
-  int64_t ms = 0;
-  if (!absl::SimpleAtoi(value, &ms) || ms < minimum || ms > 86400000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, "='", value, "' is not a whole number of milliseconds between ", minimum,
-        " and 86400000; set it to e.g. 30000 or unset it"));
-  }
-  return absl::Milliseconds(ms);
-}
+// Where each numeric setting's value goes in a Config (text settings: ParseConfig).
+struct NumericField {
+  const Setting* setting;
+  void (*store)(int64_t value, Config& config);
+};
+const NumericField kNumericFields[] = {
+    {&settings::kPeerTimeoutMs, [](int64_t v, Config& c) { c.peer_timeout = absl::Milliseconds(v); }},
+    {&settings::kConnectTimeoutMs, [](int64_t v, Config& c) { c.connect_timeout = absl::Milliseconds(v); }},
+    {&settings::kPortOffset, [](int64_t v, Config& c) { c.port_offset = static_cast<int>(v); }},
+    {&settings::kVerbsPort, [](int64_t v, Config& c) { c.verbs.port = static_cast<int>(v); }},
+    {&settings::kVerbsGidIndex, [](int64_t v, Config& c) { c.verbs.gid_index = static_cast<int>(v); }},
+    {&settings::kVerbsPollUs, [](int64_t v, Config& c) { c.verbs.poll_window = absl::Microseconds(v); }},
+    {&settings::kStreamPollUs, [](int64_t v, Config& c) { c.stream_poll_window = absl::Microseconds(v); }},
+    {&settings::kIoThreads, [](int64_t v, Config& c) { c.io_threads = static_cast<size_t>(v); }},
+    {&settings::kMaxConcurrentHandshakes,
+     [](int64_t v, Config& c) { c.limits.max_concurrent_handshakes = static_cast<size_t>(v); }},
+    {&settings::kMaxGrantsPerPeer, [](int64_t v, Config& c) { c.limits.max_grants_per_peer = static_cast<size_t>(v); }},
+    {&settings::kShmMaxMappedBytesPerPeer,
+     [](int64_t v, Config& c) { c.limits.shm_max_mapped_bytes_per_peer = static_cast<uint64_t>(v); }},
+    {&settings::kShmMaxMappedBytesTotal,
+     [](int64_t v, Config& c) { c.limits.shm_max_mapped_bytes_total = static_cast<uint64_t>(v); }},
+    {&settings::kMaxConnectionsPerPeerName,
+     [](int64_t v, Config& c) { c.limits.max_connections_per_peer_name = static_cast<size_t>(v); }},
+    {&settings::kReceivePoolIdleMs, [](int64_t v, Config& c) { c.receive_pool_idle = absl::Milliseconds(v); }},
+    {&settings::kDataPrefetchElements, [](int64_t v, Config& c) { c.data_prefetch_elements = static_cast<int>(v); }},
+};
 
-// A count or size in [minimum, maximum] into `*limit`; `unit_suffixes` also takes K, M, G, T
-// (powers of 1024), so that sizes such as 64G need no arithmetic.
-template <typename Limit>
-absl::Status ParseLimit(const std::string& name, const std::string& value, uint64_t minimum,
-                        uint64_t maximum, bool unit_suffixes, const char* example, Limit* limit) {
-  std::string digits = value;
-  int shift = 0;
-  if (unit_suffixes && !digits.empty()) {
-    const size_t unit = std::string("KMGT").find(digits.back());
-    if (unit != std::string::npos) {
-      shift = 10 * static_cast<int>(unit + 1);
-      digits.pop_back();
+// A numeric setting's value from `value`, into its field of `config`.
+absl::Status StoreNumber(const Setting& setting, const std::string& value, Config& config) {
+  absl::StatusOr<int64_t> number = ParseSettingValue(setting, value);
+  if (!number.ok()) return number.status();
+  // A task's tf_rdma port would be its TensorFlow port.
+  if (&setting == &settings::kPortOffset && *number == 0) return SettingValueError(setting, value);
+  for (const NumericField& field : kNumericFields) {
+    if (field.setting == &setting) {
+      field.store(*number, config);
+      return absl::OkStatus();
     }
   }
-  uint64_t number = 0;
-  if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos &&
-      absl::SimpleAtoi(digits, &number) && number <= (maximum >> shift) &&
-      (number << shift) >= minimum) {
-    *limit = static_cast<Limit>(number << shift);
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      name, "='", value, "' is not a whole number", unit_suffixes ? " of bytes (K, M, G, T allowed)" : "",
-      " between ", minimum, " and ", maximum, "; set it to e.g. ", example, " or unset it"));
+  return absl::InternalError(absl::StrCat(setting.name, " has no field in tf_rdma's Config (config.cc)"));
 }
 
 // A secret longer than this is not a secret someone typed or mounted by mistake: refused.
@@ -235,193 +240,60 @@ absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
   return key;
 }
 
-const std::vector<ConfigVariable>& ConfigVariables() {
-  static const auto* variables = new std::vector<ConfigVariable>{
-      {"TF_RDMA_BACKEND", "auto",
-       "Transport for tensors between tasks: auto (shm for peers on this host, verbs where an RDMA "
-       "device reaches the peer's address, else tcp), verbs, tcp or shm. An explicit backend that "
-       "cannot work is an error."},
-      {"TF_RDMA_PEER_TIMEOUT_MS", "30000",
-       "A peer silent this long (no data, no heartbeat) is declared dead and its pending transfers fail."},
-      {"TF_RDMA_CONNECT_TIMEOUT_MS", "60000",
-       "How long connecting to a peer is retried (peers may start in any order) before failing."},
-      {"TF_RDMA_PORT_OFFSET", "1000",
-       "Each task's tf_rdma listener port is its TensorFlow server port plus this (may be "
-       "negative). Every task of a cluster must use the same value."},
-      {"TF_RDMA_SECRET", "(empty)",
-       "Shared secret the cluster key is derived from: peers without it cannot connect or write. "
-       "At least 16 random bytes in hex or base64, no pattern (make one with `python -m tf_rdma "
-       "secret`; docs/security.md states the rule); empty: no secret, "
-       "anyone who reaches a tf_rdma port can join."},
-      {"TF_RDMA_SECRET_FILE", "(unset)",
-       "A regular file holding TF_RDMA_SECRET (e.g. a mounted Kubernetes Secret; trailing line "
-       "breaks are ignored; a FIFO or device is refused). Setting both is an error."},
-      {"TF_RDMA_VERBS_DEVICE", "(auto)",
-       "verbs: the RDMA device to use (a name from `ibv_devices`, e.g. mlx5_0). Default: the device "
-       "whose port carries the peer's IP route, as rdma_cm resolves it."},
-      {"TF_RDMA_VERBS_PORT", "(auto)",
-       "verbs: the device port to use (1-based, see `ibv_devinfo`). Default: the port rdma_cm resolves."},
-      {"TF_RDMA_VERBS_GID_INDEX", "(auto)",
-       "verbs: the source GID table index (see `show_gids`/`ibv_devinfo -v`). Default: the RoCE v2 GID "
-       "of the local IP address, as rdma_cm resolves it."},
-      {"TF_RDMA_VERBS_POLL_US", "100",
-       "verbs: microseconds the I/O thread serving a connection keeps polling for its completions "
-       "after the last one before it sleeps on completion events (0: sleep at once). Polling "
-       "lowers small-message latency and spends a core while it lasts."},
-      {"TF_RDMA_STREAM_POLL_US", "0",
-       "tcp and shm: microseconds an I/O thread keeps polling its connections after the last "
-       "message before it sleeps (0: sleep at once). Polling lowers small-message latency (a "
-       "thread's wake-up costs more than the message) but spends a core while it lasts, which "
-       "slows TensorFlow's own threads on a host with few cores; a thread allowed on one core only "
-       "does not poll."},
-      {"TF_RDMA_IO_THREADS", "2",
-       "Threads that serve all of a transport's connections (epoll loops), whatever the number of "
-       "peers. More spread many busy peers over more cores."},
-      {"TF_RDMA_MAX_CONCURRENT_HANDSHAKES", "64",
-       "Handshakes a listener runs at once (a thread and a descriptor each); clients beyond it are "
-       "refused at once."},
-      {"TF_RDMA_MAX_GRANTS_PER_PEER", "65536",
-       "Grants a peer may have outstanding here that no write used yet; more close its connection."},
-      {"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER", "64G",
-       "shm: bytes of a peer's shared regions this process maps; more close its connection."},
-      {"TF_RDMA_DATA_PREFETCH_ELEMENTS", "2",
-       "tf.data service: elements past the one being read that a trainer keeps receive buffers "
-       "granted for, per worker task (0 to 64); each holds about one element's bytes."},
-      {"TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL", "1T",
-       "shm: bytes of all peers' shared regions this process maps together; a region past it "
-       "closes the connection that shared it."},
-      {"TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "16",
-       "Live connections (per backend) with peers claiming one task name; more are refused."},
-      {"TF_RDMA_RECEIVE_POOL_IDLE_MS", "30000",
-       "A region of a peer's receive pool that held no received tensor or grant for this long is "
-       "freed (on verbs, unpinned); 0 keeps regions for the connection's life."},
-  };
-  return *variables;
-}
-
 absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment) {
   Config config;
   for (const auto& [name, value] : environment) {
-    if (name.rfind(kPrefix, 0) != 0) continue;
-    if (name == "TF_RDMA_BACKEND") {
-      if (value != "auto" && !ParseBackend(value).ok()) {
+    if (name.rfind(kPrefix, 0) != 0 || IsTestHarnessVariable(name)) continue;
+    const Setting* setting = FindSetting(name);
+    if (setting == nullptr) {
+      // Any other TF_RDMA_* name is a typo.
+      std::vector<std::string> known;
+      for (const Setting* known_setting : settings::kAll) known.push_back(known_setting->name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown environment variable ", name, "; tf_rdma reads only ",
+          absl::StrJoin(known, ", "), ". Fix the name or unset it."));
+    }
+    if (setting->kind != SettingKind::kText) {
+      absl::Status stored = StoreNumber(*setting, value, config);
+      if (!stored.ok()) return stored;
+    } else if (setting == &settings::kBackend) {
+      if (value != settings::kBackend.default_label && !ParseBackend(value).ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_BACKEND='", value, "' is not a backend; use one of auto, ", BackendNames()));
+            name, "='", value, "' is not a backend; use one of ", settings::kBackend.default_label,
+            ", ", BackendNames()));
       }
       config.backend = value;
-    } else if (name == "TF_RDMA_PEER_TIMEOUT_MS") {
-      absl::StatusOr<absl::Duration> d = ParseMilliseconds(name, value, 100);
-      if (!d.ok()) return d.status();
-      config.peer_timeout = *d;
-    } else if (name == "TF_RDMA_CONNECT_TIMEOUT_MS") {
-      absl::StatusOr<absl::Duration> d = ParseMilliseconds(name, value, 1);
-      if (!d.ok()) return d.status();
-      config.connect_timeout = *d;
-    } else if (name == "TF_RDMA_PORT_OFFSET") {
-      if (!absl::SimpleAtoi(value, &config.port_offset) || config.port_offset == 0 ||
-          config.port_offset < -65535 || config.port_offset > 65535) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_PORT_OFFSET='", value, "' is not a non-zero whole number between -65535 and "
-            "65535; set it to e.g. 1000 or unset it"));
-      }
-    } else if (name == "TF_RDMA_RECEIVE_POOL_IDLE_MS") {
-      absl::StatusOr<absl::Duration> d = ParseMilliseconds(name, value, 0);
-      if (!d.ok()) return d.status();
-      config.receive_pool_idle = *d;
-    } else if (name == "TF_RDMA_DATA_PREFETCH_ELEMENTS") {
-      absl::Status parsed = ParseLimit(name, value, 0, 64, false, "2", &config.data_prefetch_elements);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_SECRET") {
+    } else if (setting == &settings::kSecret) {
       if (value.size() > kMaxSecretLength) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_SECRET is longer than ", kMaxSecretLength, " bytes. ", kMakeASecret, " value."));
+            name, " is longer than ", kMaxSecretLength, " bytes. ", kMakeASecret, " value."));
       }
       if (!value.empty()) {
         absl::Status strong = CheckSecretStrength(name, value);
         if (!strong.ok()) return strong;
       }
       config.secret = value;
-    } else if (name == "TF_RDMA_SECRET_FILE") {
-      if (environment.count("TF_RDMA_SECRET")) {
+    } else if (setting == &settings::kSecretFile) {
+      if (environment.count(settings::kSecret.name)) {
         return absl::InvalidArgumentError(
             "both TF_RDMA_SECRET and TF_RDMA_SECRET_FILE are set; set only one of them");
       }
       absl::StatusOr<std::string> secret = ReadSecretFile(value);
       if (!secret.ok()) return secret.status();
-      absl::Status strong = CheckSecretStrength(absl::StrCat("the secret in TF_RDMA_SECRET_FILE='", value, "'"), *secret);
+      absl::Status strong = CheckSecretStrength(absl::StrCat("the secret in ", name, "='", value, "'"), *secret);
       if (!strong.ok()) return strong;
       config.secret = *std::move(secret);
-    } else if (name == "TF_RDMA_VERBS_DEVICE") {
+    } else if (setting == &settings::kVerbsDevice) {
       // Device names are sysfs names: short, no path separators.
       if (value.empty() || value.size() > 63 || value.find('/') != std::string::npos ||
           value.find_first_of(" \t\n") != std::string::npos) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_VERBS_DEVICE='", value, "' is not an RDMA device name; use a name that "
+            name, "='", value, "' is not an RDMA device name; use a name that "
             "`ibv_devices` lists (e.g. mlx5_0, rxe0) or unset it"));
       }
       config.verbs.device = value;
-    } else if (name == "TF_RDMA_VERBS_PORT") {
-      int port = 0;
-      if (!absl::SimpleAtoi(value, &port) || port < 1 || port > 255) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_VERBS_PORT='", value, "' is not a port number between 1 and 255 (ports count "
-            "from 1, see `ibv_devinfo`); set it to e.g. 1 or unset it"));
-      }
-      config.verbs.port = port;
-    } else if (name == "TF_RDMA_VERBS_GID_INDEX") {
-      int index = -1;
-      if (!absl::SimpleAtoi(value, &index) || index < 0 || index > 65535) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_RDMA_VERBS_GID_INDEX='", value, "' is not a GID table index between 0 and 65535 "
-            "(see `show_gids` or `ibv_devinfo -v`); set it to e.g. 3 or unset it"));
-      }
-      config.verbs.gid_index = index;
-    } else if (name == "TF_RDMA_VERBS_POLL_US") {
-      int64_t micros = 0;
-      absl::Status parsed = ParseLimit(name, value, 0, 1000000, false,
-                                       "100 (0 sleeps on completion events at once)", &micros);
-      if (!parsed.ok()) return parsed;
-      config.verbs.poll_window = absl::Microseconds(micros);
-    } else if (name == "TF_RDMA_STREAM_POLL_US") {
-      int64_t micros = 0;
-      absl::Status parsed =
-          ParseLimit(name, value, 0, 1000000, false, "100 (0 sleeps at once)", &micros);
-      if (!parsed.ok()) return parsed;
-      config.stream_poll_window = absl::Microseconds(micros);
-    } else if (name == "TF_RDMA_IO_THREADS") {
-      absl::Status parsed = ParseLimit(name, value, 1, 64, false, "2", &config.io_threads);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_MAX_CONCURRENT_HANDSHAKES") {
-      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "64",
-                                       &config.limits.max_concurrent_handshakes);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_MAX_GRANTS_PER_PEER") {
-      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{1} << 32, false, "65536",
-                                       &config.limits.max_grants_per_peer);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER") {
-      // At most 64 TiB, half of x86-64's user address space: more could never be mapped.
-      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "64G",
-                                       &config.limits.shm_max_mapped_bytes_per_peer);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL") {
-      absl::Status parsed = ParseLimit(name, value, 1, uint64_t{64} << 40, true, "1T",
-                                       &config.limits.shm_max_mapped_bytes_total);
-      if (!parsed.ok()) return parsed;
-    } else if (name == "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME") {
-      absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "16",
-                                       &config.limits.max_connections_per_peer_name);
-      if (!parsed.ok()) return parsed;
-    } else if (!IsTestHarnessVariable(name) &&
-               // An init-capture: C++17 (and clang before 16) cannot capture a structured binding.
-               std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
-                            [&variable = name](const ConfigVariable& v) { return variable == v.name; })) {
-      // Any other TF_RDMA_* name is a typo.
-      std::vector<std::string> known;
-      for (const auto& variable : ConfigVariables()) known.push_back(variable.name);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown environment variable ", name, "; tf_rdma reads only ",
-          absl::StrJoin(known, ", "), ". Fix the name or unset it."));
+    } else {
+      return absl::InternalError(absl::StrCat(name, " is a text setting config.cc does not read"));
     }
   }
   return config;

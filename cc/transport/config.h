@@ -1,52 +1,46 @@
-// TF_RDMA_* environment variables: the single place they are named, parsed and validated.
-// Every variable is also in the README's table; a TF_RDMA_* name this build does not know is an
-// error, so a typo cannot silently leave a setting at its default.
+// TF_RDMA_* environment variables, parsed and validated by the table of settings.h. Every variable
+// is also in the README's table; a TF_RDMA_* name this build does not know is an error, so a typo
+// cannot silently leave a setting at its default.
 #ifndef TF_RDMA_CC_TRANSPORT_CONFIG_H_
 #define TF_RDMA_CC_TRANSPORT_CONFIG_H_
 
 #include <map>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/transport/settings.h"
 #include "cc/transport/transport.h"
 
 namespace tf_rdma {
 
+// The settings of cc/transport/settings.h, parsed; unset ones have the table's defaults.
 struct Config {
-  std::string backend = "auto";  // auto or a registered backend's name (backend_registry.h)
-  absl::Duration peer_timeout = absl::Seconds(30);
-  absl::Duration connect_timeout = absl::Seconds(60);
+  std::string backend = settings::kBackend.default_label;  // or a backend's name (backend_registry.h)
+  absl::Duration peer_timeout = settings::kPeerTimeoutMs.default_duration();
+  absl::Duration connect_timeout = settings::kConnectTimeoutMs.default_duration();
   // TF_RDMA_SECRET, or the contents of TF_RDMA_SECRET_FILE; empty: no secret.
   std::string secret;
   // A task's tf_rdma port is its TensorFlow server port plus this.
-  int port_offset = 1000;
+  int port_offset = settings::kPortOffset.default_value;
   // TF_RDMA_VERBS_DEVICE, TF_RDMA_VERBS_PORT, TF_RDMA_VERBS_GID_INDEX, TF_RDMA_VERBS_POLL_US.
   VerbsSettings verbs;
-  // The I/O threads each transport serves all its connections from (TF_RDMA_IO_THREADS).
-  size_t io_threads = 2;
-  // How long a tcp or shm I/O thread polls before it sleeps (TF_RDMA_STREAM_POLL_US).
-  absl::Duration stream_poll_window = TransportOptions{}.stream_poll_window;
+  // The I/O threads each transport serves all its connections from.
+  size_t io_threads = settings::kIoThreads.default_value;
+  // How long a tcp or shm I/O thread polls before it sleeps.
+  absl::Duration stream_poll_window = settings::kStreamPollUs.default_duration();
   // tf.data service: elements a trainer's client keeps receive grants posted for, beyond the one it
-  // reads, so the worker's writes find their ranges waiting (TF_RDMA_DATA_PREFETCH_ELEMENTS).
-  int data_prefetch_elements = 2;
+  // reads, so the worker's writes find their ranges waiting.
+  int data_prefetch_elements = settings::kDataPrefetchElements.default_value;
   // A receive pool's region none of whose buffers was lent for this long goes back to the
-  // transport (TF_RDMA_RECEIVE_POOL_IDLE_MS); zero keeps regions for good.
-  absl::Duration receive_pool_idle = absl::Seconds(30);
+  // transport; zero keeps regions for good.
+  absl::Duration receive_pool_idle = settings::kReceivePoolIdleMs.default_duration();
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
   // TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME.
   TransportLimits limits;
 };
-
-struct ConfigVariable {
-  const char* name;
-  const char* default_value;
-  const char* meaning;
-};
-const std::vector<ConfigVariable>& ConfigVariables();
 
 // Parses `environment` (name -> value, typically the process environment's TF_RDMA_* entries).
 absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment);

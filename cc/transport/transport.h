@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/transport/settings.h"
 
 namespace tf_rdma {
 
@@ -162,40 +163,38 @@ class Listener {
   virtual Endpoint endpoint() const = 0;
 };
 
-// Bounds on what peers can make this process spend. Each is a TF_RDMA_* variable (config.h); a
+// Bounds on what peers can make this process spend. Each is a TF_RDMA_* variable (settings.h); a
 // peer that goes past one fails with an error naming the limit and its variable.
 struct TransportLimits {
   // Handshakes a listener runs at once, a thread and a descriptor each
   // (TF_RDMA_MAX_CONCURRENT_HANDSHAKES), at most half of them for one source address; a client
   // holds one only from its first byte on. Clients beyond it are refused at once, and Connect
   // tries again with its backoff until the connect timeout.
-  size_t max_concurrent_handshakes = 64;
+  size_t max_concurrent_handshakes = settings::kMaxConcurrentHandshakes.default_value;
   // Grants a peer may have outstanding here that no write has used yet
   // (TF_RDMA_MAX_GRANTS_PER_PEER). tf_rdma's receivers keep two per transfer in flight.
-  size_t max_grants_per_peer = 65536;
+  size_t max_grants_per_peer = settings::kMaxGrantsPerPeer.default_value;
   // shm: bytes of a peer's shared regions this process maps (TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER).
-  uint64_t shm_max_mapped_bytes_per_peer = uint64_t{64} << 30;
+  uint64_t shm_max_mapped_bytes_per_peer = settings::kShmMaxMappedBytesPerPeer.default_value;
   // shm: bytes of all peers' regions this process maps at once (TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL),
   // so that connections each within their share cannot together take the address space.
-  uint64_t shm_max_mapped_bytes_total = uint64_t{1} << 40;
+  uint64_t shm_max_mapped_bytes_total = settings::kShmMaxMappedBytesTotal.default_value;
   // Live connections of one backend with peers claiming the same task name
   // (TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME). tf_rdma keeps one per pair of tasks, and for a
   // moment two while one replaces the other; a key holder opening many is refused past this.
-  size_t max_connections_per_peer_name = 16;
+  size_t max_connections_per_peer_name = settings::kMaxConnectionsPerPeerName.default_value;
 };
 
-// The verbs backend's overrides (TF_RDMA_VERBS_*, config.h); empty / 0 / -1 mean "whatever rdma_cm
+// The verbs backend's overrides (TF_RDMA_VERBS_*, settings.h); empty / 0 / -1 mean "whatever rdma_cm
 // resolves for the peer's IP address" (the device and port that carry it, the RoCE v2 GID of the
 // local address).
 struct VerbsSettings {
   std::string device;
-  int port = 0;
-  int gid_index = -1;
+  int port = settings::kVerbsPort.default_value;
+  int gid_index = settings::kVerbsGidIndex.default_value;
   // How long the I/O thread serving a verbs connection keeps polling its completion queue after
-  // the last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US). 100 us
-  // halved 8-byte latency in the Soft-RoCE guest for a fifth of a core; longer windows gained
-  // little more there for a whole core (README, Performance).
-  absl::Duration poll_window = absl::Microseconds(100);
+  // the last completion before it sleeps on the completion channel (TF_RDMA_VERBS_POLL_US).
+  absl::Duration poll_window = settings::kVerbsPollUs.default_duration();
 };
 
 struct TransportOptions {
@@ -205,14 +204,13 @@ struct TransportOptions {
   // TF_RDMA_SECRET alone, not from the cluster's shape (ClusterKey, config.h).
   std::string cluster_key;
   // A peer that sends nothing (not even a heartbeat) for this long is declared dead.
-  absl::Duration peer_timeout = absl::Seconds(30);
-  absl::Duration connect_timeout = absl::Seconds(20);
+  absl::Duration peer_timeout = settings::kPeerTimeoutMs.default_duration();
+  absl::Duration connect_timeout = settings::kConnectTimeoutMs.default_duration();
   // The threads that serve all of this transport's connections (TF_RDMA_IO_THREADS).
-  size_t io_threads = 2;
+  size_t io_threads = settings::kIoThreads.default_value;
   // tcp and shm: how long an I/O thread keeps polling its sockets after it last served one before
-  // it sleeps (TF_RDMA_STREAM_POLL_US; IoLoops). Off by default: on a 2-core host it halved a
-  // ping-pong's latency but doubled TensorFlow's dependent hops, whose threads it took cores from.
-  absl::Duration stream_poll_window = absl::ZeroDuration();
+  // it sleeps (TF_RDMA_STREAM_POLL_US; IoLoops).
+  absl::Duration stream_poll_window = settings::kStreamPollUs.default_duration();
   // Overrides the wire protocol version this process announces. Only tests set it, to prove that a
   // mismatch between two builds is reported.
   uint32_t protocol_version_override = 0;

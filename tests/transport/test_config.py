@@ -10,9 +10,11 @@ import uuid
 
 import pytest
 
-from tests.transport.helpers import raises_exactly
-from tf_rdma import errors
-from tf_rdma.config import load_config
+from tests.transport import wire_client
+from tests.transport.helpers import HOST, KEY, raises_exactly, transport
+from tf_rdma import _transport, errors
+from tf_rdma.config import load_config, settings
+from tf_rdma.sizes import format_size, parse_size
 
 
 def test_limits_have_defaults():
@@ -38,7 +40,8 @@ def test_the_poll_windows_are_read_and_bounded(name, field, default):
     assert getattr(load_config({name: "50"}), field) == 50
     assert getattr(load_config({name: "0"}), field) == 0
     for bad in ("-1", "2000000", "50us"):
-        with raises_exactly(errors.ConfigError, match=f"{name}='{bad}' is not a whole number between 0 and 1000000"):
+        with raises_exactly(errors.ConfigError,
+                            match=f"{name}='{bad}' is not a whole number of microseconds between 0 and 1000000"):
             load_config({name: bad})
 
 
@@ -67,6 +70,72 @@ def test_a_transport_runs_the_io_threads_it_is_given(backend):
             "print(len(os.listdir('/proc/self/task')) - before)\n")
     started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert started.stdout.strip() == "3", started.stderr
+
+
+def test_sizes_take_units_with_and_without_the_i_b_alike():
+    """One grammar (cc/transport/settings.h, ParseSize) for TF_RDMA_* sizes and the CLI's."""
+    name = "TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL"
+    for short, long, value in (("64K", "64KiB", 64 << 10), ("1G", "1GiB", 1 << 30), ("1T", "1TiB", 1 << 40),
+                               ("3m", "3 mib", 3 << 20)):
+        assert load_config({name: short}) == load_config({name: long})
+        assert load_config({name: long}).shm_max_mapped_bytes_total == value
+        assert parse_size(short) == parse_size(long) == value
+    assert parse_size("4096") == parse_size("4096B") == 4096
+    for bad in ("1.5G", "G", "1X", "1GiBs", "-1", "99999999999999999999"):
+        with raises_exactly(errors.ConfigError, match="not a size"):
+            parse_size(bad)
+    assert [format_size(n) for n in (0, 1 << 40, 3 << 40, (1 << 40) + 1024)] == ["0 B", "1 TiB", "3 TiB", "1073741825 KiB"]
+
+
+def test_a_size_error_states_the_bounds_and_units():
+    with raises_exactly(errors.ConfigError) as refused:
+        load_config({"TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER": "65TiB"})
+    assert str(refused.value) == (
+        "TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER='65TiB' is not a whole number of bytes between 1 B and 64 TiB "
+        "(units: K or KiB, M or MiB, G or GiB, T or TiB); set it to e.g. 64 GiB or unset it")
+
+
+def test_every_setting_has_a_default_its_own_parser_reads_back():
+    """The table's defaults are in its own grammar and bounds (but the "(auto)"-like labels)."""
+    for setting in settings():
+        if setting.minimum is not None and not setting.default.startswith("("):
+            assert load_config({setting.name: setting.default}) == load_config({}), setting
+
+
+def test_a_transport_takes_its_settings_from_the_environment(monkeypatch):
+    """TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME, set after import, reaches a Transport() created
+    without the keyword (its old keyword default, 16, ignored the variable)."""
+    monkeypatch.setenv("TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "1")
+    local = transport("tcp", "victim")
+    listener = local.listen(f"{HOST}:0")
+    first, second = (wire_client.RawPeer("tcp", listener.endpoint) for _ in range(2))
+    first.handshake(KEY, name="greedy")
+    accepted = listener.accept(10)
+    second.handshake(KEY, name="greedy")
+    reason = second.receive_until_closed()
+    assert reason and "TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME" in reason, reason
+    for peer in (first, second):
+        peer.close()
+    accepted.close()
+
+
+def test_a_transport_keyword_overrides_the_environment_within_the_settings_bounds(monkeypatch):
+    monkeypatch.setenv("TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME", "1")
+    local = transport("tcp", "victim", max_connections_per_peer_name=2)
+    listener = local.listen(f"{HOST}:0")
+    peers = [wire_client.RawPeer("tcp", listener.endpoint) for _ in range(2)]
+    for peer in peers:
+        peer.handshake(KEY, name="greedy")
+    accepted = [listener.accept(10), listener.accept(10)]
+    assert [c.peer_name for c in accepted] == ["greedy", "greedy"]
+    for peer in peers:
+        peer.close()
+    for keyword, value, message in (
+            ("io_threads", 0, "Transport(io_threads=0) is outside the bounds of TF_RDMA_IO_THREADS, 1 to 64;"),
+            ("peer_timeout", 0.05, "Transport(peer_timeout=0.05) is outside the bounds of TF_RDMA_PEER_TIMEOUT_MS, "
+                                   "100 to 86400000 ms;")):
+        with raises_exactly(errors.ConfigError, match=re.escape(message)):
+            _transport.Transport("tcp", **{keyword: value})
 
 
 @pytest.mark.parametrize("name, value", [

@@ -30,7 +30,6 @@ import time
 from tests.transport.helpers import HOST, next_line, pattern, transport
 from tests.transport.wire_client import RawPeer
 from tf_rdma import errors
-from tf_rdma.config import load_config
 
 REGION_SIZE = 64 << 10
 CANARY = 0xA5
@@ -64,10 +63,8 @@ def outcome(wait):
 
 class Victim:
     def __init__(self, backend, connect_timeout, peer_timeout):
-        # The limits a test sets in the environment (TF_RDMA_MAX_GRANTS_PER_PEER), as a task's runtime takes them.
-        config = load_config()
-        self.transport = transport(backend, "victim", connect_timeout=connect_timeout,
-                                   peer_timeout=peer_timeout, max_grants_per_peer=config.max_grants_per_peer)
+        # The limits a test sets in the environment (TF_RDMA_MAX_GRANTS_PER_PEER) apply, as in a task's runtime.
+        self.transport = transport(backend, "victim", connect_timeout=connect_timeout, peer_timeout=peer_timeout)
         self.listener = self.transport.listen(f"{HOST}:0")
         # Memory no peer is ever granted: no write of any peer may change it.
         self.bystander = self.transport.allocate_region(REGION_SIZE)
