@@ -26,7 +26,7 @@ def _judged_bench(run, failure, render, verdict, as_json):
 
 
 def _pin_cpu(text):
-    from tf_rdma.bench import allowed_cpu
+    from tf_rdma.bench.transport import allowed_cpu
     try:
         return allowed_cpu(text)
     except ValueError as e:
@@ -119,8 +119,8 @@ def main(argv=None):
             if not checked["healthy"]:
                 return 1
         elif args.command == "bench-peer":
-            from tf_rdma import bench as bench_module
-            bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
+            from tf_rdma.bench import transport as bench_transport
+            bench_transport.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
                                args.round_trips)
         else:
             return _bench(parser, args)
@@ -147,14 +147,14 @@ def _bench(parser, args):
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install matplotlib")
     if args.what == "tf":
-        from tf_rdma import bench_tf
+        from tf_rdma.bench import tf as bench_tf
         unknown = set(args.workloads or ()) - set(bench_tf.WORKLOADS)
         if unknown:
             parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(bench_tf.WORKLOADS)}")
         _report(bench_tf, bench_tf.run(backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
                                        progress=_progress), args)
     elif args.what == "data":
-        from tf_rdma import bench_data
+        from tf_rdma.bench import data as bench_data
         if args.workers and len(args.workers) != 1:
             parser.error("bench data takes one --workers count")
         try:
@@ -165,7 +165,7 @@ def _bench(parser, args):
             return 1
         _report(bench_data, report, args)
     elif args.what == "scale":
-        from tf_rdma import bench_scale
+        from tf_rdma.bench import scale as bench_scale
         _report(bench_scale, bench_scale.run(backends, peers=args.peers, workers=args.workers, quick=args.quick,
                                              host=args.host, progress=_progress), args)
     elif args.what == "soak":
@@ -182,16 +182,16 @@ def _bench(parser, args):
                                                               progress=progress),
                              bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
     elif args.what == "collective":
-        from tf_rdma import bench_collective
+        from tf_rdma.bench import collective as bench_collective
         _report(bench_collective, bench_collective.run(
             backends, args.sizes or bench_collective.DEFAULT_SIZES,
             args.workers or bench_collective.DEFAULT_WORKERS, progress=_progress), args)
     else:
-        from tf_rdma import bench as bench_module
-        _report(bench_module, bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
+        from tf_rdma.bench import transport as bench_transport
+        _report(bench_transport, bench_transport.run(backends, args.sizes or bench_transport.DEFAULT_SIZES,
                                                args.latency_sizes, args.bytes_per_size,
                                                args.round_trips, host=args.host,
-                                               rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
+                                               rounds=args.rounds or bench_transport.DEFAULT_ROUNDS,
                                                verbs_poll_windows=args.verbs_poll_us,
                                                busy_cores=args.busy_cores, pin=args.pin), args)
     return 0

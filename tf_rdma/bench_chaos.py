@@ -201,7 +201,7 @@ def _coordinate(spec):
 def task(spec):
     if spec["job"] == "chief":
         _coordinate(spec)
-    from tf_rdma.bench_cluster import start_server
+    from tf_rdma.bench._common import start_server
     start_server(spec).join()
 
 

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from tf_rdma.bench_cluster import local_cluster, open_session, start_server, start_task
+from tf_rdma.bench._common import local_cluster, open_session, start_server, start_task
 from tf_rdma.transport import available_backends
 
 log = logging.getLogger("tf_rdma")
@@ -261,7 +261,7 @@ def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processe
 class Task:
     """A task's process, its stdout lines on a queue (read by a thread so a pipe never fills), its
     stderr in a file for the error message when it fails (`stderr`, or a temporary one). `module`
-    and `prefix`: bench_cluster.start_task's."""
+    and `prefix`: _common.start_task's."""
 
     def __init__(self, spec, module=MODULE, env=TASK_ENVIRONMENT, prefix=(), stderr=None):
         self.stderr = stderr or tempfile.TemporaryFile("w+")

@@ -44,7 +44,7 @@ struct BenchReport {
   std::vector<LatencyResult> latency;
 };
 
-// The address the receiving process listens on: TF_RDMA_TEST_HOST when set (tf_rdma/bench.py
+// The address the receiving process listens on: TF_RDMA_TEST_HOST when set (tf_rdma/bench/transport.py
 // sets it for its peer process from its `host`), else 127.0.0.1. verbs needs an
 // address of the RDMA netdev there, since rdma_cm picks the device by IP address.
 std::string ListenHost();

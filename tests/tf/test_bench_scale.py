@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report, check_png, check_table_and_plot
-from tf_rdma import bench_scale, bench_tf
+from tf_rdma.bench import scale as bench_scale, tf as bench_tf
 from tf_rdma.__main__ import main
 
 

@@ -9,7 +9,7 @@ import struct
 import sys
 
 from tests.transport.helpers import HOST, pattern, transport
-from tf_rdma import bench_scale
+from tf_rdma.bench import scale as bench_scale
 
 
 def main():

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.transport.helpers import HOST, connected_pair, pattern, transport
-from tf_rdma import _transport, bench, errors
+from tf_rdma import _transport, errors
+from tf_rdma.bench import transport as bench
 from tests.transport.verbs.verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
 

@@ -50,10 +50,10 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 from tf_rdma import _transport
+from tf_rdma.bench._common import PEER_START_SECONDS, endpoint, line_within
 from tf_rdma.config import load_config
 from tf_rdma.errors import TransportError
 from tf_rdma.sizes import format_size, parse_sizes
@@ -66,47 +66,10 @@ DEFAULT_HOST = "127.0.0.1"
 # Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
 # transport_bench.cc, reads it).
 HOST_ENV = "TF_RDMA_TEST_HOST"
-# The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
-# minutes on a loaded or emulated host.
-PEER_START_SECONDS = 300
+
 
 def bench_host(host=None):
     return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
-
-
-def line_within(process, prefix, seconds, who, log=None):
-    """The rest of the first line of `process`'s stdout that starts with `prefix` (lines before it
-    are skipped), read within `seconds`. If none comes, the process is killed and the error names
-    `who`, whether it exited or fell silent, and the tail of its stderr: `log` (the file it
-    writes to), else its stderr pipe."""
-    found = []
-
-    def read():  # in a thread: a pipe's readline takes no deadline
-        for line in process.stdout:
-            if line.startswith(prefix):
-                found.append(line[len(prefix):])
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(seconds)
-    if found:
-        return found[0]
-    exited = not reader.is_alive()
-    process.kill()
-    code = process.wait()
-    if log is not None:
-        log.flush()
-        log.seek(0)
-        tail = log.read()[-3000:]
-    elif process.stderr is not None:
-        tail = process.stderr.read()[-3000:]
-    else:
-        tail = "(it writes to this process's stderr: see above)"
-    wanted = f"a line starting {prefix.strip()!r}" if prefix else "a line"
-    why = (f"it exited with code {code} before writing {wanted}" if exited
-           else f"it wrote no {wanted[2:]} within {seconds:.0f} s, so it was killed")
-    raise RuntimeError(f"{who}: {why}; its log ends:\n{tail}")
 
 
 def grant_depth():
@@ -131,10 +94,6 @@ def plan(sizes, latency_sizes, bytes_per_size, round_trips):
 def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
     return ["--sizes", ",".join(map(str, sizes)), "--latency-sizes", ",".join(map(str, latency_sizes)),
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
-
-
-def endpoint(host, port):
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
