@@ -13,18 +13,6 @@ def _progress(text):
     print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True)
 
 
-def _judged_bench(run, failure, render, verdict, as_json):
-    """Runs a bench that judges what it saw: prints its report, exits 1 if `report[verdict]` is
-    false or the bench could not run (`failure`)."""
-    try:
-        report = run(_progress)
-    except failure as e:
-        print(f"tf_rdma: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=2) if as_json else render(report))
-    return 0 if report[verdict] else 1
-
-
 def _pin_cpu(text):
     from tf_rdma.bench.transport import allowed_cpu
     try:
@@ -45,17 +33,12 @@ def main(argv=None):
     doctor.add_argument("--json", action="store_true")
     commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak", "chaos", "scale"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "scale"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
                             "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
                             "data: tf.data service elements (4 KiB to 32 MiB) from workers to a trainer "
                             "against gRPC; "
-                            "soak: a training loop for --minutes with cancelled steps and a restarted "
-                            "peer, checking that memory, descriptors, threads and pools stay flat; "
-                            "chaos: ParameterServerStrategy training while a seeded schedule kills, "
-                            "freezes and cuts off tasks in network namespaces (root) and impairs their "
-                            "links (loss, delay, duplication), against gRPC; "
                             "scale: one receiver and N peers per backend (threads, memory, "
                             "descriptors per peer, throughput, fairness), and a ps serving W workers "
                             "beside gRPC")
@@ -82,10 +65,6 @@ def main(argv=None):
     bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a "
                                                             "minute); scale: fewer peers and workers, unless given")
     bench.add_argument("--plot", metavar="FILE.png", help="tf, data, scale: plot the figures (needs matplotlib)")
-    bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
-                                                                  "(default 5; the first third is warm-up); "
-                                                                  "chaos: how long the faults last")
-    bench.add_argument("--seed", type=int, default=1, help="chaos: the fault schedule's seed")
     bench.add_argument("--busy-cores", action="store_true",
                        help="transport: keep every core awake during the run with idle-priority "
                             "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
@@ -168,19 +147,6 @@ def _bench(parser, args):
         from tf_rdma.bench import scale as bench_scale
         _report(bench_scale, bench_scale.run(backends, peers=args.peers, workers=args.workers, quick=args.quick,
                                              host=args.host, progress=_progress), args)
-    elif args.what == "soak":
-        from tf_rdma import bench_soak
-        return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
-                             bench_soak.SoakError, bench_soak.render, "flat", args.json)
-    elif args.what == "chaos":
-        from tf_rdma import bench_chaos
-        backend = "tcp" if args.backend == "all" else args.backend
-        if backend != "tcp":
-            parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
-                         "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
-        return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
-                                                              progress=progress),
-                             bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
     elif args.what == "collective":
         from tf_rdma.bench import collective as bench_collective
         _report(bench_collective, bench_collective.run(
