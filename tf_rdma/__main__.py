@@ -49,6 +49,8 @@ def main(argv=None):
         p.add_argument("--latency-sizes", type=parse_sizes, default=[8, 4096])
         p.add_argument("--bytes-per-size", type=parse_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
+        p.add_argument("--host", help="address to bench on (default 127.0.0.1; for verbs, an address of the "
+                                      "RDMA netdev)")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")],
                        help="collective: worker counts (default 2,3); data: one count (default 2); "
@@ -74,8 +76,6 @@ def main(argv=None):
                             "(sched_setaffinity), so that a wake-up is a context switch on that core "
                             "for tf_rdma's ping-pong and the socket's alike, not a wake-up across "
                             "cores; the report says so")
-    bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
-                                      "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 
@@ -100,7 +100,7 @@ def main(argv=None):
         elif args.command == "bench-peer":
             from tf_rdma.bench import transport as bench_transport
             bench_transport.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
-                               args.round_trips)
+                                  args.round_trips, bench_transport.bench_host(args.host))
         else:
             return _bench(parser, args)
     except errors.TransportError as e:

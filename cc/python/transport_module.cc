@@ -503,11 +503,11 @@ PYBIND11_MODULE(_transport, m) {
   });
 #endif
   m.def("bench_serve",
-        [](const std::string& backend, const bench::BenchPlan& plan, uint16_t port,
+        [](const std::string& backend, const bench::BenchPlan& plan, const std::string& host, uint16_t port,
            const std::string& cluster_key, py::function ready) {
           TransportOptions options = MakeOptions("bench-receiver", py::bytes(cluster_key), 30, 60, 0);
           py::gil_scoped_release release;
-          ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, port,
+          ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, host, port,
                                     [&](uint16_t transport_port, uint16_t baseline_port) {
                                       py::gil_scoped_acquire acquire;
                                       ready(transport_port, baseline_port);

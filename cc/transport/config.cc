@@ -23,15 +23,6 @@ namespace tf_rdma {
 namespace {
 
 constexpr char kPrefix[] = "TF_RDMA_";
-// Reserved for the test harness (tests/, tools/; docs/testing.md), which reads its own variables:
-// tf_rdma neither reads nor refuses them.
-constexpr const char* kTestHarnessPrefixes[] = {"TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_"};
-
-bool IsTestHarnessVariable(const std::string& name) {
-  return std::any_of(std::begin(kTestHarnessPrefixes), std::end(kTestHarnessPrefixes),
-                     [&](const char* prefix) { return name.rfind(prefix, 0) == 0; });
-}
-
 absl::StatusOr<absl::Duration> ParseMilliseconds(const std::string& name, const std::string& value,
                                                  int64_t minimum) {
   int64_t ms = 0;
@@ -412,8 +403,7 @@ absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& env
       absl::Status parsed = ParseLimit(name, value, 1, 100000, false, "16",
                                        &config.limits.max_connections_per_peer_name);
       if (!parsed.ok()) return parsed;
-    } else if (!IsTestHarnessVariable(name) &&
-               // An init-capture: C++17 (and clang before 16) cannot capture a structured binding.
+    } else if (// An init-capture: C++17 (and clang before 16) cannot capture a structured binding.
                std::none_of(ConfigVariables().begin(), ConfigVariables().end(),
                             [&variable = name](const ConfigVariable& v) { return variable == v.name; })) {
       // Any other TF_RDMA_* name is a typo.

@@ -126,16 +126,15 @@ class Receiver:
 
 
 class ReceiverProcess:
-    """The driver's side of a receiver process: `python -m tf_rdma.bench.scale receiver BACKEND`, or
-    `python -m module BACKEND` (a module serving a Receiver). Its stderr goes to a
-    file, whose tail an error gives."""
+    """The driver's side of a receiver process: `python -m tf_rdma.bench.scale receiver BACKEND HOST`,
+    or `python -m module BACKEND HOST` (a module serving a Receiver). Its stderr goes to a file, whose
+    tail an error gives."""
 
     def __init__(self, backend, key, host, module=None):
         command = ["-m", module] if module else ["-m", "tf_rdma.bench.scale", "receiver"]
         self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                        env={**os.environ, transport_bench.HOST_ENV: host})
+        self.process = subprocess.Popen([sys.executable, *command, backend, host], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.process.stdin.write(key.hex() + "\n")
         self.process.stdin.flush()
         self.start = self.answer()
@@ -160,10 +159,10 @@ class ReceiverProcess:
         self.log.close()
 
 
-def receiver_main(backend):
+def receiver_main(backend, host):
     key = bytes.fromhex(sys.stdin.readline().strip())  # never on the command line
     transport = _transport.Transport(backend, name="bench-receiver", cluster_key=key, connect_timeout=120)
-    Receiver(transport, transport_bench.bench_host()).serve()
+    Receiver(transport, host).serve()
 
 
 def connect_peers(backend, endpoint, count, key=None, name="bench-sender"):
@@ -391,6 +390,6 @@ def plot(report, path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "receiver":
-        receiver_main(sys.argv[2])
+        receiver_main(sys.argv[2], sys.argv[3])
     else:
         tf_workers(json.loads(sys.argv[1]))

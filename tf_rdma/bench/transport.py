@@ -38,8 +38,8 @@ Each figure is then the median over the rounds, and each ratio the median of the
 ratios (each taken between two runs seconds apart), with `_min`/`_max` giving the spread and
 `rounds` every round's figures.
 
-The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.1); verbs needs an
-address of the RDMA netdev there, since rdma_cm picks the device by IP address.
+The transport listens on `host` (`--host`, else 127.0.0.1); verbs needs an address of the RDMA
+netdev there, since rdma_cm picks the device by IP address.
 """
 import contextlib
 import os
@@ -62,14 +62,11 @@ from tf_rdma.transport import available_backends
 DEFAULT_SIZES = (4 << 20, 64 << 20)
 DEFAULT_LATENCY_SIZES = (8, 4096)
 DEFAULT_ROUNDS = 3
-DEFAULT_HOST = "127.0.0.1"
-# Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
-# transport_bench.cc, reads it).
-HOST_ENV = "TF_RDMA_TEST_HOST"
+DEFAULT_HOST = "127.0.0.1"  # where the bench listens unless `host` is given
 
 
 def bench_host(host=None):
-    return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+    return host or DEFAULT_HOST
 
 
 def grant_depth():
@@ -96,15 +93,14 @@ def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
 
 
-def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
-    """The bench peer: prints its ports on one line, then serves one driver."""
+def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips, host):
+    """The bench peer: listens on `host`, prints its ports on one line, then serves one driver."""
     key = sys.stdin.readline().strip()  # the driver's one-off cluster key; never on the command line
 
     def ready(transport_port, baseline_port):
         print(f"READY {transport_port} {baseline_port}", flush=True)
 
-    # Listens on TF_RDMA_TEST_HOST (set by the driver), else 127.0.0.1.
-    _transport.bench_serve(backend, plan(sizes, latency_sizes, bytes_per_size, round_trips), 0,
+    _transport.bench_serve(backend, plan(sizes, latency_sizes, bytes_per_size, round_trips), host, 0,
                            bytes.fromhex(key).decode("latin-1"), ready)
 
 
@@ -145,10 +141,9 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
     settings = settings or {}
     key = secrets.token_hex(16)
     peer = subprocess.Popen(
-        [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend,
+        [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend, "--host", host,
          *_plan_args(sizes, latency_sizes, bytes_per_size, round_trips)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, **settings, HOST_ENV: host})
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **settings})
     try:
         peer.stdin.write(key + "\n")
         peer.stdin.close()

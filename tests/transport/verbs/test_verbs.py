@@ -1,5 +1,5 @@
 """verbs-specific behaviour. Runs where an RDMA device works (the Soft-RoCE guest:
-`python3 tools/softroce/guest.py run --env TF_RDMA_TEST_HOST=10.77.0.1 --cwd /work/main --
+`python3 tools/softroce/guest.py run --env TFRDMA_TEST_HOST=10.77.0.1 --cwd /work/main --
 /work/main/.venv/bin/python -m pytest tests/transport/verbs`); elsewhere only the "why not" test runs."""
 import ctypes
 import gc
