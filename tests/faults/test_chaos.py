@@ -236,8 +236,8 @@ def run_with_growth(updates, **growth):
     end = {p: {q: v + growth.get(f"{p}_{q}", 0) for q, v in start.items()} for p in chaos.LONG_LIVED}
     samples = ([{p: dict(start) for p in chaos.LONG_LIVED}] * flatness.SETTLE
                + [end] * flatness.SETTLE)
-    flatness = flatness.judge(samples, 0, chaos.GROWTH_BOUNDS, processes=chaos.LONG_LIVED)
-    return {"flatness": flatness, "cluster_updates": updates}
+    return {"flatness": flatness.judge(samples, 0, chaos.GROWTH_BOUNDS, chaos.LONG_LIVED),
+            "cluster_updates": updates}
 
 
 def judged(ours, grpc):
@@ -321,7 +321,7 @@ def test_grpcs_event_engine_pool_threads_are_sampled_apart_and_any_other_thread_
     pool = started_thread(chaos.GRPC_POOL_THREAD)  # its lifeguard started one under a backlog
     try:
         after = [{"chief": chaos._sample(pid)}] * flatness.SETTLE
-        verdict = flatness.judge(before + after, 0, chaos.GROWTH_BOUNDS, processes=("chief",))
+        verdict = flatness.judge(before + after, 0, chaos.GROWTH_BOUNDS, ("chief",))
         assert verdict["chief"]["threads"]["growth"] == 0, verdict
         assert after[0]["chief"]["grpc_pool_threads"] == before[0]["chief"]["grpc_pool_threads"] + 1
         # Counted as flatness.process_sample counts them, the pool's thread was growth: the judgement failed.
@@ -330,7 +330,7 @@ def test_grpcs_event_engine_pool_threads_are_sampled_apart_and_any_other_thread_
         kept = started_thread()  # a thread tf_rdma would keep: named after its starter's
         try:
             end = [{"chief": chaos._sample(pid)}] * flatness.SETTLE
-            verdict = flatness.judge(before + end, 0, chaos.GROWTH_BOUNDS, processes=("chief",))
+            verdict = flatness.judge(before + end, 0, chaos.GROWTH_BOUNDS, ("chief",))
             assert verdict["chief"]["threads"]["growth"] == 1 and not verdict["chief"]["threads"]["flat"], verdict
         finally:
             kept.set()
