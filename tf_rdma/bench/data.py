@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from tf_rdma.bench._common import PEER_START_SECONDS, RESULT_PREFIX, line_within, ratios, start_task, task_result
-from tf_rdma.bench.tf import limits
+from tf_rdma.bench.transport import limits
 from tf_rdma.ports import free_ports
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends

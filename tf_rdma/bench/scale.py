@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from tf_rdma import _transport
-from tf_rdma.bench import _common, tf as tf_bench, transport as transport_bench
+from tf_rdma.bench import _common, transport as transport_bench
 from tf_rdma.config import load_config
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
@@ -299,7 +299,7 @@ def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, pro
               "transport": [], "tf": {}, "extrapolated": {}}
     if progress:
         progress(f"machine limits for {format_size(FLOW_SIZE)} (memcpy, TCP socket)")
-    report["limits"] = tf_bench.limits([FLOW_SIZE])[FLOW_SIZE]
+    report["limits"] = transport_bench.limits([FLOW_SIZE])[FLOW_SIZE]
     for backend in carried:
         for count in params["peers"]:
             if progress:

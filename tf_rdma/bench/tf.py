@@ -23,6 +23,7 @@ import time
 
 from tf_rdma.bench._common import (RESULT_PREFIX, local_cluster, open_session, ratios, start_server, start_task,
                                    task_result, timed)
+from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
@@ -183,15 +184,6 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
         for workload, rows in result["workloads"].items():
             measured.setdefault(workload, []).append(rows)
     return measured
-
-
-def limits(sizes, bytes_per_size=1 << 30):
-    """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
-    measured between two processes by `bench transport`'s baselines."""
-    from tf_rdma.bench.transport import run_backend
-    report = run_backend("tcp", sizes, [], bytes_per_size, 1)
-    return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
-            for row in report["throughput"]}
 
 
 def combine(workload, measured, carried, machine=None):

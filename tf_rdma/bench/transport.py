@@ -163,6 +163,14 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
     return add_baseline_ratios(report)
 
 
+def limits(sizes, bytes_per_size=1 << 30):
+    """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
+    measured between two processes by this bench's baselines (what the other benches compare with)."""
+    report = run_backend("tcp", sizes, [], bytes_per_size, 1)
+    return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
+            for row in report["throughput"]}
+
+
 def add_baseline_ratios(report):
     """tf_rdma's figures over the baselines' of the same run: throughput (higher is better) and
     latency (lower is better) alike, transport / baseline."""
