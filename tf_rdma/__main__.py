@@ -155,11 +155,11 @@ def _bench(parser, args):
     else:
         from tf_rdma.bench import transport as bench_transport
         _report(bench_transport, bench_transport.run(backends, args.sizes or bench_transport.DEFAULT_SIZES,
-                                               args.latency_sizes, args.bytes_per_size,
-                                               args.round_trips, host=args.host,
-                                               rounds=args.rounds or bench_transport.DEFAULT_ROUNDS,
-                                               verbs_poll_windows=args.verbs_poll_us,
-                                               busy_cores=args.busy_cores, pin=args.pin), args)
+                                                     args.latency_sizes, args.bytes_per_size,
+                                                     args.round_trips, host=args.host,
+                                                     rounds=args.rounds or bench_transport.DEFAULT_ROUNDS,
+                                                     verbs_poll_windows=args.verbs_poll_us,
+                                                     busy_cores=args.busy_cores, pin=args.pin), args)
     return 0
 
 
