@@ -11,7 +11,8 @@ import time
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report
-from tf_rdma import bench
+from tf_rdma.bench import transport as bench
+from tf_rdma.bench._common import line_within
 from tf_rdma.__main__ import main
 from tf_rdma.sizes import format_size, parse_size, parse_sizes
 
@@ -152,7 +153,7 @@ def child(code):
 def test_a_childs_line_is_read_past_the_lines_before_it():
     process, log = child("print('starting'); print('READY 1 2', flush=True); import time; time.sleep(60)")
     try:
-        assert bench.line_within(process, "READY ", 30, "the peer", log) == "1 2\n"
+        assert line_within(process, "READY ", 30, "the peer", log) == "1 2\n"
     finally:
         process.kill()
         process.wait()
@@ -163,7 +164,7 @@ def test_a_child_that_falls_silent_is_killed_at_the_deadline_and_named_with_its_
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"(?s)the peer: it wrote no line starting 'READY' within 1 s, so it "
                                            r"was killed; its log ends:\nabout to hang"):
-        bench.line_within(process, "READY ", 1, "the peer", log)
+        line_within(process, "READY ", 1, "the peer", log)
     assert time.monotonic() - started < 10 and process.poll() is not None
 
 
@@ -171,7 +172,7 @@ def test_a_child_that_exits_without_the_line_is_named_with_its_exit_code_and_log
     process, log = child("import sys; print('no device', file=sys.stderr); sys.exit(3)")
     with pytest.raises(RuntimeError, match=r"(?s)the peer: it exited with code 3 before writing a line starting "
                                            r"'READY'; its log ends:\nno device"):
-        bench.line_within(process, "READY ", 30, "the peer", log)
+        line_within(process, "READY ", 30, "the peer", log)
 
 
 def test_a_pinned_run_keeps_the_bench_and_its_receiver_on_that_cpu_and_says_so():

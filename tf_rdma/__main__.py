@@ -13,20 +13,8 @@ def _progress(text):
     print(f"tf_rdma bench: {text}", file=sys.stderr, flush=True)
 
 
-def _judged_bench(run, failure, render, verdict, as_json):
-    """Runs a bench that judges what it saw: prints its report, exits 1 if `report[verdict]` is
-    false or the bench could not run (`failure`)."""
-    try:
-        report = run(_progress)
-    except failure as e:
-        print(f"tf_rdma: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=2) if as_json else render(report))
-    return 0 if report[verdict] else 1
-
-
 def _pin_cpu(text):
-    from tf_rdma.bench import allowed_cpu
+    from tf_rdma.bench.transport import allowed_cpu
     try:
         return allowed_cpu(text)
     except ValueError as e:
@@ -45,17 +33,12 @@ def main(argv=None):
     doctor.add_argument("--json", action="store_true")
     commands.add_parser("secret", help="print a fresh 256-bit TF_RDMA_SECRET (for every task of one cluster)")
     bench = commands.add_parser("bench", help="benchmarks against baselines of the same run")
-    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "soak", "chaos", "scale"],
+    bench.add_argument("what", choices=["transport", "collective", "tf", "data", "scale"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
                             "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
                             "data: tf.data service elements (4 KiB to 32 MiB) from workers to a trainer "
                             "against gRPC; "
-                            "soak: a training loop for --minutes with cancelled steps and a restarted "
-                            "peer, checking that memory, descriptors, threads and pools stay flat; "
-                            "chaos: ParameterServerStrategy training while a seeded schedule kills, "
-                            "freezes and cuts off tasks in network namespaces (root) and impairs their "
-                            "links (loss, delay, duplication), against gRPC; "
                             "scale: one receiver and N peers per backend (threads, memory, "
                             "descriptors per peer, throughput, fairness), and a ps serving W workers "
                             "beside gRPC")
@@ -66,6 +49,8 @@ def main(argv=None):
         p.add_argument("--latency-sizes", type=parse_sizes, default=[8, 4096])
         p.add_argument("--bytes-per-size", type=parse_size, default=1 << 30, help="e.g. 64M")
         p.add_argument("--round-trips", type=int, default=500)
+        p.add_argument("--host", help="address to bench on (default 127.0.0.1; for verbs, an address of the "
+                                      "RDMA netdev)")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")],
                        help="collective: worker counts (default 2,3); data: one count (default 2); "
@@ -82,10 +67,6 @@ def main(argv=None):
     bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a "
                                                             "minute); scale: fewer peers and workers, unless given")
     bench.add_argument("--plot", metavar="FILE.png", help="tf, data, scale: plot the figures (needs matplotlib)")
-    bench.add_argument("--minutes", type=float, default=5.0, help="soak: how long each backend runs "
-                                                                  "(default 5; the first third is warm-up); "
-                                                                  "chaos: how long the faults last")
-    bench.add_argument("--seed", type=int, default=1, help="chaos: the fault schedule's seed")
     bench.add_argument("--busy-cores", action="store_true",
                        help="transport: keep every core awake during the run with idle-priority "
                             "spinners (SCHED_IDLE), so that CPU wake-up latency drops out of both "
@@ -95,8 +76,6 @@ def main(argv=None):
                             "(sched_setaffinity), so that a wake-up is a context switch on that core "
                             "for tf_rdma's ping-pong and the socket's alike, not a wake-up across "
                             "cores; the report says so")
-    bench.add_argument("--host", help="address to bench on (default: TF_RDMA_TEST_HOST or 127.0.0.1; "
-                                      "for verbs, an address of the RDMA netdev)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 
@@ -119,9 +98,9 @@ def main(argv=None):
             if not checked["healthy"]:
                 return 1
         elif args.command == "bench-peer":
-            from tf_rdma import bench as bench_module
-            bench_module.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
-                               args.round_trips)
+            from tf_rdma.bench import transport as bench_transport
+            bench_transport.serve(args.backend, args.sizes or [], args.latency_sizes, args.bytes_per_size,
+                                  args.round_trips, bench_transport.bench_host(args.host))
         else:
             return _bench(parser, args)
     except errors.TransportError as e:
@@ -147,14 +126,14 @@ def _bench(parser, args):
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install matplotlib")
     if args.what == "tf":
-        from tf_rdma import bench_tf
+        from tf_rdma.bench import tf as bench_tf
         unknown = set(args.workloads or ()) - set(bench_tf.WORKLOADS)
         if unknown:
             parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(bench_tf.WORKLOADS)}")
         _report(bench_tf, bench_tf.run(backends, args.workloads or bench_tf.WORKLOADS, quick=args.quick,
                                        progress=_progress), args)
     elif args.what == "data":
-        from tf_rdma import bench_data
+        from tf_rdma.bench import data as bench_data
         if args.workers and len(args.workers) != 1:
             parser.error("bench data takes one --workers count")
         try:
@@ -165,35 +144,22 @@ def _bench(parser, args):
             return 1
         _report(bench_data, report, args)
     elif args.what == "scale":
-        from tf_rdma import bench_scale
+        from tf_rdma.bench import scale as bench_scale
         _report(bench_scale, bench_scale.run(backends, peers=args.peers, workers=args.workers, quick=args.quick,
                                              host=args.host, progress=_progress), args)
-    elif args.what == "soak":
-        from tf_rdma import bench_soak
-        return _judged_bench(lambda progress: bench_soak.run(backends, args.minutes, progress=progress),
-                             bench_soak.SoakError, bench_soak.render, "flat", args.json)
-    elif args.what == "chaos":
-        from tf_rdma import bench_chaos
-        backend = "tcp" if args.backend == "all" else args.backend
-        if backend != "tcp":
-            parser.error("chaos runs every task on a host (network namespace) of its own, joined by "
-                         "veth links: --backend tcp (shm has no wire; verbs needs an RDMA link)")
-        return _judged_bench(lambda progress: bench_chaos.run(backend, args.minutes, args.seed,
-                                                              progress=progress),
-                             bench_chaos.ChaosError, bench_chaos.render, "ok", args.json)
     elif args.what == "collective":
-        from tf_rdma import bench_collective
+        from tf_rdma.bench import collective as bench_collective
         _report(bench_collective, bench_collective.run(
             backends, args.sizes or bench_collective.DEFAULT_SIZES,
             args.workers or bench_collective.DEFAULT_WORKERS, progress=_progress), args)
     else:
-        from tf_rdma import bench as bench_module
-        _report(bench_module, bench_module.run(backends, args.sizes or bench_module.DEFAULT_SIZES,
-                                               args.latency_sizes, args.bytes_per_size,
-                                               args.round_trips, host=args.host,
-                                               rounds=args.rounds or bench_module.DEFAULT_ROUNDS,
-                                               verbs_poll_windows=args.verbs_poll_us,
-                                               busy_cores=args.busy_cores, pin=args.pin), args)
+        from tf_rdma.bench import transport as bench_transport
+        _report(bench_transport, bench_transport.run(backends, args.sizes or bench_transport.DEFAULT_SIZES,
+                                                     args.latency_sizes, args.bytes_per_size,
+                                                     args.round_trips, host=args.host,
+                                                     rounds=args.rounds or bench_transport.DEFAULT_ROUNDS,
+                                                     verbs_poll_windows=args.verbs_poll_us,
+                                                     busy_cores=args.busy_cores, pin=args.pin), args)
     return 0
 
 

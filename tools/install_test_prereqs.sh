@@ -11,7 +11,7 @@
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
 #   iptables   iptables-legacy: tests/faults delays those links through an NFQUEUE rule and a
-#              userspace delayer (tf_rdma/netns.py; no sch_netem, and no nft queue expression)
+#              userspace delayer (tests/harness/netns.py; no sch_netem, and no nft queue expression)
 #   bazel-bootstrap, bazel-rules-java  Bazel 4.2 and the rules_java it loads, for `make bazel`
 #              (tools/bazel/check.sh builds BUILD offline)
 # Run as root (CI is); idempotent: exits at once when everything is there.

@@ -10,7 +10,7 @@ TensorFlow wheel from the package index).
                                                    installs each in turn and marks its build ID: a
                                                    later `install_tf_rdma(WHEEL, ID)` reuses it
 
-The venvs live in TF_RDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
+The venvs live in TFRDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
 reused between runs on the same machine, as far as the disk allows: before a venv is made, the
 half-made ones of interrupted runs and then the least recently used others are deleted until
 VENV_SPACE is free (seven venvs take 11 GiB, and a machine whose disk filled up half way through
@@ -60,7 +60,7 @@ class VersionsError(RuntimeError):
 
 
 def cache_root():
-    return Path(os.environ.get("TF_RDMA_TEST_VERSIONS_CACHE", "~/.cache/tf_rdma/tensorflow-versions")).expanduser()
+    return Path(os.environ.get("TFRDMA_TEST_VERSIONS_CACHE", "~/.cache/tf_rdma/tensorflow-versions")).expanduser()
 
 
 def venv_of(wheel):
@@ -137,7 +137,7 @@ def make_room(venv):
     free = shutil.disk_usage(cache_root()).free
     if free < VENV_SPACE:
         raise VersionsError(f"{free >> 20} MiB free under {cache_root()}, and a TensorFlow venv needs "
-                            f"{VENV_SPACE >> 30} GiB: free some disk, or point TF_RDMA_TEST_VERSIONS_CACHE at a disk "
+                            f"{VENV_SPACE >> 30} GiB: free some disk, or point TFRDMA_TEST_VERSIONS_CACHE at a disk "
                             "with room")
 
 

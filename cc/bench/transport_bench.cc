@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -186,16 +185,6 @@ std::unique_ptr<char[]> TouchedBuffer(uint64_t size) {
 }
 
 }  // namespace
-
-std::string ListenHost() {
-  const char* host = std::getenv("TF_RDMA_TEST_HOST");
-  return host != nullptr && *host != '\0' ? std::string(host) : std::string("127.0.0.1");
-}
-
-absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
-                   uint16_t port, const std::function<void(uint16_t, uint16_t)>& ready) {
-  return Serve(backend, options, plan, ListenHost(), port, ready);
-}
 
 absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
                    const std::string& host, uint16_t port,

@@ -44,20 +44,13 @@ struct BenchReport {
   std::vector<LatencyResult> latency;
 };
 
-// The address the receiving process listens on: TF_RDMA_TEST_HOST when set (tf_rdma/bench.py
-// sets it for its peer process from its `host`), else 127.0.0.1. verbs needs an
-// address of the RDMA netdev there, since rdma_cm picks the device by IP address.
-std::string ListenHost();
-
 // The receiving process: listens for the transport on `host`:`port` (port 0: any) and for the TCP
 // baseline on another port of the same host, tells `ready(transport_port, baseline_port)`, then
-// serves one driver.
+// serves one driver. verbs needs an address of the RDMA netdev as `host`, since rdma_cm picks the
+// device by IP address.
 absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
                    const std::string& host, uint16_t port,
                    const std::function<void(uint16_t, uint16_t)>& ready);
-// The same on ListenHost().
-absl::Status Serve(Backend backend, const TransportOptions& options, const BenchPlan& plan,
-                   uint16_t port, const std::function<void(uint16_t, uint16_t)>& ready);
 
 // The sending process.
 absl::StatusOr<BenchReport> Drive(Backend backend, const TransportOptions& options,

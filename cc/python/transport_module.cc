@@ -395,9 +395,7 @@ PYBIND11_MODULE(_transport, m) {
   py::class_<PyListener>(m, "Listener")
       .def_property_readonly("endpoint", &PyListener::endpoint)
       .def_property_readonly("port", &PyListener::port)
-      .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0)
-      .def("refuse", &PyListener::Refuse, py::arg("peer"), py::arg("code"), py::arg("times"))
-      .def_property_readonly("refusals", &PyListener::refusals);
+      .def("accept", &PyListener::Accept, py::arg("timeout") = 60.0);
 
   // Each keyword but backend, name, cluster_key and protocol_version stands for a TF_RDMA_* setting:
   // unset (None), the transport takes the setting from the environment as it is now, as
@@ -532,43 +530,12 @@ PYBIND11_MODULE(_transport, m) {
     return py::make_tuple(limit.rlim_cur == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_cur),
                           limit.rlim_max == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_max));
   });
-  m.def("decode_frame", [](const py::bytes& data) {
-    // Exposes the wire decoder to the fuzz test; returns the frame type's name or raises.
-    const std::string bytes = data;
-    if (bytes.size() < wire::kHeaderLength) {
-      ThrowIfError(absl::DataLossError("frame shorter than its header"));
-    }
-    auto header = ValueOrThrow(wire::DecodeHeader(std::string_view(bytes).substr(0, wire::kHeaderLength)));
-    const std::string_view body = std::string_view(bytes).substr(wire::kHeaderLength);
-    if (body.size() != header.body_length) {
-      ThrowIfError(absl::DataLossError(absl::StrCat("body is ", body.size(), " bytes, header says ",
-                                                    header.body_length)));
-    }
-    auto frame = ValueOrThrow(wire::DecodeBody(header.type, body));
-    return std::string(wire::FrameTypeName(frame.type));
-  });
-
-#ifdef TF_RDMA_HAVE_VERBS
-  m.def("decode_verbs_message", [](const py::bytes& data) {
-    // Exposes the decoder every message a verbs peer SENDs goes through to the fuzz test; returns
-    // the message's kind or raises.
-    const verbs::Message message = ValueOrThrow(verbs::DecodeMessage(std::string(data)));
-    if (std::holds_alternative<verbs::RegionMessage>(message)) return std::string("REGION");
-    if (std::holds_alternative<verbs::GrantTableMessage>(message)) return std::string("GRANT_TABLE");
-    return std::string(wire::FrameTypeName(std::get<wire::Frame>(message).type));
-  });
-  m.def("decode_verbs_grant_record", [](const py::bytes& data) {
-    // The decoder of what a verbs peer RDMA-writes into our grant table; returns the grant's fields.
-    const wire::Grant grant = ValueOrThrow(verbs::DecodeGrantRecord(std::string(data)));
-    return py::make_tuple(grant.grant_id, grant.region_id, grant.offset, grant.capacity);
-  });
-#endif
   m.def("bench_serve",
-        [](const std::string& backend, const bench::BenchPlan& plan, uint16_t port,
+        [](const std::string& backend, const bench::BenchPlan& plan, const std::string& host, uint16_t port,
            const std::string& cluster_key, py::function ready) {
           TransportOptions options = OptionsFromEnvironment("bench-receiver", cluster_key);
           py::gil_scoped_release release;
-          ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, port,
+          ThrowIfError(bench::Serve(ValueOrThrow(ParseBackend(backend)), options, plan, host, port,
                                     [&](uint16_t transport_port, uint16_t baseline_port) {
                                       py::gil_scoped_acquire acquire;
                                       ready(transport_port, baseline_port);
@@ -641,4 +608,42 @@ PYBIND11_MODULE(_transport, m) {
       .def_readwrite("bytes_per_size", &bench::BenchPlan::bytes_per_size)
       .def_readwrite("latency_round_trips", &bench::BenchPlan::latency_round_trips)
       .def_readwrite("depth", &bench::BenchPlan::depth);
+
+  // What only the tests call, kept out of the transport's API: a listener's admission driven by
+  // hand, and the decoders the fuzz tests feed directly.
+  py::module_ testing = m.def_submodule("_testing", "tf_rdma's test hooks; not an API.");
+  testing.def("refuse", &PyListener::Refuse, py::arg("listener"), py::arg("peer"), py::arg("code"),
+              py::arg("times"));
+  testing.def("refusals", &PyListener::refusals, py::arg("listener"));
+  testing.def("decode_frame", [](const py::bytes& data) {
+    // The wire decoder; returns the frame type's name or raises.
+    const std::string bytes = data;
+    if (bytes.size() < wire::kHeaderLength) {
+      ThrowIfError(absl::DataLossError("frame shorter than its header"));
+    }
+    auto header = ValueOrThrow(wire::DecodeHeader(std::string_view(bytes).substr(0, wire::kHeaderLength)));
+    const std::string_view body = std::string_view(bytes).substr(wire::kHeaderLength);
+    if (body.size() != header.body_length) {
+      ThrowIfError(absl::DataLossError(absl::StrCat("body is ", body.size(), " bytes, header says ",
+                                                    header.body_length)));
+    }
+    auto frame = ValueOrThrow(wire::DecodeBody(header.type, body));
+    return std::string(wire::FrameTypeName(frame.type));
+  });
+
+#ifdef TF_RDMA_HAVE_VERBS
+  testing.def("decode_verbs_message", [](const py::bytes& data) {
+    // The decoder every message a verbs peer SENDs goes through; returns the message's kind or
+    // raises.
+    const verbs::Message message = ValueOrThrow(verbs::DecodeMessage(std::string(data)));
+    if (std::holds_alternative<verbs::RegionMessage>(message)) return std::string("REGION");
+    if (std::holds_alternative<verbs::GrantTableMessage>(message)) return std::string("GRANT_TABLE");
+    return std::string(wire::FrameTypeName(std::get<wire::Frame>(message).type));
+  });
+  testing.def("decode_verbs_grant_record", [](const py::bytes& data) {
+    // The decoder of what a verbs peer RDMA-writes into our grant table; returns the grant's fields.
+    const wire::Grant grant = ValueOrThrow(verbs::DecodeGrantRecord(std::string(data)));
+    return py::make_tuple(grant.grant_id, grant.region_id, grant.offset, grant.capacity);
+  });
+#endif
 }

@@ -23,15 +23,6 @@ namespace tf_rdma {
 namespace {
 
 constexpr char kPrefix[] = "TF_RDMA_";
-// Reserved for the test harness (tests/, tools/; docs/testing.md), which reads its own variables:
-// tf_rdma neither reads nor refuses them.
-constexpr const char* kTestHarnessPrefixes[] = {"TF_RDMA_TEST_", "TF_RDMA_SOFTROCE_"};
-
-bool IsTestHarnessVariable(const std::string& name) {
-  return std::any_of(std::begin(kTestHarnessPrefixes), std::end(kTestHarnessPrefixes),
-                     [&](const char* prefix) { return name.rfind(prefix, 0) == 0; });
-}
-
 // Where each numeric setting's value goes in a Config (text settings: ParseConfig).
 struct NumericField {
   const Setting* setting;
@@ -243,7 +234,7 @@ absl::StatusOr<std::string> ClusterKey(std::string_view secret) {
 absl::StatusOr<Config> ParseConfig(const std::map<std::string, std::string>& environment) {
   Config config;
   for (const auto& [name, value] : environment) {
-    if (name.rfind(kPrefix, 0) != 0 || IsTestHarnessVariable(name)) continue;
+    if (name.rfind(kPrefix, 0) != 0) continue;
     const Setting* setting = FindSetting(name);
     if (setting == nullptr) {
       // Any other TF_RDMA_* name is a typo.

@@ -1,7 +1,7 @@
-"""`python -m tf_rdma bench chaos`, short: ParameterServerStrategy training through a killed and
+"""`python -m tests.harness chaos`, short: ParameterServerStrategy training through a killed and
 restarted worker, a frozen one, a short and a long partition between a worker and a ps, and a
 spell of every link impaired (1% loss, 20 ± 5 ms delay, 1% duplication), over gRPC and tf_rdma
-(tcp) under the same seeded schedule (tf_rdma/bench_chaos.py)."""
+(tcp) under the same seeded schedule (tests/harness/chaos.py)."""
 import json
 import logging
 import os
@@ -14,48 +14,49 @@ import time
 
 import pytest
 
-from tf_rdma import bench_chaos, bench_soak, netns
+from tests import REPO
+from tests.harness import chaos, flatness, netns
 
 NEEDS = netns.unavailable_reason("each task of the chaos run gets a network namespace of its own")
 MINUTES = 0.75
 FAULTS = {"kill", "freeze", "short_partition", "long_partition", "impairment"}
-# The bench's bound, under the test's: then SIGINT, and the bench has CLEANUP_S to stop its tasks
+# The run's bound, under the test's: then SIGINT, and the run has CLEANUP_S to stop its tasks
 # and delete its namespaces (a SIGKILL would leave them) before it is killed.
 RUN_S, CLEANUP_S = 780, 60
 
 
-def run_bench():
-    """(exit status, stdout, stderr) of `bench chaos --json`, or the test fails with their tails
-    once it ran longer than RUN_S; no namespace of the bench's is left either way."""
-    bench = subprocess.Popen([sys.executable, "-m", "tf_rdma", "bench", "chaos", "--minutes", str(MINUTES),
-                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_chaos():
+    """(exit status, stdout, stderr) of `python -m tests.harness chaos --json`, or the test fails with
+    their tails once it ran longer than RUN_S; no namespace of the run's is left either way."""
+    harness = subprocess.Popen([sys.executable, "-m", "tests.harness", "chaos", "--minutes", str(MINUTES),
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        out, err = bench.communicate(timeout=RUN_S)
+        out, err = harness.communicate(timeout=RUN_S)
         overran = None
     except subprocess.TimeoutExpired:
-        bench.send_signal(signal.SIGINT)
+        harness.send_signal(signal.SIGINT)
         try:
-            out, err = bench.communicate(timeout=CLEANUP_S)
+            out, err = harness.communicate(timeout=CLEANUP_S)
             overran = f"ran over {RUN_S} s; stopped by SIGINT"
         except subprocess.TimeoutExpired:
-            bench.kill()
-            out, err = bench.communicate(timeout=30)
+            harness.kill()
+            out, err = harness.communicate(timeout=30)
             overran = f"ran over {RUN_S} s and did not end {CLEANUP_S} s after SIGINT; killed"
-    left = {n for n in netns.namespaces() if n.startswith(f"tfrf{bench.pid}n")}
-    assert not overran and not left, (f"bench chaos {overran or 'ended'}; namespaces left: {sorted(left)}\n"
+    left = {n for n in netns.namespaces() if n.startswith(f"tfrf{harness.pid}n")}
+    assert not overran and not left, (f"the chaos run {overran or 'ended'}; namespaces left: {sorted(left)}\n"
                                       f"stdout ends:\n{out[-2000:]}\nstderr ends:\n{err[-4000:]}")
-    return bench.returncode, out, err
+    return harness.returncode, out, err
 
 
 @pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")
 @pytest.mark.timeout(RUN_S + CLEANUP_S + 60)
 def test_a_short_chaos_run_recovers_without_a_hang_a_lost_step_or_growth():
-    status, out, err = run_bench()
+    status, out, err = run_chaos()
     try:
         report = json.loads(out)
     except json.JSONDecodeError:
-        pytest.fail(f"bench chaos exited {status} without its report; stderr ends:\n{err[-4000:]}")
-    print(bench_chaos.render(report))  # the table, for the record (pytest -s)
+        pytest.fail(f"the chaos run exited {status} without its report; stderr ends:\n{err[-4000:]}")
+    print(chaos.render(report))  # the table, for the record (pytest -s)
     assert {e["fault"] for e in report["schedule"]} == FAULTS
     stock, ours = report["runs"]
     assert [r["transport"] for r in report["runs"]] == ["grpc", "tcp"]
@@ -76,17 +77,17 @@ def test_a_short_chaos_run_recovers_without_a_hang_a_lost_step_or_growth():
 
 
 def test_the_schedule_is_the_seeds_one_fault_of_each_kind_apart_in_the_first_three_quarters():
-    events = bench_chaos.schedule(7, 180, 2.0)
-    assert events == bench_chaos.schedule(7, 180, 2.0) != bench_chaos.schedule(8, 180, 2.0)
+    events = chaos.schedule(7, 180, 2.0)
+    assert events == chaos.schedule(7, 180, 2.0) != chaos.schedule(8, 180, 2.0)
     assert sorted(e["fault"] for e in events) == sorted(FAULTS)
     for before, after in zip(events, events[1:]):
         assert before["at"] + before["seconds"] <= after["at"], events
     assert events[-1]["at"] + events[-1]["seconds"] <= 0.75 * 180
-    with pytest.raises(bench_chaos.ChaosError, match="--minutes"):
-        bench_chaos.schedule(7, 20, 2.0)  # 3 s per fault, the long partition lasts 5
+    with pytest.raises(chaos.ChaosError, match="--minutes"):
+        chaos.schedule(7, 20, 2.0)  # 3 s per fault, the long partition lasts 5
 
 
-# What TensorFlow 2.21's cluster_coordinator logs (tasks run with bench_chaos.TASK_LOG_FORMAT), between
+# What TensorFlow 2.21's cluster_coordinator logs (tasks run with chaos.TASK_LOG_FORMAT), between
 # C++ lines (TensorFlow's and tf_rdma's, absl's format).
 COORDINATOR_LOG = """1796236590.000001 INFO Waiting for all global closures to be finished.
 1796236590.500000 ERROR Remote function on worker /job:worker/replica:0/task:2 failed with UnavailableError():Socket closed
@@ -113,7 +114,7 @@ I0000 00:00:1796236600.123456   16220 runtime.cc:371] tf_rdma: tcp to task /job:
 
 
 def test_the_coordinators_failures_are_counted_by_class_and_handling_with_their_cause():
-    seen = bench_chaos._errors_seen(COORDINATOR_LOG)
+    seen = chaos._errors_seen(COORDINATOR_LOG)
     assert seen.keys() == {"UnavailableError (transient, step retried)",
                            "UnavailableError (worker failure, steps retried once it is back)"}
     transient = seen["UnavailableError (transient, step retried)"]
@@ -135,7 +136,7 @@ def ours():
 
 
 def fake_tasks(monkeypatch, chief_lines=(), fail_at=None):
-    """Starts bench_chaos's tasks as `sleep` in their namespaces (so stop, kill, freeze and the
+    """Starts the chaos run's tasks as `sleep` in their namespaces (so stop, kill, freeze and the
     samples act on real processes), the chief first printing `chief_lines`; the `fail_at`-th start
     raises. Returns the processes started."""
     started = []
@@ -148,20 +149,20 @@ def fake_tasks(monkeypatch, chief_lines=(), fail_at=None):
         started.append(subprocess.Popen([*prefix, "sh", "-c", script], stdout=subprocess.PIPE, stderr=stderr,
                                         text=True))
         return started[-1]
-    monkeypatch.setattr(bench_soak, "start_task", start_task)
+    monkeypatch.setattr(flatness, "start_task", start_task)
     return started
 
 
 def a_round(completed=30):
-    return bench_chaos.PROGRESS_PREFIX + json.dumps({"time": time.time(), "completed": completed})
+    return chaos.PROGRESS_PREFIX + json.dumps({"time": time.time(), "completed": completed})
 
 
 def run_fake(tmp_path, events, unfaulted_seconds=0.0, progress=None):
-    return bench_chaos.run_transport("grpc", 60, unfaulted_seconds, events, 2.0, str(tmp_path), progress)
+    return chaos.run_transport("grpc", 60, unfaulted_seconds, events, 2.0, str(tmp_path), progress)
 
 
 def report_of(run, events):
-    """bench_chaos.run's report of `run` over both transports, for render()."""
+    """chaos.run's report of `run` over both transports, for render()."""
     return {"backend": "tcp", "seed": 1, "minutes": 1, "unfaulted_seconds": 0, "peer_timeout_ms": 2000,
             "schedule": events, "runs": [run, {**run, "transport": "tcp"}], "final_loss_vs_grpc": None, "ok": False}
 
@@ -193,7 +194,7 @@ def test_an_interrupt_stops_every_task_a_frozen_one_too(monkeypatch, tmp_path):
 
 @needs_root
 def test_the_watchdog_names_the_round_the_fault_in_flight_and_the_logs(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench_chaos, "WATCHDOG_SLACK_S", 0.3)
+    monkeypatch.setattr(chaos, "WATCHDOG_SLACK_S", 0.3)
     started = fake_tasks(monkeypatch, [a_round()])  # then nothing: the second round hangs
     # In flight from 1.2 s to 3.2 s after the round; the watchdog fires 2.3 s after it (the longest
     # fault and the slack): about a second either side for a loaded machine's stalls.
@@ -206,7 +207,7 @@ def test_the_watchdog_names_the_round_the_fault_in_flight_and_the_logs(monkeypat
     assert sorted(hang["logs"]) == sorted(["chief", "ps0", "ps1", "worker0", "worker1", "worker2"])
     assert all(os.path.exists(log) for log in hang["logs"].values()), hang["logs"]
     assert all(p.returncode == -signal.SIGKILL for p in started) and not ours()
-    text = bench_chaos.render(report_of(run, events))
+    text = chaos.render(report_of(run, events))
     assert "gRPC hung in round 2 (faults phase)" in text and "short_partition worker0 <-> ps0" in text, text
     assert hang["logs"]["worker0"] in text, text
 
@@ -214,14 +215,14 @@ def test_the_watchdog_names_the_round_the_fault_in_flight_and_the_logs(monkeypat
 @needs_root
 def test_an_error_before_the_faults_is_reported_as_such(monkeypatch, tmp_path):
     error = {"class": "InvalidArgumentError", "message": "no such device"}
-    started = fake_tasks(monkeypatch, [a_round(), bench_chaos.DONE_PREFIX + json.dumps(
+    started = fake_tasks(monkeypatch, [a_round(), chaos.DONE_PREFIX + json.dumps(
         {"completed": 30, "error": error, "initial_loss": 1.0})])
     events = [{"at": 0, "fault": "impairment", "target": None, "seconds": 5}]
     run = run_fake(tmp_path, events, unfaulted_seconds=60)
     assert run["error"] == {**error, "phase": "unfaulted"} and not run["hang"], run
     assert "chaos_steps" not in run and "flat" not in run, run  # no figure of a fault's outcome
     assert all(p.returncode == -signal.SIGKILL for p in started) and not ours()
-    text = bench_chaos.render(report_of(run, events))
+    text = chaos.render(report_of(run, events))
     assert "InvalidArgumentError (before faults)" in text, text
     assert "raised InvalidArgumentError in the unfaulted phase (before any fault" in text, text
 
@@ -232,15 +233,15 @@ def run_with_growth(updates, **growth):
     """A run's flatness over SETTLE samples before the faults and SETTLE at the end: every process
     flat but for `growth` ({"PROCESS_QUANTITY": amount}); `updates` cluster updates."""
     start = {"rss_bytes": 600 << 20, "fds": 30, "threads": 110}
-    end = {p: {q: v + growth.get(f"{p}_{q}", 0) for q, v in start.items()} for p in bench_chaos.LONG_LIVED}
-    samples = ([{p: dict(start) for p in bench_chaos.LONG_LIVED}] * bench_soak.SETTLE
-               + [end] * bench_soak.SETTLE)
-    flatness = bench_soak.judge(samples, 0, bench_chaos.GROWTH_BOUNDS, processes=bench_chaos.LONG_LIVED)
-    return {"flatness": flatness, "cluster_updates": updates}
+    end = {p: {q: v + growth.get(f"{p}_{q}", 0) for q, v in start.items()} for p in chaos.LONG_LIVED}
+    samples = ([{p: dict(start) for p in chaos.LONG_LIVED}] * flatness.SETTLE
+               + [end] * flatness.SETTLE)
+    return {"flatness": flatness.judge(samples, 0, chaos.GROWTH_BOUNDS, chaos.LONG_LIVED),
+            "cluster_updates": updates}
 
 
 def judged(ours, grpc):
-    bench_chaos._judge_against(ours, grpc)
+    chaos._judge_against(ours, grpc)
     return {f"{p}_{q}" for p, quantities in ours["flatness"].items() for q, v in quantities.items() if not v["flat"]}
 
 
@@ -276,13 +277,13 @@ def test_a_thread_or_memory_tf_rdma_keeps_beside_tensorflows_is_growth():
 
 def test_the_coordinator_trains_on_until_its_cluster_updates_settle():
     now = [100.0]
-    updates = bench_chaos.ClusterUpdates(clock=lambda: now[0])
+    updates = chaos.ClusterUpdates(clock=lambda: now[0])
     coordinator = logging.getLogger("test_chaos.coordinator")
     coordinator.addHandler(updates)
     try:
         assert updates.settled(8.0) and updates.begun == 0
         coordinator.warning("Waiting for all global closures to be finished.")
-        coordinator.warning(bench_chaos.CLUSTER_UPDATE_BEGINS)
+        coordinator.warning(chaos.CLUSTER_UPDATE_BEGINS)
         now[0] += 30
         assert not updates.settled(8.0)  # under way
         coordinator.warning("Cluster successfully recovered.")
@@ -290,7 +291,7 @@ def test_the_coordinator_trains_on_until_its_cluster_updates_settle():
         assert not updates.settled(8.0)  # the end samples could still precede it
         now[0] += 0.2
         assert updates.settled(8.0) and updates.begun == 1
-        coordinator.warning(bench_chaos.CLUSTER_UPDATE_BEGINS)
+        coordinator.warning(chaos.CLUSTER_UPDATE_BEGINS)
         coordinator.warning("Error occurred while updating server def: %s", "unavailable")
         now[0] += 8.1
         assert updates.settled(8.0) and updates.begun == 2
@@ -316,20 +317,20 @@ def started_thread(name=None):
 
 def test_grpcs_event_engine_pool_threads_are_sampled_apart_and_any_other_thread_is_growth():
     pid = os.getpid()
-    before = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
-    pool = started_thread(bench_chaos.GRPC_POOL_THREAD)  # its lifeguard started one under a backlog
+    before = [{"chief": chaos._sample(pid)}] * flatness.SETTLE
+    pool = started_thread(chaos.GRPC_POOL_THREAD)  # its lifeguard started one under a backlog
     try:
-        after = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
-        verdict = bench_soak.judge(before + after, 0, bench_chaos.GROWTH_BOUNDS, processes=("chief",))
+        after = [{"chief": chaos._sample(pid)}] * flatness.SETTLE
+        verdict = flatness.judge(before + after, 0, chaos.GROWTH_BOUNDS, ("chief",))
         assert verdict["chief"]["threads"]["growth"] == 0, verdict
         assert after[0]["chief"]["grpc_pool_threads"] == before[0]["chief"]["grpc_pool_threads"] + 1
-        # Counted as bench_soak counts them, the pool's thread was growth: the judgement failed.
-        assert bench_soak.process_sample(pid)["threads"] == after[0]["chief"]["threads"] + after[0]["chief"][
+        # Counted as flatness.process_sample counts them, the pool's thread was growth: the judgement failed.
+        assert flatness.process_sample(pid)["threads"] == after[0]["chief"]["threads"] + after[0]["chief"][
             "grpc_pool_threads"]
         kept = started_thread()  # a thread tf_rdma would keep: named after its starter's
         try:
-            end = [{"chief": bench_chaos._sample(pid)}] * bench_soak.SETTLE
-            verdict = bench_soak.judge(before + end, 0, bench_chaos.GROWTH_BOUNDS, processes=("chief",))
+            end = [{"chief": chaos._sample(pid)}] * flatness.SETTLE
+            verdict = flatness.judge(before + end, 0, chaos.GROWTH_BOUNDS, ("chief",))
             assert verdict["chief"]["threads"]["growth"] == 1 and not verdict["chief"]["threads"]["flat"], verdict
         finally:
             kept.set()

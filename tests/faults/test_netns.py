@@ -1,4 +1,4 @@
-"""tf_rdma/netns.py without TensorFlow: a network whose making fails at any step leaves nothing
+"""tests/harness/netns.py without TensorFlow: a network whose making fails at any step leaves nothing
 behind, a stuck command fails naming itself, delay() delays each direction by its figures,
 duplicate() copies its share of each direction's datagrams once, limit_rate() caps a TCP
 connection each way near its rate, all of them combine with loss, none leaves a process, rule or
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tf_rdma import netns
+from tests.harness import netns
 
 NEEDS = netns.unavailable_reason("the tests make network namespaces")
 pytestmark = pytest.mark.skipif(NEEDS is not None, reason=NEEDS or "")

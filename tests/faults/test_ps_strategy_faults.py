@@ -1,7 +1,7 @@
 """ParameterServerStrategy through a worker partitioned from the coordinator and the ps, and a
 worker frozen (SIGSTOP), each for FAULT_S, longer than TF_RDMA_PEER_TIMEOUT_MS, then healed or
 resumed: a coordinator, a ps and two workers, each in a network namespace of its own
-(tf_rdma/netns.py). One cluster per run plays both faults on worker 0, one after the other; worker
+(tests/harness/netns.py). One cluster per run plays both faults on worker 0, one after the other; worker
 1 stays healthy. The coordinator never joins while it trains (a join waits for the faulted worker's
 step): it keeps steps queued and prints what each worker has done
 (tests/tf/programs/fault.py through_worker_faults). Three runs, the same faults:
@@ -36,9 +36,9 @@ import time
 
 import pytest
 
+from tests.harness import netns
+from tests.harness.chaos import HANDLING
 from tests.tf.programs.cluster import PROGRAMS, NamespacedCluster
-from tf_rdma import netns
-from tf_rdma.bench_chaos import HANDLING
 
 PROGRAM = PROGRAMS / "fault.py"
 PEER_TIMEOUT_S = 2.0

@@ -1,5 +1,5 @@
 """Faults on the wire, tf_rdma (tcp backend) beside stock gRPC under the same faults: a TF1 ps and
-worker, each in its own network namespace (tf_rdma/netns.py), the worker driven step by step
+worker, each in its own network namespace (tests/harness/netns.py), the worker driven step by step
 (wire_programs.driven_worker) while the test partitions their link, loses, delays, duplicates and
 rate-limits packets on it, freezes the ps, and makes the ps's host vanish (no FIN) and come back
 on the same address.
@@ -11,7 +11,7 @@ of the one before, as in a real cluster.
 
 No netem on this kernel: loss and partitions are nftables drops, delay and jitter an NFQUEUE rule
 and a userspace delayer on the link, duplication an nftables `dup` and the rate a token bucket on
-the switch's ports (tf_rdma/netns.py), so each direction meets each once."""
+the switch's ports (tests/harness/netns.py), so each direction meets each once."""
 import json
 import os
 import signal
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import netns
 from tests.tf.programs.cluster import PROGRAMS, NamespacedCluster, digest
 from tests.transport.helpers import socket_inodes
-from tf_rdma import netns
 
 PROGRAM = Path(__file__).with_name("wire_programs.py")
 PS = "/job:ps/replica:0/task:0"

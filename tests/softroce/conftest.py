@@ -38,7 +38,7 @@ def on_rdma(request):
     harness = request.getfixturevalue("softroce")
 
     def run_in_guest(cmd, timeout, env=None):
-        result = harness.run(cmd, timeout=timeout, env={"TF_RDMA_TEST_HOST": "10.77.0.1", **(env or {})},
+        result = harness.run(cmd, timeout=timeout, env={"TFRDMA_TEST_HOST": "10.77.0.1", **(env or {})},
                              cwd=str(REPO))
         return result.returncode, result.output
     return run_in_guest

@@ -22,10 +22,10 @@ from tests.softroce.guest_loader import PYTHON, REPO
 @pytest.mark.timeout(400)
 def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
     res = softroce.run(
-        [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--json",
-         "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
+        [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--host", softroce.GUEST_IP,
+         "--json", "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
          "--round-trips", "50", "--rounds", "2", "--verbs-poll-us", "0,1000"],
-        timeout=150, env={"TF_RDMA_TEST_HOST": softroce.GUEST_IP}, cwd=str(REPO))
+        timeout=150, cwd=str(REPO))
     assert res.returncode == 0, res.output
     # The JSON is the last thing printed; anything before it is logging.
     start = re.search(r"^\{$", res.output, re.M)

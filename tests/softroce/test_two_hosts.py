@@ -48,7 +48,7 @@ def test_transport_peer_cases_and_device_choice_across_two_hosts(softroce):
         [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--backends", "verbs",
          "-m", "peer_process", "tests/transport/test_transport.py",
          "tests/softroce/device_choice_across_hosts.py", "tests/softroce/verbs_faults_across_hosts.py"],
-        {"TF_RDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
+        {"TFRDMA_TEST_HOST": guest.LINK_IPS[0], "TRANSPORT_TEST_PEER_AGENT": f"{peer_ip}:{AGENT_PORT}"},
         [PYTHON, "-m", "tests.transport.remote_process", "serve", peer_ip, str(AGENT_PORT),
          "--until", f"{guest.SHARED_MOUNT}/guest-a.exit"], {},
         timeout=600)

@@ -19,7 +19,7 @@ def test_write_notify_measures_all_three_modes(on_rdma):
                             str(SOURCE), "-lrdmacm", "-libverbs"], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
 
-    host = os.environ.get("TF_RDMA_TEST_HOST", "10.77.0.1")  # an address of the RDMA netdev
+    host = os.environ.get("TFRDMA_TEST_HOST", "10.77.0.1")  # an address of the RDMA netdev
     returncode, output = on_rdma([str(binary), "--ip", host, "--json", "--sizes", "8,64K",
                                   "--scale", "0.02", "--rounds", "1"], timeout=240)
     assert returncode == 0, output

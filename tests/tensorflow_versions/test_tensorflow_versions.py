@@ -110,7 +110,7 @@ def test_the_one_release_not_built_apart_is_the_suites_own_environment():
 
 
 def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_room(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
+    monkeypatch.setenv("TFRDMA_TEST_VERSIONS_CACHE", str(tmp_path))
     for age, name in enumerate(["old", "recent", "newest"]):
         marker = tmp_path / name / ".tensorflow-installed"
         marker.parent.mkdir()
@@ -142,13 +142,13 @@ def test_making_a_venv_deletes_the_least_recently_used_others_until_there_is_roo
 
     free["bytes"] = 0
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
-    with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TF_RDMA_TEST_VERSIONS_CACHE"):
+    with pytest.raises(tensorflow_versions.VersionsError, match="MiB free under .*TFRDMA_TEST_VERSIONS_CACHE"):
         tensorflow_versions.make_room(tmp_path / "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ccache"]  # all deleted before giving up
 
 
 def test_a_venv_in_use_is_not_deleted_to_make_room(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
+    monkeypatch.setenv("TFRDMA_TEST_VERSIONS_CACHE", str(tmp_path))
     for name in ["used", "unused"]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "pyvenv.cfg").write_text("")
@@ -161,7 +161,7 @@ def test_a_venv_in_use_is_not_deleted_to_make_room(tmp_path, monkeypatch):
 
 
 def test_a_build_prepared_for_the_session_is_used_and_any_other_is_redone(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_RDMA_TEST_VERSIONS_CACHE", str(tmp_path))
+    monkeypatch.setenv("TFRDMA_TEST_VERSIONS_CACHE", str(tmp_path))
     wheel = tensorflow_versions.BUILT_APART[0]
     monkeypatch.setattr(tensorflow_versions, "ensure_venv", lambda w: tensorflow_versions.venv_of(w) / "bin" / "python")
     tensorflow_versions.venv_of(wheel).mkdir()

@@ -4,7 +4,7 @@ the same run), and the table's arithmetic on canned figures."""
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report
-from tf_rdma import bench_collective
+from tf_rdma.bench import collective as bench_collective
 
 
 # Above the sum of this test's own waits, so they fail first, with the tasks' logs.

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report, check_png, check_table_and_plot
-from tf_rdma import bench_data
+from tf_rdma.bench import data as bench_data
 from tf_rdma.__main__ import main
 
 

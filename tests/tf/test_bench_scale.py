@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report, check_png, check_table_and_plot
-from tf_rdma import bench_scale, bench_tf
+from tf_rdma.bench import scale as bench_scale, transport as bench_transport
 from tf_rdma.__main__ import main
 
 
@@ -74,8 +74,8 @@ def canned(monkeypatch):
     monkeypatch.setattr(bench_scale, "available_backends", lambda: {"shm": None, "verbs": "no RDMA device"})
     monkeypatch.setattr(bench_scale, "run_peers", run_peers)
     monkeypatch.setattr(bench_scale, "run_tf", run_tf)
-    monkeypatch.setattr(bench_tf, "limits", lambda sizes: {size: {"memcpy_gbps": 9.0, "tcp_socket_gbps": 3.0}
-                                                           for size in sizes})
+    monkeypatch.setattr(bench_transport, "limits",
+                        lambda sizes: {size: {"memcpy_gbps": 9.0, "tcp_socket_gbps": 3.0} for size in sizes})
     return asked
 
 

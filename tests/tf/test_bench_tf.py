@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests.tf.programs.bench_runs import bench_report, check_png, check_table_and_plot
-from tf_rdma import bench_tf
+from tf_rdma.bench import tf as bench_tf
 
 
 @pytest.mark.timeout(400)

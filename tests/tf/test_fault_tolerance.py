@@ -112,7 +112,7 @@ def copies_around_a_frozen_worker(tmp_path, transport, peer_timeout_s=2.0, froze
 
 @pytest.mark.timeout(600)
 def test_a_copy_to_a_worker_frozen_past_the_peer_timeout_does_not_stop_copies_to_the_others(tmp_path):
-    """Found by `bench chaos`: the coordinator's write to a frozen worker failed when the peer timeout
+    """Found by the chaos run: the coordinator's write to a frozen worker failed when the peer timeout
     ended the connection, and that aborted the coordinator's eager rendezvous for good, so every later
     copy to any worker was dropped and the training waited for ever.
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.tf.programs.cluster import PROGRAMS
-from tf_rdma import bench_scale
+from tf_rdma.bench import scale as bench_scale
 
 
 @pytest.mark.timeout(300)

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
+from tests.harness import netns
 from tests.tf.programs.cluster import Cluster, NamespacedCluster
 from tests.tf.programs.tasks import DERIVED_DTYPES, STRINGS
-from tf_rdma import netns
 
 TRANSPORTS = [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")]
 
@@ -184,7 +184,7 @@ def test_task_without_tf_rdma_is_a_clear_error_within_seconds(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_a_send_that_finds_its_step_aborted_by_a_silent_peer_fails_as_aborted_not_internal(tmp_path):
-    """Found by `bench chaos`: a write that failed aborted its step as Unavailable, and the step's
+    """Found by the chaos run: a write that failed aborted its step as Unavailable, and the step's
     next send returned that status; TensorFlow's executor turns an UnavailableError from _Send (not
     a communication op, as _Recv is) into an InternalError, which ParameterServerStrategy's
     coordinator and MonitoredSession take for the program's own bug and stop on. The worker here
@@ -351,7 +351,7 @@ def test_sends_a_cancelled_step_never_asked_for_are_withdrawn_not_held(tmp_path,
         outcome = json.load(f)
     assert outcome["cancelled"] == steps, outcome
     ps = outcome["stats"]["peers"]["/job:ps/replica:0/task:0"]
-    from tf_rdma.bench_soak import RUN_AHEAD_ITERATIONS
+    from tests.harness.soak import RUN_AHEAD_ITERATIONS
     # Per step, the header and the data of each tensor but the first, which ps 0 received.
     assert ps["sends_discarded"] >= steps * (RUN_AHEAD_ITERATIONS - 1) * 2, ps
     assert ps["errors"] == 0, ps

@@ -14,7 +14,7 @@ from tests.transport.remote_process import RemoteProcess
 from tf_rdma import _transport
 
 KEY = b"test-cluster-key"
-HOST = os.environ.get("TF_RDMA_TEST_HOST", "127.0.0.1")
+HOST = os.environ.get("TFRDMA_TEST_HOST", "127.0.0.1")
 # Not TF_RDMA_*: tf_rdma refuses TF_RDMA_ variables it does not know (a typo must not pass silently).
 PEER_AGENT = os.environ.get("TRANSPORT_TEST_PEER_AGENT", "")
 

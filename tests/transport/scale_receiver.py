@@ -1,6 +1,6 @@
 """A receiver in a process of its own for the scale tests (`python -m tests.transport.scale_receiver
-BACKEND`, the cluster key in hex on the first line of stdin): bench_scale.Receiver's commands, and
-one more:
+BACKEND HOST`, the cluster key in hex on the first line of stdin): bench_scale.Receiver's commands,
+and one more:
 
   receive S    {"indices": [...]}   grants every peer S bytes under tag 1 and checks what lands:
                                     8 bytes of the peer's index, then pattern(S - 8, index)
@@ -8,13 +8,13 @@ one more:
 import struct
 import sys
 
-from tests.transport.helpers import HOST, pattern, transport
-from tf_rdma import bench_scale
+from tests.transport.helpers import pattern, transport
+from tf_rdma.bench import scale as bench_scale
 
 
 def main():
     key = bytes.fromhex(sys.stdin.readline().strip())
-    receiver = bench_scale.Receiver(transport(sys.argv[1], "receiver", key=key, connect_timeout=60), HOST)
+    receiver = bench_scale.Receiver(transport(sys.argv[1], "receiver", key=key, connect_timeout=60), sys.argv[2])
 
     def receive(size):
         size, connections = int(size), receiver.connections

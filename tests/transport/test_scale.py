@@ -9,7 +9,8 @@ import time
 import pytest
 
 from tests.transport.helpers import HOST, KEY, connected_pair, pattern, raises_exactly, transport
-from tf_rdma import _transport, bench_scale, errors
+from tf_rdma import _transport, errors
+from tf_rdma.bench import scale as bench_scale
 
 # verbs runs in the Soft-RoCE guest, under emulation: fewer peers there, enough that a thread per
 # peer (as each verbs connection had before) would show.

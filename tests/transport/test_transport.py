@@ -12,6 +12,7 @@ import pytest
 from tests.transport.helpers import (HOST, connected_pair, free_port, next_line, pattern, raises_exactly, socket_inodes,
                                      start_peer, transport, wait_for_line)
 from tf_rdma import errors
+from tf_rdma._transport import _testing
 
 
 def land(receiver, from_sender, to_receiver, tag, payload, capacity=None, offset=0, region=None):
@@ -414,11 +415,11 @@ def test_a_peer_the_listener_admits_only_later_connects_after_retrying(backend):
     backoff and connects once admitted, within its connect timeout (issue 27)."""
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")
-    listener.refuse("sender", "unavailable", 4)
+    _testing.refuse(listener, "sender", "unavailable", 4)
     started = time.monotonic()
     to_receiver = transport(backend, "sender", connect_timeout=20).connect(listener.endpoint)
     assert to_receiver.peer_name == "receiver"
-    assert listener.refusals == 4
+    assert _testing.refusals(listener) == 4
     assert listener.accept(10).peer_name == "sender"
     # Four backoffs of 10, 20, 40 and 80 ms, with slack for a loaded host: not the timeout.
     assert time.monotonic() - started < 10
@@ -427,12 +428,12 @@ def test_a_peer_the_listener_admits_only_later_connects_after_retrying(backend):
 def test_a_peer_the_listener_admits_never_fails_at_once_naming_the_listener_and_why(backend):
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")
-    listener.refuse("sender", "permission_denied", 100)
+    _testing.refuse(listener, "sender", "permission_denied", 100)
     started = time.monotonic()
     with raises_exactly(errors.HandshakeError) as raised:
         transport(backend, "sender", connect_timeout=20).connect(listener.endpoint)
     assert "receiver does not admit sender: the test refuses sender 99 more times" in str(raised.value)
-    assert listener.refusals == 1
+    assert _testing.refusals(listener) == 1
     assert time.monotonic() - started < 10
     with raises_exactly(errors.OperationTimeoutError):
         listener.accept(0.3)
@@ -444,7 +445,7 @@ def test_a_peer_the_listener_admits_never_fails_at_once_naming_the_listener_and_
 def test_a_peer_kept_waiting_past_the_connect_timeout_fails_saying_why(backend):
     receiver = transport(backend, "receiver")
     listener = receiver.listen(f"{HOST}:0")
-    listener.refuse("sender", "unavailable", 1 << 30)
+    _testing.refuse(listener, "sender", "unavailable", 1 << 30)
     started = time.monotonic()
     with raises_exactly(errors.PeerUnavailableError) as raised:
         transport(backend, "sender", connect_timeout=1.0).connect(listener.endpoint)
@@ -452,7 +453,7 @@ def test_a_peer_kept_waiting_past_the_connect_timeout_fails_saying_why(backend):
     assert "receiver does not admit sender" in str(raised.value)
     assert 1.0 <= time.monotonic() - started < 6
     # Tried a few times a second (ConnectBackoff), not thousands.
-    assert 2 <= listener.refusals <= 12
+    assert 2 <= _testing.refusals(listener) <= 12
 
 
 def test_protocol_version_mismatch_names_both_versions(backend):

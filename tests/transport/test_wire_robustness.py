@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from tests.transport import wire_client as w
 from tests.transport.helpers import HOST, KEY, listening_child, raises_exactly, raw_peer_connected, transport
-from tf_rdma import _transport, errors
+from tf_rdma import errors
+from tf_rdma._transport import _testing
 
 pytestmark = pytest.mark.stream_backends_only
 
@@ -253,7 +254,7 @@ def test_an_unauthenticated_name_cannot_forge_log_lines(backend, tmp_path):
 @given(st.binary(max_size=200))
 def test_decoder_never_crashes_on_arbitrary_bytes(data):
     try:
-        _transport.decode_frame(data)
+        _testing.decode_frame(data)
     except errors.ProtocolError:
         pass
 
@@ -273,14 +274,14 @@ def valid_frames():
 @settings(max_examples=1000, deadline=None)
 @given(valid_frames(), st.data())
 def test_valid_frames_decode_and_any_corruption_is_caught_or_harmless(encoded, data):
-    assert _transport.decode_frame(encoded)
+    assert _testing.decode_frame(encoded)
     position = data.draw(st.integers(0, len(encoded) - 1))
     corrupted = bytearray(encoded)
     corrupted[position] ^= data.draw(st.integers(1, 255))
     cut = data.draw(st.integers(0, len(corrupted)))
     for candidate in (bytes(corrupted), bytes(corrupted[:cut])):
         try:
-            _transport.decode_frame(candidate)
+            _testing.decode_frame(candidate)
         except errors.ProtocolError:
             pass
 

@@ -218,7 +218,7 @@ def missing_prerequisites() -> list[str]:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TF_RDMA_SOFTROCE_CACHE")
+    env = os.environ.get("TFRDMA_SOFTROCE_CACHE")
     return Path(env) if env else REPO_ROOT / "build" / "softroce"
 
 
@@ -729,7 +729,7 @@ def _run_guests(specs: list[_GuestSpec], timeout: float, *, memory: str = "2G", 
 
     art = ensure_artifacts(log)
     linked = len(specs) > 1
-    keep = os.environ.get("TF_RDMA_SOFTROCE_KEEP_JOB") == "1"
+    keep = os.environ.get("TFRDMA_SOFTROCE_KEEP_JOB") == "1"
     scratch = Path(tempfile.mkdtemp(prefix="softroce-run-")) if linked else None
     guests: list[_Guest] = []
     try:
@@ -752,7 +752,7 @@ def _run_guests(specs: list[_GuestSpec], timeout: float, *, memory: str = "2G", 
                 "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", memory,
                 "-bios", QBOOT_ROM,
                 "-kernel", str(art.vmlinux), "-initrd", str(art.initramfs),
-                "-append", KERNEL_ARGS + " " + os.environ.get("TF_RDMA_SOFTROCE_APPEND", ""),
+                "-append", KERNEL_ARGS + " " + os.environ.get("TFRDMA_SOFTROCE_APPEND", ""),
                 "-serial", f"file:{g.console}",
                 "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
                 "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tests import REPO
-from tf_rdma import netns as namespaces
+from tests.harness import netns as namespaces
 
 
 # Header bytes the loopback counts per packet around the TCP payload: 20 IPv4 + 32 TCP (with the
@@ -32,7 +32,7 @@ HEADER_BYTES_PER_PACKET = 52
 
 
 def unavailable_reason():
-    """Why this machine cannot measure, or None (only not being root; see tf_rdma.netns)."""
+    """Why this machine cannot measure, or None (only not being root; see tests.harness.netns)."""
     return namespaces.unavailable_reason("each run gets its own network namespace (unshare -n)")
 
 

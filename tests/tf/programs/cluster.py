@@ -108,7 +108,7 @@ class Cluster:
 
 
 class NamespacedCluster(Cluster):
-    """Cluster whose tasks run in hosts of `net` (tf_rdma.netns.Network): each in its own, named
+    """Cluster whose tasks run in hosts of `net` (tests.harness.netns.Network): each in its own, named
     after the task, or with `one_host`, all in that one (shm's case: a wire between them is not
     shm's)."""
 

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from tf_rdma.bench_data import data_bytes_received, dispatcher, worker  # noqa: F401 (run by name)
+from tf_rdma.bench.data import data_bytes_received, dispatcher, worker  # noqa: F401 (run by name)
 
 # Iterations a trainer runs to show that each one's connections end with it.
 ITERATIONS_FOR_LEAKS = 4

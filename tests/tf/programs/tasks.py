@@ -349,18 +349,18 @@ def fused_worker(cluster, job, index, transport, output, steps=3):
 
 def run_ahead_cancelled_worker(cluster, job, index, transport, output, steps, completed_steps=0):
     """Steps cancelled while this worker's sends run ahead of receives the ps never issues (the
-    soak's loop, tf_rdma/bench_soak.py), then `completed_steps` that read a ps variable; saves the
+    soak's loop, tests/harness/soak.py), then `completed_steps` that read a ps variable; saves the
     worker's stats once the ps has had time to refuse them."""
     import tensorflow as tf
     import tf_rdma
-    from tf_rdma import bench_soak
+    from tests.harness import soak
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.disable_control_flow_v2()
     server = _server(cluster, job, index, transport)
     with tf.device("/job:ps/task:0"):
         never_fed = tf.queue.FIFOQueue(1, tf.float32, shapes=[[]])
         total = tf.zeros([])
-    loop = bench_soak.run_ahead_loop(tf, "/job:ps/task:0", "/job:worker/task:0", never_fed, total)
+    loop = soak.run_ahead_loop(tf, "/job:ps/task:0", "/job:worker/task:0", never_fed, total)
     sess = tf.compat.v1.Session(server.target)
     cancelled = 0
     for _ in range(steps):

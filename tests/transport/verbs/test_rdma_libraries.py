@@ -24,7 +24,7 @@ INSTALL = "`apt-get install libibverbs1 librdmacm1 ibverbs-providers` (Debian, U
 # TEST-NET-2 (RFC 5737): never an address of this host, and no packet is sent to it.
 ANOTHER_HOST = "198.51.100.7"
 # A build without rdma-core's headers has no verbs code to load libraries for (tests/test_setup.py).
-pytestmark = pytest.mark.skipif(not hasattr(_transport, "decode_verbs_message"),
+pytestmark = pytest.mark.skipif(not hasattr(_transport._testing, "decode_verbs_message"),
                                 reason="this tf_rdma build has no verbs backend")
 
 

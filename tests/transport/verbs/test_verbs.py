@@ -1,5 +1,5 @@
 """verbs-specific behaviour. Runs where an RDMA device works (the Soft-RoCE guest:
-`python3 tools/softroce/guest.py run --env TF_RDMA_TEST_HOST=10.77.0.1 --cwd /work/main --
+`python3 tools/softroce/guest.py run --env TFRDMA_TEST_HOST=10.77.0.1 --cwd /work/main --
 /work/main/.venv/bin/python -m pytest tests/transport/verbs`); elsewhere only the "why not" test runs."""
 import ctypes
 import gc
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.transport.helpers import HOST, connected_pair, pattern, raises_exactly, transport
-from tf_rdma import _transport, bench, errors
+from tf_rdma import _transport, errors
+from tf_rdma.bench import transport as bench
 from tests.transport.verbs.verbs_helpers import VERBS_OK, VERBS_WHY_NOT, needs_verbs
 
 

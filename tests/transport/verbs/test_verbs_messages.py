@@ -9,9 +9,10 @@ import struct
 import pytest
 
 from tests.transport import wire_client as w
-from tf_rdma import _transport, errors
+from tf_rdma import errors
+from tf_rdma._transport import _testing
 
-pytestmark = pytest.mark.skipif(not hasattr(_transport, "decode_verbs_message"),
+pytestmark = pytest.mark.skipif(not hasattr(_testing, "decode_verbs_message"),
                                 reason="built without rdma-core's headers, so without the verbs backend")
 
 REGION, GRANT_TABLE = 0x40, 0x41
@@ -54,10 +55,10 @@ def test_every_fuzzed_verbs_message_decodes_or_is_refused_as_a_protocol_error():
     refused = 0
     for number in range(MESSAGES):
         encoded, kind = valid_messages(rand)
-        assert _transport.decode_verbs_message(encoded) == kind, (number, encoded.hex())
+        assert _testing.decode_verbs_message(encoded) == kind, (number, encoded.hex())
         mutated = mutate(rand, encoded)
         try:
-            _transport.decode_verbs_message(mutated)
+            _testing.decode_verbs_message(mutated)
         except errors.ProtocolError:
             refused += 1
     # A flipped bit inside a field's value still decodes; most mutations must not.
@@ -67,14 +68,14 @@ def test_every_fuzzed_verbs_message_decodes_or_is_refused_as_a_protocol_error():
 def test_a_withdrawn_message_is_refused_past_its_bounds():
     """WITHDRAWN {u64 grant id, u32 status code, u16-prefixed reason}: the code must be an error's
     (1..16) and the reason at most 256 bytes."""
-    assert _transport.decode_verbs_message(w.withdrawn(1, 16, b"r" * 256)) == "WITHDRAWN"
+    assert _testing.decode_verbs_message(w.withdrawn(1, 16, b"r" * 256)) == "WITHDRAWN"
     for code in (0, 17, 2**32 - 1):
         with pytest.raises(errors.ProtocolError, match=f"status code {code} is not an error code"):
-            _transport.decode_verbs_message(w.withdrawn(1, code, b"why"))
+            _testing.decode_verbs_message(w.withdrawn(1, code, b"why"))
     with pytest.raises(errors.ProtocolError, match="string of 257 bytes exceeds the limit of 256"):
-        _transport.decode_verbs_message(w.withdrawn(1, 10, b"r" * 257))
+        _testing.decode_verbs_message(w.withdrawn(1, 10, b"r" * 257))
     with pytest.raises(errors.ProtocolError, match="malformed WITHDRAWN frame: truncated"):
-        _transport.decode_verbs_message(w.frame(w.WITHDRAWN, struct.pack("<QI", 1, 10)[:10]))
+        _testing.decode_verbs_message(w.frame(w.WITHDRAWN, struct.pack("<QI", 1, 10)[:10]))
 
 
 def test_a_grant_table_slot_holds_exactly_one_grant():
@@ -83,11 +84,11 @@ def test_a_grant_table_slot_holds_exactly_one_grant():
         grant_id, region_id, offset, capacity = (rand.getrandbits(63), rand.getrandbits(32),
                                                  rand.getrandbits(64), rand.getrandbits(64))
         record = w.grant(grant_id, 0, 1, region_id, offset, capacity)
-        assert _transport.decode_verbs_grant_record(record) == (grant_id, region_id, offset, capacity)
+        assert _testing.decode_verbs_grant_record(record) == (grant_id, region_id, offset, capacity)
         mutated = mutate(rand, record)
         other = rand.choice([w.data(1, 2), w.frame(w.PING), mutated])
         try:
-            _transport.decode_verbs_grant_record(other)
+            _testing.decode_verbs_grant_record(other)
         except errors.ProtocolError:
             pass
         else:

@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from tf_rdma.bench_cluster import RESULT_PREFIX, local_cluster, ratios, start_task
+from tf_rdma.bench._common import RESULT_PREFIX, local_cluster, ratios, start_task
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
@@ -79,7 +79,7 @@ def worker(spec):
 def run_cluster(transport, workers, sizes, budget, min_iterations, timeout=600):
     """[{size, seconds, iterations}] measured by worker 0 of a fresh cluster."""
     addresses = local_cluster({"worker": workers})["worker"]
-    processes = [start_task("tf_rdma.bench_collective",
+    processes = [start_task("tf_rdma.bench.collective",
                             {"addresses": addresses, "index": index, "transport": transport, "sizes": list(sizes),
                              "budget": budget, "min_iterations": min_iterations})
                  for index in range(workers)]

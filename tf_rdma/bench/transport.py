@@ -38,8 +38,8 @@ Each figure is then the median over the rounds, and each ratio the median of the
 ratios (each taken between two runs seconds apart), with `_min`/`_max` giving the spread and
 `rounds` every round's figures.
 
-The transport listens on `host` (`--host`, else TF_RDMA_TEST_HOST, else 127.0.0.1); verbs needs an
-address of the RDMA netdev there, since rdma_cm picks the device by IP address.
+The transport listens on `host` (`--host`, else 127.0.0.1); verbs needs an address of the RDMA
+netdev there, since rdma_cm picks the device by IP address.
 """
 import contextlib
 import os
@@ -50,10 +50,10 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 from tf_rdma import _transport
+from tf_rdma.bench._common import PEER_START_SECONDS, endpoint, line_within
 from tf_rdma.config import load_config
 from tf_rdma.errors import TransportError
 from tf_rdma.sizes import format_size, parse_sizes
@@ -62,51 +62,11 @@ from tf_rdma.transport import available_backends
 DEFAULT_SIZES = (4 << 20, 64 << 20)
 DEFAULT_LATENCY_SIZES = (8, 4096)
 DEFAULT_ROUNDS = 3
-DEFAULT_HOST = "127.0.0.1"
-# Where the bench listens unless `host` is given; also how the peer process is told (its C++ side,
-# transport_bench.cc, reads it).
-HOST_ENV = "TF_RDMA_TEST_HOST"
-# The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
-# minutes on a loaded or emulated host.
-PEER_START_SECONDS = 300
+DEFAULT_HOST = "127.0.0.1"  # where the bench listens unless `host` is given
+
 
 def bench_host(host=None):
-    return host or os.environ.get(HOST_ENV) or DEFAULT_HOST
-
-
-def line_within(process, prefix, seconds, who, log=None):
-    """The rest of the first line of `process`'s stdout that starts with `prefix` (lines before it
-    are skipped), read within `seconds`. If none comes, the process is killed and the error names
-    `who`, whether it exited or fell silent, and the tail of its stderr: `log` (the file it
-    writes to), else its stderr pipe."""
-    found = []
-
-    def read():  # in a thread: a pipe's readline takes no deadline
-        for line in process.stdout:
-            if line.startswith(prefix):
-                found.append(line[len(prefix):])
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(seconds)
-    if found:
-        return found[0]
-    exited = not reader.is_alive()
-    process.kill()
-    code = process.wait()
-    if log is not None:
-        log.flush()
-        log.seek(0)
-        tail = log.read()[-3000:]
-    elif process.stderr is not None:
-        tail = process.stderr.read()[-3000:]
-    else:
-        tail = "(it writes to this process's stderr: see above)"
-    wanted = f"a line starting {prefix.strip()!r}" if prefix else "a line"
-    why = (f"it exited with code {code} before writing {wanted}" if exited
-           else f"it wrote no {wanted[2:]} within {seconds:.0f} s, so it was killed")
-    raise RuntimeError(f"{who}: {why}; its log ends:\n{tail}")
+    return host or DEFAULT_HOST
 
 
 def grant_depth():
@@ -133,19 +93,14 @@ def _plan_args(sizes, latency_sizes, bytes_per_size, round_trips):
             "--bytes-per-size", str(bytes_per_size), "--round-trips", str(round_trips)]
 
 
-def endpoint(host, port):
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips):
-    """The bench peer: prints its ports on one line, then serves one driver."""
+def serve(backend, sizes, latency_sizes, bytes_per_size, round_trips, host):
+    """The bench peer: listens on `host`, prints its ports on one line, then serves one driver."""
     key = sys.stdin.readline().strip()  # the driver's one-off cluster key; never on the command line
 
     def ready(transport_port, baseline_port):
         print(f"READY {transport_port} {baseline_port}", flush=True)
 
-    # Listens on TF_RDMA_TEST_HOST (set by the driver), else 127.0.0.1.
-    _transport.bench_serve(backend, plan(sizes, latency_sizes, bytes_per_size, round_trips), 0,
+    _transport.bench_serve(backend, plan(sizes, latency_sizes, bytes_per_size, round_trips), host, 0,
                            bytes.fromhex(key).decode("latin-1"), ready)
 
 
@@ -186,10 +141,9 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
     settings = settings or {}
     key = secrets.token_hex(16)
     peer = subprocess.Popen(
-        [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend,
+        [sys.executable, "-m", "tf_rdma", "bench-peer", "--backend", backend, "--host", host,
          *_plan_args(sizes, latency_sizes, bytes_per_size, round_trips)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, **settings, HOST_ENV: host})
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **settings})
     try:
         peer.stdin.write(key + "\n")
         peer.stdin.close()
@@ -207,6 +161,14 @@ def run_backend(backend, sizes, latency_sizes, bytes_per_size, round_trips, host
         peer.wait()
     report["receiver_cpus"] = sorted(receiver_cpus)
     return add_baseline_ratios(report)
+
+
+def limits(sizes, bytes_per_size=1 << 30):
+    """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
+    measured between two processes by this bench's baselines (what the other benches compare with)."""
+    report = run_backend("tcp", sizes, [], bytes_per_size, 1)
+    return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
+            for row in report["throughput"]}
 
 
 def add_baseline_ratios(report):

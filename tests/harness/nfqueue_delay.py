@@ -1,5 +1,5 @@
 """Delays every packet of a netfilter queue: `python nfqueue_delay.py QUEUE DELAY_MS JITTER_MS SEED
-MAXLEN`, run in the namespace whose iptables rule sends packets to queue QUEUE (tf_rdma/netns.py's
+MAXLEN`, run in the namespace whose iptables rule sends packets to queue QUEUE (tests/harness/netns.py's
 delay()). Each packet is accepted DELAY_MS ± JITTER_MS after it was read, the delay drawn uniformly
 from [DELAY_MS - JITTER_MS, DELAY_MS + JITTER_MS] by a random.Random(SEED) (netem's jitter without a
 distribution table is uniform too), so packets whose delays cross are reordered, as netem's are.

@@ -20,9 +20,8 @@ import sys
 import tempfile
 import time
 
-from tf_rdma.bench import PEER_START_SECONDS, line_within
-from tf_rdma.bench_cluster import RESULT_PREFIX, ratios, start_task, task_result
-from tf_rdma.bench_tf import limits
+from tf_rdma.bench._common import PEER_START_SECONDS, RESULT_PREFIX, line_within, ratios, start_task, task_result
+from tf_rdma.bench.transport import limits
 from tf_rdma.ports import free_ports
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
@@ -132,14 +131,14 @@ def _role(spec):
 
 def _serve(spec, name, log):
     """Starts a dispatcher or worker process and waits until it serves; its stderr goes to `log`."""
-    process = start_task("tf_rdma.bench_data", spec, stderr=log)
+    process = start_task("tf_rdma.bench.data", spec, stderr=log)
     line_within(process, "serving", PEER_START_SECONDS, f"bench data: the {name}", log)
     return process
 
 
 def read_over(transport, dispatcher_port, plan, params, timeout=900):
     """A trainer's rows for `plan` ([[size, elements per worker]]) over `transport`."""
-    process = start_task("tf_rdma.bench_data", {"role": "trainer", "transport": transport, "plan": plan,
+    process = start_task("tf_rdma.bench.data", {"role": "trainer", "transport": transport, "plan": plan,
                                                 "dispatcher_port": dispatcher_port,
                                                 "warmup": params["warmup"]})
     try:

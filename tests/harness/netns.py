@@ -1,4 +1,4 @@
-"""A private network of namespaces for fault tests and `bench chaos`: one namespace per host, each
+"""A private network of namespaces for the fault tests and the chaos run: one namespace per host, each
 joined by a veth pair to a bridge in a switch namespace of its own. Faults act in the switch (the
 link, not the hosts: neither end sees a refused packet, an ICMP error or an RST), so a partition is
 silence both ways, as a cut cable or a dead switch port.
@@ -8,7 +8,7 @@ Loss and partitions are nftables drops. Delay and jitter: this kernel has no sch
 has br_netfilter and legacy iptables' NFQUEUE target. So delay() has the bridge hand IPv4 packets to
 iptables (net.bridge.bridge-nf-call-iptables=1, in the switch namespace only), where a rule in the
 mangle table's FORWARD chain queues every one of them to a userspace delayer
-(tf_rdma/nfqueue_delay.py) running in the switch namespace, which accepts each after a delay drawn
+(tests/harness/nfqueue_delay.py) running in the switch namespace, which accepts each after a delay drawn
 uniformly from [ms - jitter, ms + jitter]. Every packet crosses the bridge once: each direction is
 delayed once, a round trip twice. Packets whose delays cross are reordered, as netem's are. The
 delayer holds at most QUEUE_MAXLEN packets (the kernel drops what comes beyond, as netem beyond its

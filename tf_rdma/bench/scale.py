@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 
-from tf_rdma import _transport, bench, bench_cluster, bench_tf
+from tf_rdma import _transport
+from tf_rdma.bench import _common, transport as transport_bench
 from tf_rdma.config import load_config
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
@@ -40,7 +41,7 @@ FLOW_WARM_UP_SECONDS = 0.5
 TABLE_FLOATS = 64 << 10
 EXTRAPOLATE_TO = (1000, 10000)
 CONNECT_THREADS = 64
-RESULT_PREFIX = bench_cluster.RESULT_PREFIX
+RESULT_PREFIX = _common.RESULT_PREFIX
 # The longest the receiver may take over a command: its start, `accept` (peers already connected),
 # `flow` (FULL's seconds, then up to 60 s to stop granting), with room for a loaded host.
 RECEIVER_ANSWER_SECONDS = 300
@@ -91,7 +92,7 @@ class Receiver:
 
     def __init__(self, transport, host):
         self.transport = transport
-        self.listener = transport.listen(bench.endpoint(host, 0))
+        self.listener = transport.listen(_common.endpoint(host, 0))
         self.connections = []
 
     def accept(self, count):
@@ -125,22 +126,21 @@ class Receiver:
 
 
 class ReceiverProcess:
-    """The driver's side of a receiver process: `python -m tf_rdma.bench_scale receiver BACKEND`, or
-    `python -m module BACKEND` (a module serving a Receiver). Its stderr goes to a
-    file, whose tail an error gives."""
+    """The driver's side of a receiver process: `python -m tf_rdma.bench.scale receiver BACKEND HOST`,
+    or `python -m module BACKEND HOST` (a module serving a Receiver). Its stderr goes to a file, whose
+    tail an error gives."""
 
     def __init__(self, backend, key, host, module=None):
-        command = ["-m", module] if module else ["-m", "tf_rdma.bench_scale", "receiver"]
+        command = ["-m", module] if module else ["-m", "tf_rdma.bench.scale", "receiver"]
         self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen([sys.executable, *command, backend], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                        env={**os.environ, bench.HOST_ENV: host})
+        self.process = subprocess.Popen([sys.executable, *command, backend, host], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.process.stdin.write(key.hex() + "\n")
         self.process.stdin.flush()
         self.start = self.answer()
 
     def answer(self, seconds=RECEIVER_ANSWER_SECONDS):
-        answer = json.loads(bench.line_within(self.process, "", seconds, "the bench's receiver", self.log))
+        answer = json.loads(_common.line_within(self.process, "", seconds, "the bench's receiver", self.log))
         if "error" in answer:
             raise RuntimeError(f"the bench's receiver: {answer['error']}")
         return answer
@@ -159,10 +159,10 @@ class ReceiverProcess:
         self.log.close()
 
 
-def receiver_main(backend):
+def receiver_main(backend, host):
     key = bytes.fromhex(sys.stdin.readline().strip())  # never on the command line
     transport = _transport.Transport(backend, name="bench-receiver", cluster_key=key, connect_timeout=120)
-    Receiver(transport, bench.bench_host()).serve()
+    Receiver(transport, host).serve()
 
 
 def connect_peers(backend, endpoint, count, key=None, name="bench-sender"):
@@ -230,7 +230,7 @@ def tf_workers(spec):
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     count = len(spec["cluster"]["worker"])
-    servers = [bench_cluster.start_server({**spec, "job": "worker", "index": i}) for i in range(count)]
+    servers = [_common.start_server({**spec, "job": "worker", "index": i}) for i in range(count)]
     with tf.device("/job:ps/task:0"):
         table = tf.compat.v1.Variable(tf.ones([TABLE_FLOATS], tf.float32), name="table")
     partials = []
@@ -239,14 +239,14 @@ def tf_workers(spec):
             partials.append(tf.reduce_sum(tf.identity(table.read_value()) * float(i + 1)))
     with tf.device("/job:ps/task:0"):
         totals = {w: tf.add_n(partials[:w]) for w in range(1, count + 1)}
-    with bench_cluster.open_session(servers[0]) as session:
+    with _common.open_session(servers[0]) as session:
         session.run(table.initializer)
         for line in sys.stdin:
             workers = int(line)
             got, expected = session.run(totals[workers]), TABLE_FLOATS * workers * (workers + 1) / 2
             if got != expected:
                 raise RuntimeError(f"a step over {workers} workers summed {got}, not {expected}")
-            seconds, steps = bench_cluster.timed(lambda: session.run(totals[workers]), spec["budget"])
+            seconds, steps = _common.timed(lambda: session.run(totals[workers]), spec["budget"])
             print(RESULT_PREFIX + json.dumps({"workers": workers, "steps_per_second": 1 / seconds,
                                               "steps": steps}), flush=True)
     os._exit(0)  # closing would wait for the ps to deregister the graphs
@@ -255,18 +255,18 @@ def tf_workers(spec):
 def run_tf(transport, worker_counts, budget, timeout=600):
     """1 ps and max(worker_counts) workers over `transport` ("grpc" or a backend), stepping with
     each count of workers in turn: [{workers, ps_threads, ps_rss, steps_per_second}]."""
-    cluster = bench_cluster.local_cluster({"ps": 1, "worker": max(worker_counts)})
-    ps = bench_cluster.start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": "ps", "index": 0,
+    cluster = _common.local_cluster({"ps": 1, "worker": max(worker_counts)})
+    ps = _common.start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": "ps", "index": 0,
                                                   "transport": transport}, stderr=subprocess.DEVNULL)
     log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while they run
-    workers = bench_cluster.start_task("tf_rdma.bench_scale", {"cluster": cluster, "transport": transport,
+    workers = _common.start_task("tf_rdma.bench.scale", {"cluster": cluster, "transport": transport,
                                                           "budget": budget}, stdin=subprocess.PIPE, stderr=log)
     rows = []
     try:
         for count in sorted(worker_counts):
             workers.stdin.write(f"{count}\n")
             workers.stdin.flush()
-            line = json.loads(bench.line_within(workers, RESULT_PREFIX, timeout,
+            line = json.loads(_common.line_within(workers, RESULT_PREFIX, timeout,
                                                 f"bench scale over {transport}: the workers' process", log))
             figures = settled_figures(ps.pid)
             rows.append({"workers": count, "ps_threads": figures["threads"], "ps_rss": figures["rss"],
@@ -291,7 +291,7 @@ def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, pro
     "extrapolated": {...}}; `peers` and `workers` left None: FULL's, or QUICK's with `quick`."""
     params = dict(QUICK if quick else FULL)
     params["peers"], params["workers"] = peers or params["peers"], workers or params["workers"]
-    host = bench.bench_host(host)
+    host = transport_bench.bench_host(host)
     usable = available_backends()
     carried = [b for b in backends if usable.get(b) is None]
     report = {"backends": carried, "quick": quick, "flow_size": FLOW_SIZE,
@@ -299,7 +299,7 @@ def run(backends, peers=None, workers=None, quick=False, tf=True, host=None, pro
               "transport": [], "tf": {}, "extrapolated": {}}
     if progress:
         progress(f"machine limits for {format_size(FLOW_SIZE)} (memcpy, TCP socket)")
-    report["limits"] = bench_tf.limits([FLOW_SIZE])[FLOW_SIZE]
+    report["limits"] = transport_bench.limits([FLOW_SIZE])[FLOW_SIZE]
     for backend in carried:
         for count in params["peers"]:
             if progress:
@@ -390,6 +390,6 @@ def plot(report, path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "receiver":
-        receiver_main(sys.argv[2])
+        receiver_main(sys.argv[2], sys.argv[3])
     else:
         tf_workers(json.loads(sys.argv[1]))

@@ -1,4 +1,4 @@
-"""`python -m tf_rdma bench soak`: a short real soak over tcp and shm that must stay flat, and the
+"""`python -m tests.harness soak`: a short real soak over tcp and shm that must stay flat, and the
 flatness judgement and table on canned samples (a leak, a transient, too short a run)."""
 import json
 import subprocess
@@ -6,15 +6,16 @@ import sys
 
 import pytest
 
-from tf_rdma import bench_soak
+from tests import REPO
+from tests.harness import flatness, soak
 
 MINIMUM_TRANSFERS_AFTER_WARMUP = 10_000
 
 
 @pytest.mark.timeout(240)
 def test_a_short_soak_over_tcp_and_shm_stays_flat_through_cancelled_steps_and_a_restarted_peer():
-    result = subprocess.run([sys.executable, "-m", "tf_rdma", "bench", "soak", "--minutes", "0.6",
-                             "--backend", "tcp,shm", "--json"], capture_output=True, text=True, timeout=220)
+    result = subprocess.run([sys.executable, "-m", "tests.harness", "soak", "--minutes", "0.6",
+                             "--backend", "tcp,shm", "--json"], capture_output=True, text=True, timeout=220, cwd=REPO)
     assert result.stdout, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["backends"] == ["tcp", "shm"] and report["unavailable"] == {}
@@ -41,9 +42,14 @@ def sample(seconds, worker_rss_mib, worker_fds=20, ps_threads=100):
             "ps": {**quantities, "threads": ps_threads}}
 
 
+def judged(samples):
+    """The soak's judgement of `samples`, the first 4 of them warm-up."""
+    return flatness.judge(samples, 4, soak.GROWTH_BOUNDS, soak.PROCESSES)
+
+
 def test_a_process_that_keeps_growing_after_warmup_is_not_flat():
     samples = [sample(s, 600 + 2 * s) for s in range(12)]  # 2 MiB a second
-    verdict = bench_soak.judge(samples, warmup_samples=4)
+    verdict = judged(samples)
     rss = verdict["worker"]["rss_bytes"]
     assert rss["baseline"] == 608 << 20 and rss["end"] == 618 << 20 and not rss["flat"]
     assert verdict["ps"]["rss_bytes"]["flat"]
@@ -51,37 +57,37 @@ def test_a_process_that_keeps_growing_after_warmup_is_not_flat():
 
 def test_a_descriptor_left_open_after_warmup_is_not_flat_but_one_open_for_a_moment_is():
     leaked = [sample(s, 600, worker_fds=20 if s < 8 else 21) for s in range(12)]
-    assert not bench_soak.judge(leaked, warmup_samples=4)["worker"]["fds"]["flat"]
+    assert not judged(leaked)["worker"]["fds"]["flat"]
     # A thread or descriptor alive during one sample (a handshake, a step) is not a leak.
     transient = [sample(s, 600, ps_threads=101 if s in (5, 10) else 100) for s in range(12)]
-    assert bench_soak.judge(transient, warmup_samples=4)["ps"]["threads"]["flat"]
+    assert judged(transient)["ps"]["threads"]["flat"]
 
 
 def test_a_run_whose_restarts_took_its_time_goes_on_until_flatness_has_its_samples():
     def run(seconds, first_restart_at):
         return [{**sample(s, 600), "sessions": 1 if s < first_restart_at else 2} for s in range(seconds + 1)]
-    assert bench_soak.run_is_over(run(12, first_restart_at=4), 12)  # 9 samples after warm-up
+    assert soak.run_is_over(run(12, first_restart_at=4), 12)  # 9 samples after warm-up
     # Warm-up ends with the first restart, at 10 s: 3 samples after it at 12 s, too few to judge.
-    assert not bench_soak.run_is_over(run(12, first_restart_at=10), 12)
-    assert bench_soak.run_is_over(run(15, first_restart_at=10), 12)
+    assert not soak.run_is_over(run(12, first_restart_at=10), 12)
+    assert soak.run_is_over(run(15, first_restart_at=10), 12)
     # A run that never gets there ends all the same, and judge says to run longer.
-    assert not bench_soak.run_is_over(run(35, first_restart_at=40), 12)
-    assert bench_soak.run_is_over(run(36, first_restart_at=40), 12)
+    assert not soak.run_is_over(run(35, first_restart_at=40), 12)
+    assert soak.run_is_over(run(36, first_restart_at=40), 12)
 
 
 def test_too_few_samples_after_warmup_is_an_error_not_a_pass():
-    with pytest.raises(bench_soak.SoakError, match="run longer"):
-        bench_soak.judge([sample(s, 600) for s in range(8)], warmup_samples=4)
+    with pytest.raises(flatness.TooFewSamples, match="run longer"):
+        judged([sample(s, 600) for s in range(8)])
 
 
 def test_the_table_marks_warmup_and_what_grew():
     samples = [{**sample(s, 600 + 2 * s), "cancelled_steps": s, "restarts": s // 4, "sessions": 1 + s // 4}
                for s in range(12)]
-    verdict = bench_soak.judge(samples, warmup_samples=4)
+    verdict = judged(samples)
     run = {"backend": "shm", "seconds": 12, "steps": 1100, "cancelled_steps": 11, "failed_steps": 2,
            "restarts": 2, "tensors": 27500, "bytes": 3 << 30, "tensors_after_warmup": 17500,
            "warmup_samples": 4, "samples": samples, "flatness": verdict, "flat": False}
-    text = bench_soak.render({"unavailable": {"verbs": "no RDMA device"}, "runs": [run], "flat": False})
+    text = soak.render({"unavailable": {"verbs": "no RDMA device"}, "runs": [run], "flat": False})
     assert "verbs: unavailable: no RDMA device" in text
     assert "*     4     400     10000 |    608.0 MiB   20  100" in text
     assert "worker rss_bytes            608.0 MiB ->    618.0 MiB  growth   10.0 MiB (bound 8.0 MiB): GREW" in text

@@ -1,4 +1,4 @@
-"""`python -m tf_rdma bench soak`: a TF1 training loop run for minutes over one tf_rdma backend,
+"""`python -m tests.harness soak`: a TF1 training loop run for minutes over one tf_rdma backend,
 watching whether the processes that stay up keep what they should give back.
 
 The cluster is three processes on this host: ps 0 (long-lived), ps 1 (the peer restarted mid-run)
@@ -23,14 +23,13 @@ samples came after warm-up (a slow or loaded host), up to MOST_SECONDS_FACTOR ti
 """
 import json
 import logging
-import os
 import queue
 import signal
-import tempfile
 import threading
 import time
 
-from tf_rdma.bench_cluster import local_cluster, open_session, start_server, start_task
+from tests.harness.flatness import SETTLE, Task, judge, process_sample
+from tf_rdma.bench._common import local_cluster, open_session, start_server
 from tf_rdma.transport import available_backends
 
 log = logging.getLogger("tf_rdma")
@@ -38,7 +37,7 @@ log = logging.getLogger("tf_rdma")
 ROUND_PREFIX = "@@round "
 STATS_PREFIX = "@@stats "
 DONE_PREFIX = "@@done "
-MODULE = "tf_rdma.bench_soak"
+MODULE = "tests.harness.soak"
 
 SMALL_FLOATS = 256          # 1 KiB: travels inline with its header
 SMALL_COUNT = 8
@@ -54,14 +53,8 @@ RUN_AHEAD_ITERATIONS = 4
 # (cc/tf/rendezvous); a leak adds steps every second.
 GROWTH_BOUNDS = {"rss_bytes": 8 << 20, "fds": 0, "threads": 0, "region_bytes": 0, "mapped_shm_bytes": 0,
                  "live_steps": 20}
-SETTLE = 3  # samples whose lowest stands for a moment, so one sample taken mid-step cannot decide
 WARMUP_FRACTION = 1 / 3
 PROCESSES = ("worker", "ps")  # the long-lived processes, judged; ps 1 restarts so has no trend
-# glibc raises its mmap threshold as big blocks are freed, after which freed tensors stay in
-# fragmented heaps and RSS creeps up with no leak (measured: about 1 MiB per cancelled step, flat
-# with the threshold fixed). Fixed, a freed tensor goes back to the system and RSS shows what
-# the process holds.
-TASK_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
 
 
 class SoakError(RuntimeError):
@@ -210,21 +203,6 @@ def task(spec):
 
 # ---- sampling ----
 
-def process_sample(pid):
-    """RSS, open descriptors, threads and shared-memory bytes mapped, from /proc/PID."""
-    with open(f"/proc/{pid}/status") as f:
-        rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    mapped = 0
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith("/memfd:"):
-                start, stop = (int(x, 16) for x in fields[0].split("-"))
-                mapped += stop - start
-    return {"rss_bytes": rss_kib << 10, "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": len(os.listdir(f"/proc/{pid}/task")), "mapped_shm_bytes": mapped}
-
-
 def transfers(worker_stats, ps_stats):
     """(tensors, bytes) moved: every transfer the worker sent or received, and ps 0's with ps 1;
     each has an end in a long-lived process, so each is counted once and none is lost to a restart."""
@@ -237,65 +215,7 @@ def transfers(worker_stats, ps_stats):
     return tensors, nbytes
 
 
-def judge(samples, warmup_samples, bounds=GROWTH_BOUNDS, settle=SETTLE, processes=PROCESSES):
-    """{process: {quantity: {"baseline", "end", "growth", "bound", "flat"}}} over the samples after
-    warm-up: baseline is the lowest of the first `settle` of them, end the lowest of the last."""
-    after = samples[warmup_samples:]
-    if len(after) < 2 * settle:
-        raise SoakError(f"{len(after)} samples after warm-up; flatness needs at least {2 * settle}: "
-                        "run longer (--minutes)")
-    verdict = {}
-    for process in processes:
-        verdict[process] = {}
-        for quantity, bound in bounds.items():
-            values = [s[process][quantity] for s in after]
-            baseline = min(values[:settle])
-            end = min(values[-settle:])
-            verdict[process][quantity] = {"baseline": baseline, "end": end, "growth": end - baseline,
-                                          "bound": bound, "flat": end - baseline <= bound}
-    return verdict
-
-
 # ---- the driver ----
-
-class Task:
-    """A task's process, its stdout lines on a queue (read by a thread so a pipe never fills), its
-    stderr in a file for the error message when it fails (`stderr`, or a temporary one). `module`
-    and `prefix`: bench_cluster.start_task's."""
-
-    def __init__(self, spec, module=MODULE, env=TASK_ENVIRONMENT, prefix=(), stderr=None):
-        self.stderr = stderr or tempfile.TemporaryFile("w+")
-        self.process = start_task(module, spec, stderr=self.stderr, env=env, prefix=prefix)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def latest(self, prefix):
-        """The last line with `prefix` read so far, decoded; None if none came since last asked."""
-        found = None
-        while True:
-            try:
-                line = self.lines.get_nowait()
-            except queue.Empty:
-                return found
-            if line and line.startswith(prefix):
-                found = json.loads(line[len(prefix):])
-
-    def error_tail(self):
-        self.stderr.seek(0)
-        return self.stderr.read()[-3000:]
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL only once resumed
-            self.process.kill()
-        self.process.wait()
-        self.stderr.close()
-
 
 PARAMS = {"round_seconds": 1.0, "cancel_after_ms": 300, "step_timeout_ms": 60_000}
 # A slow or loaded host spends more of the run restarting ps 1 and reopening sessions: the run
@@ -323,8 +243,8 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
 
     def spec(job, index):
         return {"cluster": cluster, "job": job, "index": index, "transport": backend, "params": PARAMS}
-    ps, peer = Task(spec("ps", 0)), Task(spec("ps", 1))
-    worker = Task(spec("worker", 0))
+    ps, peer = Task(spec("ps", 0), MODULE), Task(spec("ps", 1), MODULE)
+    worker = Task(spec("worker", 0), MODULE)
     tasks = {"ps": ps, "peer": peer, "worker": worker}
     samples, restarts, ps_stats, done = [], 0, None, None
     started = last_restart = None  # the worker's first round: its session is up
@@ -368,14 +288,14 @@ def run_backend(backend, seconds, restart_seconds, progress=None):
             elif now - last_restart >= restart_seconds and now - started < seconds * 3 / 4:
                 peer.process.send_signal(signal.SIGKILL)
                 peer.stop()
-                peer = tasks["peer"] = Task(spec("ps", 1))
+                peer = tasks["peer"] = Task(spec("ps", 1), MODULE)
                 restarts += 1
                 last_restart = now
     finally:
         for t in tasks.values():
             t.stop()
     warmup_samples = warmup_end(samples, seconds)
-    verdict = judge(samples, warmup_samples)
+    verdict = judge(samples, warmup_samples, GROWTH_BOUNDS, PROCESSES)
     last = samples[-1]
     return {"backend": backend, "seconds": seconds, "restart_seconds": restart_seconds, **done,
             "restarts": restarts, "tensors": last["tensors"], "bytes": last["bytes"],

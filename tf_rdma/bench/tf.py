@@ -21,8 +21,9 @@ import os
 import sys
 import time
 
-from tf_rdma.bench_cluster import (RESULT_PREFIX, local_cluster, open_session, ratios, start_server, start_task,
+from tf_rdma.bench._common import (RESULT_PREFIX, local_cluster, open_session, ratios, start_server, start_task,
                                    task_result, timed)
+from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
@@ -166,7 +167,7 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
     cluster = local_cluster({"ps": 1, "worker": workers})
 
     def start(job, index):
-        return start_task("tf_rdma.bench_tf", {"cluster": cluster, "job": job, "index": index,
+        return start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": job, "index": index,
                                                "transport": transport, "workloads": list(workloads),
                                                "params": params, "nothing_crosses": nothing_crosses})
     ps = start("ps", 0)
@@ -183,15 +184,6 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
         for workload, rows in result["workloads"].items():
             measured.setdefault(workload, []).append(rows)
     return measured
-
-
-def limits(sizes, bytes_per_size=1 << 30):
-    """{size: {"memcpy_gbps", "tcp_socket_gbps"}}: the machine's limits for moving `size` bytes,
-    measured between two processes by `bench transport`'s baselines."""
-    from tf_rdma import bench
-    report = bench.run_backend("tcp", sizes, [], bytes_per_size, 1)
-    return {row["size"]: {"memcpy_gbps": row["memcpy_gbps"], "tcp_socket_gbps": row["tcp_socket_gbps"]}
-            for row in report["throughput"]}
 
 
 def combine(workload, measured, carried, machine=None):

@@ -1,8 +1,8 @@
-"""`python -m tf_rdma bench chaos`: ParameterServerStrategy training while a seeded schedule breaks
+"""`python -m tests.harness chaos`: ParameterServerStrategy training while a seeded schedule breaks
 the cluster, over stock gRPC and over tf_rdma, one after the other under the same schedule.
 
 The cluster: a coordinator (chief), 2 ps and 3 workers, each task in a network namespace of its
-own (tf_rdma/netns.py: veth pairs on a bridge, faults as nftables drops; needs root). The
+own (tests/harness/netns.py: veth pairs on a bridge, faults as nftables drops; needs root). The
 coordinator schedules training steps (a small regression model, its variables spread over both
 ps) in rounds, joins each round and reports it. The run has two phases on the same cluster:
 - unfaulted, for `unfaulted_seconds`: the step rate without faults (and the warm-up after which
@@ -11,7 +11,7 @@ ps) in rounds, joins each round and reports it. The run has two phases on the sa
   worker (SIGKILL) and starts it again on the same address, freezes a worker (SIGSTOP) for longer
   than the peer timeout, partitions a worker from a ps for less and, another time, for more than
   the peer timeout, and impairs every link for a while: 1% of the packets lost, each delayed
-  20 ± 5 ms (uniform, each direction) and 1% of them duplicated (tf_rdma/netns.py's lose(),
+  20 ± 5 ms (uniform, each direction) and 1% of them duplicated (tests/harness/netns.py's lose(),
   delay() through its userspace NFQUEUE delayer, and duplicate()). Faults happen in the first three
   quarters; the last quarter is quiet, so the run ends on a cluster that recovered.
 
@@ -19,7 +19,7 @@ The report: steps done under chaos against the unfaulted rate, every error the c
 (TensorFlow's fault tolerance logs each worker failure it recovers from) with its class, whether
 anything hung (a watchdog: the coordinator must finish a round within the longest fault plus
 WATCHDOG_SLACK_S), the coordinator's and the ps' RSS, descriptors and threads from the end of the
-unfaulted phase to the end of the run (bench_soak's judgement), and the model's final loss against
+unfaulted phase to the end of the run (flatness.judge, as the soak's), and the model's final loss against
 gRPC's under the same schedule. A hang names the round and phase, the faults in flight and every
 task's log (LOG_DIR/TRANSPORT/TASK.log, each line timestamped); an error the coordinator raised
 before the first fault is reported as such, with none of the run's figures.
@@ -35,11 +35,11 @@ import sys
 import tempfile
 import time
 
-from tf_rdma.bench_soak import SETTLE, TASK_ENVIRONMENT, Task, judge, process_sample
+from tests.harness.flatness import SETTLE, TASK_ENVIRONMENT, Task, judge, process_sample
 
 log = logging.getLogger("tf_rdma")
 
-MODULE = "tf_rdma.bench_chaos"
+MODULE = "tests.harness.chaos"
 PROGRESS_PREFIX = "@@round "
 DONE_PREFIX = "@@done "
 PORT = 2222  # every task has a namespace, hence every port, of its own
@@ -52,7 +52,7 @@ IMPAIRMENT = f"{LOSS_PERCENT}% loss, {DELAY_MS} ± {JITTER_MS} ms delay, {DUPLIC
 # after a long partition, a restarted worker's TensorFlow start-up on a busy machine.
 WATCHDOG_SLACK_S = 90.0
 SAMPLE_EVERY_S = 2.0
-# Flat, from the unfaulted phase's end to the run's end (each the lowest of bench_soak.SETTLE
+# Flat, from the unfaulted phase's end to the run's end (each the lowest of flatness.SETTLE
 # samples): RSS within the allocator's noise and the spread of what TensorFlow keeps for a cluster
 # update (below; over gRPC the chief kept 23-51 MiB after one update, over tf_rdma 13-48 MiB, nine
 # runs each, tf_rdma's less gRPC's in the same test -23 to +24 MiB);
@@ -201,7 +201,7 @@ def _coordinate(spec):
 def task(spec):
     if spec["job"] == "chief":
         _coordinate(spec)
-    from tf_rdma.bench_cluster import start_server
+    from tf_rdma.bench._common import start_server
     start_server(spec).join()
 
 
@@ -233,7 +233,7 @@ def schedule(seed, seconds, peer_timeout_s):
 # ---- the driver ----
 
 def _sample(pid):
-    """bench_soak's sample of process `pid`, its threads without gRPC's event-engine pool's (see
+    """flatness.process_sample of process `pid`, its threads without gRPC's event-engine pool's (see
     GRPC_POOL_THREAD), counted apart, both from one listing of its threads."""
     sample = process_sample(pid)
     names = []
@@ -325,7 +325,7 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
     Every task it started is stopped and its network deleted however it ends (an error while
     starting, the watchdog, ^C): a task left running would outlive its namespace, which
     `ip netns del` only unlinks."""
-    from tf_rdma import netns
+    from tests.harness import netns
     # TF_CPP_MIN_LOG_LEVEL=0: TensorFlow's C++ INFO lines and tf_rdma's (which logs through it:
     # connections made, refused and lost, with the peer), each stamped with the time, so a hang's
     # log says what each task saw last.
@@ -466,7 +466,7 @@ def run_transport(transport, seconds, unfaulted_seconds, events, peer_timeout_s,
 def run(backend="tcp", minutes=3.0, seed=1, peer_timeout_ms=2000, unfaulted_seconds=None, log_dir=None,
         progress=None):
     """{"schedule": [...], "runs": [gRPC's, tf_rdma's], ...} under the same seeded schedule."""
-    from tf_rdma import netns
+    from tests.harness import netns
     reason = netns.unavailable_reason("each task of the chaos run gets a network namespace of its own")
     if reason:
         raise ChaosError(reason)

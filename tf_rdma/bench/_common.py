@@ -1,11 +1,13 @@
-"""What the TensorFlow benches (bench tf, collective, data, soak, chaos, scale) share: clusters of
-tasks on this host, each task a process of its own (`python -m MODULE SPEC_JSON`) that reports on a
-result line, and the timing and ratios of their figures."""
+"""What the benches share: their helper processes' lines read within a deadline, endpoints, and for
+the TensorFlow benches (and the tests' soak and chaos harness), clusters of tasks on this host, each
+task a process of its own (`python -m MODULE SPEC_JSON`) that reports on a result line, and the
+timing and ratios of their figures."""
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 from tf_rdma import config
@@ -13,6 +15,48 @@ from tf_rdma.ports import free_ports
 
 # Starts the line on which a task prints its figures (as JSON): whatever else it prints is not read.
 RESULT_PREFIX = "@@result "
+# The longest a bench's helper process (a peer, a spinner) may take to start: seconds as a rule,
+# minutes on a loaded or emulated host.
+PEER_START_SECONDS = 300
+
+
+def line_within(process, prefix, seconds, who, log=None):
+    """The rest of the first line of `process`'s stdout that starts with `prefix` (lines before it
+    are skipped), read within `seconds`. If none comes, the process is killed and the error names
+    `who`, whether it exited or fell silent, and the tail of its stderr: `log` (the file it
+    writes to), else its stderr pipe."""
+    found = []
+
+    def read():  # in a thread: a pipe's readline takes no deadline
+        for line in process.stdout:
+            if line.startswith(prefix):
+                found.append(line[len(prefix):])
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if found:
+        return found[0]
+    exited = not reader.is_alive()
+    process.kill()
+    code = process.wait()
+    if log is not None:
+        log.flush()
+        log.seek(0)
+        tail = log.read()[-3000:]
+    elif process.stderr is not None:
+        tail = process.stderr.read()[-3000:]
+    else:
+        tail = "(it writes to this process's stderr: see above)"
+    wanted = f"a line starting {prefix.strip()!r}" if prefix else "a line"
+    why = (f"it exited with code {code} before writing {wanted}" if exited
+           else f"it wrote no {wanted[2:]} within {seconds:.0f} s, so it was killed")
+    raise RuntimeError(f"{who}: {why}; its log ends:\n{tail}")
+
+
+def endpoint(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def timed(run, budget, warmup=3, min_steps=5, max_steps=2000):
