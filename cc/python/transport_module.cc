@@ -418,27 +418,21 @@ PYBIND11_MODULE(_transport, m) {
                options.connect_timeout =
                    SecondsOverride(settings::kConnectTimeoutMs, "connect_timeout", *connect_timeout);
              }
-             if (max_concurrent_handshakes) {
-               limits.max_concurrent_handshakes = CheckedOverride(
-                   settings::kMaxConcurrentHandshakes, "max_concurrent_handshakes", *max_concurrent_handshakes);
-             }
-             if (max_grants_per_peer) {
-               limits.max_grants_per_peer =
-                   CheckedOverride(settings::kMaxGrantsPerPeer, "max_grants_per_peer", *max_grants_per_peer);
-             }
-             if (shm_max_mapped_bytes_per_peer) {
-               limits.shm_max_mapped_bytes_per_peer = CheckedOverride(
-                   settings::kShmMaxMappedBytesPerPeer, "shm_max_mapped_bytes_per_peer", *shm_max_mapped_bytes_per_peer);
-             }
-             if (shm_max_mapped_bytes_total) {
-               limits.shm_max_mapped_bytes_total = CheckedOverride(
-                   settings::kShmMaxMappedBytesTotal, "shm_max_mapped_bytes_total", *shm_max_mapped_bytes_total);
-             }
-             if (max_connections_per_peer_name) {
-               limits.max_connections_per_peer_name = CheckedOverride(
-                   settings::kMaxConnectionsPerPeerName, "max_connections_per_peer_name", *max_connections_per_peer_name);
-             }
-             if (io_threads) options.io_threads = CheckedOverride(settings::kIoThreads, "io_threads", *io_threads);
+             // A count keyword given: in place of its setting, within the setting's bounds.
+             const auto take = [](const std::optional<int64_t>& given, const Setting& setting, const char* keyword,
+                                  auto& field) {
+               if (given) field = CheckedOverride(setting, keyword, *given);
+             };
+             take(max_concurrent_handshakes, settings::kMaxConcurrentHandshakes, "max_concurrent_handshakes",
+                  limits.max_concurrent_handshakes);
+             take(max_grants_per_peer, settings::kMaxGrantsPerPeer, "max_grants_per_peer", limits.max_grants_per_peer);
+             take(shm_max_mapped_bytes_per_peer, settings::kShmMaxMappedBytesPerPeer, "shm_max_mapped_bytes_per_peer",
+                  limits.shm_max_mapped_bytes_per_peer);
+             take(shm_max_mapped_bytes_total, settings::kShmMaxMappedBytesTotal, "shm_max_mapped_bytes_total",
+                  limits.shm_max_mapped_bytes_total);
+             take(max_connections_per_peer_name, settings::kMaxConnectionsPerPeerName, "max_connections_per_peer_name",
+                  limits.max_connections_per_peer_name);
+             take(io_threads, settings::kIoThreads, "io_threads", options.io_threads);
              return std::make_unique<PyTransport>(
                  ValueOrThrow(CreateTransport(ValueOrThrow(ParseBackend(backend)), options)));
            }),
