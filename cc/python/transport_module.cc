@@ -191,15 +191,12 @@ class PyListener {
   // The listener's admission (AdmitCallback), as tests drive it: the next `times` handshakes of the
   // peer named `peer` are refused with `code` ("unavailable": not now; "permission_denied": never).
   void Refuse(const std::string& peer, const std::string& code, uint64_t times) {
-    absl::StatusCode parsed;
-    if (code == "unavailable") {
-      parsed = absl::StatusCode::kUnavailable;
-    } else if (code == "permission_denied") {
-      parsed = absl::StatusCode::kPermissionDenied;
-    } else {
+    if (code != "unavailable" && code != "permission_denied") {
       ThrowIfError(absl::InvalidArgumentError(
           absl::StrCat("refusal code '", code, "': expected unavailable or permission_denied")));
     }
+    const absl::StatusCode parsed =
+        code == "unavailable" ? absl::StatusCode::kUnavailable : absl::StatusCode::kPermissionDenied;
     std::lock_guard<std::mutex> lock(mu_);
     refused_peer_ = peer;
     refusal_code_ = parsed;
