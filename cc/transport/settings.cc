@@ -190,7 +190,10 @@ absl::StatusOr<int64_t> ParseSettingValue(const Setting& setting, const std::str
     parsed = size.ok() && *size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
     if (parsed) number = static_cast<int64_t>(*size);
   } else if (setting.kind != SettingKind::kText) {
-    parsed = absl::SimpleAtoi(value, &number);
+    // Digits with an optional minus only: SimpleAtoi alone also takes "+5" and " 5 ".
+    const std::string_view digits = absl::string_view(value).substr(!value.empty() && value[0] == '-');
+    parsed = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos &&
+             absl::SimpleAtoi(value, &number);
   }
   if (!parsed || number < setting.minimum || number > setting.maximum) {
     return SettingValueError(setting, value);
