@@ -237,27 +237,29 @@ TransportOptions OptionsFromEnvironment(const std::string& name, const std::stri
   return options;
 }
 
-// A keyword argument of Transport() in place of `setting`'s value (`value`, in the setting's unit,
-// as the caller wrote it: `given`), held to the setting's bounds.
-int64_t CheckedOverride(const Setting& setting, const char* keyword, int64_t value, const std::string& given) {
-  if (value < setting.minimum || value > setting.maximum) {
-    const std::string unit = SettingUnit(setting);
-    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-        "Transport(", keyword, "=", given, ") is outside the bounds of ", setting.name, ", ",
-        setting.minimum, " to ", setting.maximum, unit.empty() ? "" : " ", unit,
-        "; pass a value within them or leave it unset to take ", setting.name, " from the environment")));
-  }
+// A keyword argument of Transport() given as `given`, outside the bounds of the setting it stands for.
+void ThrowOutOfBounds(const Setting& setting, const char* keyword, const std::string& given) {
+  const std::string unit = SettingUnit(setting);
+  ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+      "Transport(", keyword, "=", given, ") is outside the bounds of ", setting.name, ", ",
+      setting.minimum, " to ", setting.maximum, unit.empty() ? "" : " ", unit,
+      "; pass a value within them or leave it unset to take ", setting.name, " from the environment")));
+}
+
+// A keyword argument of Transport() in place of `setting`'s value, in the setting's unit.
+int64_t CheckedOverride(const Setting& setting, const char* keyword, int64_t value) {
+  if (value < setting.minimum || value > setting.maximum) ThrowOutOfBounds(setting, keyword, absl::StrCat(value));
   return value;
 }
 
-int64_t CheckedOverride(const Setting& setting, const char* keyword, int64_t value) {
-  return CheckedOverride(setting, keyword, value, absl::StrCat(value));
-}
-
-// A timeout given in seconds, in place of a setting in milliseconds.
+// A timeout given in seconds, in place of a setting in milliseconds. Compared as a double first:
+// llround of NaN, an infinity or a value past 2^63 has no defined result.
 absl::Duration SecondsOverride(const Setting& setting, const char* keyword, double seconds) {
-  return absl::Milliseconds(
-      CheckedOverride(setting, keyword, std::llround(seconds * 1e3), absl::StrCat(seconds)));
+  const double milliseconds = seconds * 1e3;
+  if (!(milliseconds >= setting.minimum && milliseconds <= setting.maximum)) {
+    ThrowOutOfBounds(setting, keyword, absl::StrCat(seconds));
+  }
+  return absl::Milliseconds(std::llround(milliseconds));
 }
 
 // Every row of the settings table, for tf_rdma.config.settings().
