@@ -7,8 +7,6 @@ from tf_rdma import _transport
 def parse_size(text):
     """8, "4096", "4K", "64KiB", "1M", "16MiB", "1 GB", "1T", "1TiB" -> bytes (binary units, any
     case); raises ConfigError (a ValueError) saying what a size is."""
-    if isinstance(text, int):
-        return text
     return _transport.parse_size(str(text))
 
 
