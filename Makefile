@@ -126,16 +126,18 @@ fuzz-seeds: build/fuzz/write_seeds
 	build/fuzz/write_seeds tests/fuzz/corpus
 fuzz-build: test-prereqs env
 	$(MAKE) --no-print-directory -j2 -o env $(patsubst %,build/fuzz/%_fuzz,$(FUZZ_TARGETS))
+# Two campaigns at a time: each is one thread, and the machine has two cores.
 fuzz: fuzz-build
-	@set -e; mkdir -p build/fuzz/crashes; for target in $(FUZZ_TARGETS); do \
-		mkdir -p build/fuzz/corpus/$$target; \
-		echo "fuzz: $$target for $(FUZZ_SECONDS) s"; \
-		build/fuzz/$${target}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-			-artifact_prefix=build/fuzz/crashes/$${target}- build/fuzz/corpus/$$target \
-			tests/fuzz/corpus/$$target 2>build/fuzz/$$target.log \
-			|| { tail -n 60 build/fuzz/$$target.log; exit 1; }; \
-		grep -E '^stat::number_of_executed_units' build/fuzz/$$target.log; \
-	done
+	@mkdir -p build/fuzz/crashes
+	@$(MAKE) --no-print-directory -j2 $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
+fuzz-run-%:
+	@mkdir -p build/fuzz/corpus/$*
+	@echo "fuzz: $* for $(FUZZ_SECONDS) s"
+	@build/fuzz/$*_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+		-artifact_prefix=build/fuzz/crashes/$*- build/fuzz/corpus/$* \
+		tests/fuzz/corpus/$* 2>build/fuzz/$*.log \
+		|| { tail -n 60 build/fuzz/$*.log; exit 1; }
+	@echo "fuzz: $* $$(grep -E '^stat::number_of_executed_units' build/fuzz/$*.log)"
 
 # WRITE_WITH_IMM (completion events / CQ polling) vs WRITE + polled trailing flag: latency and
 # throughput per message size (tools/bench/write_notify.cc). Runs natively when this host has an
