@@ -4,8 +4,8 @@ its verbs part). Not named test_*: it runs only in that guest, by path.
 
 - Loss, duplication and delay (link_impairment.py: 1% loss, 1% duplication, 20 ms +- 5 ms) on eth0's egress of both guests,
   guest-b's set through the peer agent. Every message must arrive exact and in order, both ways.
-- Reordering (the same jitter without `rate`): one message takes longer than the peer timeout to
-  cross, and nothing else the sender sends can arrive before it; it must arrive exact, and neither
+- Reordering (the same jitter without `rate`): one message of 256 KiB takes longer than the peer
+  timeout to cross, and nothing else the sender sends can arrive before it; it must arrive exact, and neither
   side may declare the other dead.
 - A partition: nftables in guest-a drops RoCE v2 (UDP 4791) both ways, so neither side gets an
   error packet, and the peer agent's TCP connection (the test's control channel) is untouched.
@@ -115,7 +115,8 @@ def test_under_loss_duplication_and_delay_every_message_arrives_exact_once_and_i
 def test_under_reordering_a_message_slower_than_the_peer_timeout_arrives_and_neither_side_fails():
     # guest-a receives: the message completes, and the heartbeats the peer sends after it arrive,
     # only after the peer timeout; its packets arriving meanwhile must count as hearing the peer.
-    size = 64 << 10
+    # 64 KiB crossed in 2.9-4.2 s, too close to the 3 s peer timeout; 256 KiB crosses in 15-17 s.
+    size = 256 << 10
     local = transport("verbs", "guest-a", peer_timeout=PEER_TIMEOUT, connect_timeout=30)
     listener = local.listen(f"{HOST}:0")
     peer, connection = peer_connected(listener, f"write:1:{size}:5", "print:written", "expect:2:1:6",
