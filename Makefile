@@ -126,10 +126,11 @@ fuzz-seeds: build/fuzz/write_seeds
 	build/fuzz/write_seeds tests/fuzz/corpus
 fuzz-build: test-prereqs env
 	$(MAKE) --no-print-directory -j2 -o env $(patsubst %,build/fuzz/%_fuzz,$(FUZZ_TARGETS))
-# Two campaigns at a time: each is one thread, and the machine has two cores.
+# Two campaigns at a time: each is one thread, and the machine has two cores. Each campaign's
+# lines (a failing one's log tail too) are printed together, when it ends.
 fuzz: fuzz-build
 	@mkdir -p build/fuzz/crashes
-	@$(MAKE) --no-print-directory -j2 $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(patsubst %,fuzz-run-%,$(FUZZ_TARGETS))
 fuzz-run-%:
 	@mkdir -p build/fuzz/corpus/$*
 	@echo "fuzz: $* for $(FUZZ_SECONDS) s"
