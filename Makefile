@@ -48,11 +48,14 @@ build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/tr
 # (cc/tf/runtime/buffer_pool.h), against the TensorFlow in .venv.
 TF_INCLUDE = $(shell .venv/bin/python -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
 TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_message.cc \
-	cc/tf/messages/tensor_message.cc cc/tf/runtime/buffer_pool.cc cc/transport/crypto.cc
-build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/messages/*.h cc/tf/runtime/*.h) | env
+	cc/tf/messages/tensor_message.cc cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc \
+	cc/tf/runtime/buffer_pool.cc
+# The control calls' tests run over real connections: the transport library env built.
+build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/messages/*.h cc/tf/calls/*.h cc/tf/runtime/*.h) | env
 	mkdir -p build
 	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
-		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 -ldl
+		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 \
+		-L$(CURDIR)/tf_rdma -l:libtf_rdma_transport.so -Wl,-rpath,$(CURDIR)/tf_rdma -ldl
 
 # BUILD checked: Debian's Bazel builds every target offline against .venv's TensorFlow, then the
 # C++ unit tests it built, the transport contract and a TensorFlow session run on its extensions.
