@@ -28,6 +28,8 @@ class Config:
     max_connections_per_peer_name: int
     data_prefetch_elements: int
     receive_pool_idle: float  # seconds; 0 = keep regions
+    max_call_bytes: int
+    max_calls_per_peer: int
 
     def cluster_key(self) -> bytes:
         """The key peers prove to each other in the handshake, derived from the secret alone

@@ -40,6 +40,8 @@ py::dict PeerToDict(const PeerStats& s) {
   d["connects"] = s.connects;
   d["fused_messages_sent"] = s.fused_messages_sent;
   d["fused_messages_received"] = s.fused_messages_received;
+  d["calls_made"] = s.calls_made;
+  d["calls_served"] = s.calls_served;
   return d;
 }
 

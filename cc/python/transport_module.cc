@@ -296,6 +296,8 @@ py::dict ConfigToDict(const Config& config) {
   d["max_connections_per_peer_name"] = config.limits.max_connections_per_peer_name;
   d["data_prefetch_elements"] = config.data_prefetch_elements;
   d["receive_pool_idle"] = absl::ToDoubleSeconds(config.receive_pool_idle);
+  d["max_call_bytes"] = config.max_call_bytes;
+  d["max_calls_per_peer"] = config.max_calls_per_peer;
   return d;
 }
 

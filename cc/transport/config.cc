@@ -48,6 +48,8 @@ const NumericField kNumericFields[] = {
      [](int64_t v, Config& c) { c.limits.max_connections_per_peer_name = static_cast<size_t>(v); }},
     {&settings::kReceivePoolIdleMs, [](int64_t v, Config& c) { c.receive_pool_idle = absl::Milliseconds(v); }},
     {&settings::kDataPrefetchElements, [](int64_t v, Config& c) { c.data_prefetch_elements = static_cast<int>(v); }},
+    {&settings::kMaxCallBytes, [](int64_t v, Config& c) { c.max_call_bytes = static_cast<uint64_t>(v); }},
+    {&settings::kMaxCallsPerPeer, [](int64_t v, Config& c) { c.max_calls_per_peer = static_cast<size_t>(v); }},
 };
 
 // A numeric setting's value from `value`, into its field of `config`.

@@ -36,6 +36,9 @@ struct Config {
   // A receive pool's region none of whose buffers was lent for this long goes back to the
   // transport; zero keeps regions for good.
   absl::Duration receive_pool_idle = settings::kReceivePoolIdleMs.default_duration();
+  // Bounds on the worker-service calls peers make here (cc/tf/calls/).
+  uint64_t max_call_bytes = settings::kMaxCallBytes.default_value;
+  size_t max_calls_per_peer = settings::kMaxCallsPerPeer.default_value;
   // TF_RDMA_MAX_CONCURRENT_HANDSHAKES, TF_RDMA_MAX_GRANTS_PER_PEER,
   // TF_RDMA_SHM_MAX_MAPPED_BYTES_PER_PEER, TF_RDMA_SHM_MAX_MAPPED_BYTES_TOTAL,
   // TF_RDMA_MAX_CONNECTIONS_PER_PEER_NAME.

@@ -127,6 +127,16 @@ const Setting kDataPrefetchElements{
     "TF_RDMA_DATA_PREFETCH_ELEMENTS", SettingKind::kCount, 2, 0, 64, nullptr, nullptr, nullptr,
     "tf.data service: elements past the one being read that a trainer keeps receive buffers "
     "granted for, per worker task; each holds about one element's bytes."};
+// At most 2 GiB: a protocol buffer, what every worker-service call carries, is no larger.
+const Setting kMaxCallBytes{
+    "TF_RDMA_MAX_CALL_BYTES", SettingKind::kBytes, int64_t{1} << 30, 64 << 10, int64_t{2} << 30,
+    nullptr, nullptr, nullptr,
+    "The largest request a peer's worker-service call may bring, and the largest reply this task "
+    "takes; a larger call fails with RESOURCE_EXHAUSTED naming this variable."};
+const Setting kMaxCallsPerPeer{
+    "TF_RDMA_MAX_CALLS_PER_PEER", SettingKind::kCount, 1024, 1, 1 << 20, nullptr, nullptr, nullptr,
+    "Worker-service calls one peer may have in flight here at once; more fail with "
+    "RESOURCE_EXHAUSTED naming this variable."};
 
 // Every setting, in the order errors and `python -m tf_rdma info` list them.
 const Setting* const kAll[] = {
@@ -134,7 +144,7 @@ const Setting* const kAll[] = {
     &kVerbsDevice, &kVerbsPort, &kVerbsGidIndex, &kVerbsPollUs, &kStreamPollUs, &kIoThreads,
     &kMaxConcurrentHandshakes, &kMaxGrantsPerPeer, &kShmMaxMappedBytesPerPeer,
     &kShmMaxMappedBytesTotal, &kMaxConnectionsPerPeerName, &kReceivePoolIdleMs,
-    &kDataPrefetchElements,
+    &kDataPrefetchElements, &kMaxCallBytes, &kMaxCallsPerPeer,
 };
 static_assert(sizeof(kAll) / sizeof(kAll[0]) == kSettingCount, "kSettingCount counts kAll's rows");
 

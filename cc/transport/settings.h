@@ -69,8 +69,10 @@ extern const Setting kShmMaxMappedBytesTotal;
 extern const Setting kMaxConnectionsPerPeerName;
 extern const Setting kReceivePoolIdleMs;
 extern const Setting kDataPrefetchElements;
+extern const Setting kMaxCallBytes;
+extern const Setting kMaxCallsPerPeer;
 
-inline constexpr size_t kSettingCount = 19;
+inline constexpr size_t kSettingCount = 21;
 extern const Setting* const kAll[kSettingCount];
 
 }  // namespace settings

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/data/element_message.h"
+#include "cc/tf/messages/call_message.h"
 #include "cc/tf/messages/tensor_message.h"
 #include "cc/transport/wire.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -133,6 +134,23 @@ void TensorSeeds() {
   Write("tensor_message", "dead", tf_rdma::EncodeHeader(dead));
 }
 
+// The fuzz target's first byte picks the decoder: 0 a request slot's, 1 a reply's.
+void CallSeeds() {
+  using tf_rdma::CallFrame;
+  using tf_rdma::CallRequestHeader;
+  const std::string small(40, 'r');
+  Write("call_message", "request-inline",
+        std::string(1, 0) + tf_rdma::EncodeCallRequest(CallRequestHeader{CallFrame::kRequest, 6, 7, small.size()}, small));
+  Write("call_message", "request-with-body",
+        std::string(1, 0) + tf_rdma::EncodeCallRequest(CallRequestHeader{CallFrame::kRequest, 4, 8, 1 << 16}, {}));
+  Write("call_message", "cancel",
+        std::string(1, 0) + tf_rdma::EncodeCallRequest(CallRequestHeader{CallFrame::kCancel, 6, 7, 0}, {}));
+  Write("call_message", "reply-ok", std::string(1, 1) + tf_rdma::EncodeCallReply(absl::OkStatus(), "reply"));
+  absl::Status failed = absl::AbortedError("step 12 was cancelled");
+  failed.SetPayload("type.googleapis.com/tensorflow.DerivedStatus", absl::Cord(""));
+  Write("call_message", "reply-error", std::string(1, 1) + tf_rdma::EncodeCallReply(failed, {}));
+}
+
 void ElementSeeds() {
   Write("element_message", "request",
         tf_rdma::EncodeRequest({42, 7, std::string_view("\x08\x01\x10\x02", 4)}));
@@ -180,6 +198,7 @@ int main(int argc, char** argv) {
   WireSeeds();
   HandshakeSeeds();
   TensorSeeds();
+  CallSeeds();
   ElementSeeds();
   FusedSeeds();
   return 0;

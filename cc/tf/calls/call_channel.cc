@@ -20,6 +20,8 @@ using HeldMessage = std::shared_ptr<const std::string>;
 
 // ---- serving side ----
 
+const std::string& ServedCall::peer_name() const { return server_->connection_->peer_name(); }
+
 void ServedCall::SetCancelCallback(std::function<void()> cancel) {
   {
     std::lock_guard<std::mutex> lock(mu_);

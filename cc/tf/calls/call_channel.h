@@ -46,6 +46,8 @@ class ServedCall {
 
   uint8_t method() const { return method_; }
   const std::string& request() const { return request_; }
+  // The caller's name, as its connection's handshake proved it.
+  const std::string& peer_name() const;
   // `cancel` runs once when the caller gives the call up or its connection ends, at once if that
   // happened already; not after Reply.
   void SetCancelCallback(std::function<void()> cancel);

@@ -16,7 +16,9 @@ constexpr uint64_t kBodyTagHi = 0x74665f7264636c62;
 constexpr uint64_t kReplyTagHi = 0x74665f7264636c79;
 
 uint32_t Load32(const char* bytes) {
-  return static_cast<uint32_t>(LoadLittleEndian64(reinterpret_cast<const uint8_t*>(bytes)) & 0xffffffffu);
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  return v;
 }
 
 }  // namespace
@@ -55,6 +57,7 @@ absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_
   }
   header.frame = static_cast<CallFrame>(frame);
   header.method = static_cast<uint8_t>(message[5]);
+  if (message[6] != 0 || message[7] != 0) return absl::DataLossError("a call request with its reserved bytes set");
   header.call_id = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(message + 8));
   header.payload_bytes = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(message + 16));
   if (header.frame == CallFrame::kCancel && (header.payload_bytes != 0 || length != kCallRequestHeaderBytes)) {
@@ -77,15 +80,25 @@ absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_
 }
 
 std::string EncodeCallReply(const absl::Status& status, std::string_view payload) {
+  // The status's payloads travel too: TensorFlow marks errors with them (a derived error, one a
+  // worker reports for another), and decides by them which error a step reports.
+  std::string extras;
+  status.ForEachPayload([&extras](std::string_view type_url, const absl::Cord& value) {
+    AppendLittleEndian(extras, type_url.size(), 4);
+    AppendLittleEndian(extras, value.size(), 4);
+    extras.append(type_url);
+    extras.append(std::string(value));
+  });
   std::string out;
   const std::string_view text = status.message();
-  out.reserve(kReplyHeaderBytes + text.size() + payload.size());
+  out.reserve(kReplyHeaderBytes + text.size() + extras.size() + payload.size());
   AppendLittleEndian(out, kReplyMagic, 4);
   AppendLittleEndian(out, static_cast<uint32_t>(status.code()), 4);
   AppendLittleEndian(out, text.size(), 4);
-  AppendLittleEndian(out, 0, 4);
+  AppendLittleEndian(out, extras.size(), 4);
   AppendLittleEndian(out, payload.size(), 8);
   out.append(text);
+  out.append(extras);
   out.append(payload);
   return out;
 }
@@ -98,20 +111,39 @@ absl::StatusOr<CallReply> DecodeCallReply(const char* message, uint64_t length) 
   if (Load32(message) != kReplyMagic) return absl::DataLossError("a call reply without its magic number");
   const uint32_t code = Load32(message + 4);
   const uint64_t text_bytes = Load32(message + 8);
+  const uint64_t extras_bytes = Load32(message + 12);
   const uint64_t payload_bytes = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(message + 16));
   if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::DataLossError(absl::StrCat("a call reply with status code ", code, ", not a status code"));
   }
   // Compared as a sum of numbers each below 2^33 and the length: no overflow.
-  if (payload_bytes > length || kReplyHeaderBytes + text_bytes + payload_bytes != length) {
+  if (payload_bytes > length || kReplyHeaderBytes + text_bytes + extras_bytes + payload_bytes != length) {
     return absl::DataLossError(absl::StrCat("a call reply of ", length, " bytes whose header says ",
-                                            kReplyHeaderBytes, " + ", text_bytes, " + ", payload_bytes));
+                                            kReplyHeaderBytes, " + ", text_bytes, " + ", extras_bytes, " + ",
+                                            payload_bytes));
+  }
+  const auto status_code = static_cast<absl::StatusCode>(code);
+  const char* text = message + kReplyHeaderBytes;
+  const char* extras = text + text_bytes;
+  if (status_code == absl::StatusCode::kOk && (text_bytes != 0 || extras_bytes != 0)) {
+    return absl::DataLossError("an OK call reply with an error's message");
   }
   CallReply reply;
-  const auto status_code = static_cast<absl::StatusCode>(code);
-  const std::string_view text(message + kReplyHeaderBytes, text_bytes);
-  reply.status = status_code == absl::StatusCode::kOk ? absl::OkStatus() : absl::Status(status_code, text);
-  reply.payload = std::string_view(message + kReplyHeaderBytes + text_bytes, payload_bytes);
+  reply.status = status_code == absl::StatusCode::kOk ? absl::OkStatus()
+                                                      : absl::Status(status_code, std::string_view(text, text_bytes));
+  for (uint64_t at = 0; at < extras_bytes;) {
+    if (extras_bytes - at < 8) return absl::DataLossError("a call reply's status payload cut short");
+    const uint64_t url_bytes = Load32(extras + at);
+    const uint64_t value_bytes = Load32(extras + at + 4);
+    at += 8;
+    if (url_bytes > extras_bytes - at || value_bytes > extras_bytes - at - url_bytes) {
+      return absl::DataLossError("a call reply's status payload runs past the reply");
+    }
+    reply.status.SetPayload(std::string_view(extras + at, url_bytes),
+                            absl::Cord(std::string_view(extras + at + url_bytes, value_bytes)));
+    at += url_bytes + value_bytes;
+  }
+  reply.payload = std::string_view(extras + extras_bytes, payload_bytes);
   return reply;
 }
 

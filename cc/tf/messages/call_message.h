@@ -50,8 +50,8 @@ std::string EncodeCallRequest(const CallRequestHeader& header, std::string_view 
 absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_t length, uint64_t max_payload_bytes,
                                                     std::string_view* inline_payload);
 
-// A reply: the call's status (code and message, as the serving task's worker returned them) and,
-// when OK, the reply's payload.
+// A reply: the call's status (code, message and payloads, as the serving task's worker returned
+// them) and the reply's payload.
 std::string EncodeCallReply(const absl::Status& status, std::string_view payload);
 struct CallReply {
   absl::Status status;

@@ -184,7 +184,16 @@ void Connections::Withdraw(const std::string& peer_task, const std::vector<Tag>&
 
 void Connections::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
   withdrawn_.Adopt(peer_task, connection);
+  for (const ConnectionObserver& observer : observers_) observer(connection);
   peer.connection = std::move(connection);
+}
+
+void Connections::Observe(ConnectionObserver observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [task, peer] : peers_) {
+    if (peer.connection) observer(peer.connection);
+  }
+  observers_.push_back(std::move(observer));
 }
 
 void Connections::Retire(const std::string& peer_task, const absl::Status& reason) {

@@ -41,6 +41,12 @@ class Connections {
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
   void WithConnection(const std::string& peer_task, ConnectionCallback done);
 
+  // Runs `observer` for every connection this task takes from now on (dialled or accepted, the
+  // first to a task or one replacing another), and at once for those it holds. It runs with the
+  // connections' lock held: it must not block or call back into Connections.
+  using ConnectionObserver = std::function<void(const std::shared_ptr<Connection>&)>;
+  void Observe(ConnectionObserver observer);
+
   // This task withdraws its messages to `peer_task` under `tags` for `why` (WithdrawnMessages).
   void Withdraw(const std::string& peer_task, const std::vector<Tag>& tags, const absl::Status& why);
 
@@ -111,6 +117,7 @@ class Connections {
   std::condition_variable accepted_;
   std::map<std::string, Peer> peers_;
   std::vector<std::unique_ptr<Listener>> listeners_;
+  std::vector<ConnectionObserver> observers_;
 };
 
 }  // namespace tf_rdma

@@ -6,6 +6,7 @@
 //   where a peer's tensors land receive_pools()    ReceivePools   (receive_pools.h)
 //   what a transfer carried    learned_sizes()    LearnedSizes   (learned_sizes.h)
 //   what tf_rdma did           stats()            Stats          (stats.h)
+//   each backend's transport   transports()       Transports     (transports.h)
 #ifndef TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
 #define TF_RDMA_CC_TF_RUNTIME_RUNTIME_H_
 
@@ -63,6 +64,7 @@ class Runtime {
   ReceivePools& receive_pools() { return receive_pools_; }
   LearnedSizes& learned_sizes() { return learned_sizes_; }
   Stats& stats() { return stats_; }
+  Transports& transports() { return transports_; }
 
  private:
   explicit Runtime(RuntimeOptions options);

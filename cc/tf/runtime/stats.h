@@ -37,6 +37,9 @@ struct PeerStats {
   // in tensors_sent and tensors_received like the others.
   uint64_t fused_messages_sent = 0;
   uint64_t fused_messages_received = 0;
+  // Worker-service calls by method ("RunGraph"): made to the peer, and served for it.
+  std::map<std::string, uint64_t> calls_made;
+  std::map<std::string, uint64_t> calls_served;
 };
 
 struct StatsSnapshot {

@@ -5,6 +5,8 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/tf/calls/rdma_worker_cache.h"
+#include "cc/tf/calls/worker_calls.h"
 #include "cc/tf/collective/rdma_collective.h"
 #include "cc/tf/rendezvous/rdma_rendezvous_mgr.h"
 #include "tensorflow/core/distributed_runtime/rpc/grpc_server_lib.h"
@@ -77,12 +79,18 @@ class RdmaServer : public tensorflow::GrpcServer {
     absl::StatusOr<std::vector<TaskAddress>> tasks = TasksOf(options.cluster_def, runtime_->config(), CurrentOverrides());
     if (!tasks.ok()) return tasks.status();
     runtime_->UpdateTasks(*tasks);
-    return GrpcServer::WorkerCacheFactory(options, worker_cache);
+    tensorflow::WorkerCacheInterface* grpc_cache = nullptr;
+    absl::Status made = GrpcServer::WorkerCacheFactory(options, &grpc_cache);
+    if (!made.ok()) return made;
+    *worker_cache = new RdmaWorkerCache(grpc_cache, calls_);
+    return absl::OkStatus();
   }
 
  private:
   RdmaServer(const tensorflow::ServerDef& server_def, std::shared_ptr<Runtime> runtime)
-      : GrpcServer(server_def, tensorflow::Env::Default()), runtime_(std::move(runtime)) {}
+      : GrpcServer(server_def, tensorflow::Env::Default()),
+        runtime_(std::move(runtime)),
+        calls_(std::make_shared<WorkerCalls>(runtime_)) {}
 
   absl::Status Init(tensorflow::DeviceMgr* local_device_mgr) {
     tensorflow::GrpcServerOptions options;
@@ -96,10 +104,15 @@ class RdmaServer : public tensorflow::GrpcServer {
       return NewRdmaCollectiveExecutorMgr(config, env->device_mgr, worker_cache, runtime->local_task(), runtime)
           .release();
     };
-    return GrpcServer::Init(options);
+    absl::Status initialized = GrpcServer::Init(options);
+    if (!initialized.ok()) return initialized;
+    calls_->Serve(worker_impl(), worker_env()->compute_pool);
+    return absl::OkStatus();
   }
 
   const std::shared_ptr<Runtime> runtime_;
+  // Worker-service calls between this task and its peers (cc/tf/calls/).
+  const std::shared_ptr<WorkerCalls> calls_;
 };
 
 class RdmaServerFactory : public tensorflow::ServerFactory {

@@ -100,7 +100,9 @@ class CallChannelTest : public ::testing::TestWithParam<Backend> {
     if (call->method() == kEcho) {
       call->Reply(absl::OkStatus(), call->request() + call->request());
     } else if (call->method() == kFail) {
-      call->Reply(absl::NotFoundError(call->request()), {});
+      absl::Status status = absl::NotFoundError(call->request());
+      status.SetPayload("type.googleapis.com/tensorflow.DerivedStatus", absl::Cord("derived"));
+      call->Reply(status, {});
     } else {
       call->SetCancelCallback([this] { ++cancelled_; });
       std::lock_guard<std::mutex> lock(mu_);
@@ -155,11 +157,13 @@ TEST_P(CallChannelTest, ManyCallsInFlightEachGetTheirOwnReply) {
   }
 }
 
-TEST_P(CallChannelTest, AnErrorKeepsItsCodeAndMessage) {
+TEST_P(CallChannelTest, AnErrorKeepsItsCodeMessageAndPayloads) {
   Outcome outcome;
   client_->Call(kFail, "no graph with handle 7", Into(outcome));
   ASSERT_TRUE(Await(outcome));
-  EXPECT_EQ(outcome.status, absl::NotFoundError("no graph with handle 7"));
+  EXPECT_EQ(outcome.status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(outcome.status.message(), "no graph with handle 7");
+  EXPECT_EQ(outcome.status.GetPayload("type.googleapis.com/tensorflow.DerivedStatus"), absl::Cord("derived"));
 }
 
 TEST_P(CallChannelTest, ACancelledCallEndsOnceAndTheServingSideIsTold) {

@@ -1,0 +1,188 @@
+#include "cc/tf/calls/rdma_worker_cache.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/protobuf/worker.pb.h"
+
+namespace tf_rdma {
+namespace {
+
+using tensorflow::CallOptions;
+using tensorflow::StatusCallback;
+using tensorflow::WorkerInterface;
+
+// Why calls stay on gRPC, as stats()['fallback'] counts them.
+constexpr char kRenamedTaskCall[] = "a worker-service call to a task its session renamed";
+constexpr char kFailFastStatus[] = "a fail-fast GetStatus (gRPC's channel state decides it)";
+
+// Another task's worker, reached by calls on tf_rdma; gRPC's worker for the same task serves what
+// tf_rdma leaves to gRPC.
+class RdmaWorker : public WorkerInterface {
+ public:
+  RdmaWorker(std::string task, WorkerInterface* grpc, std::shared_ptr<WorkerCalls> calls)
+      : task_(std::move(task)), grpc_(grpc), calls_(std::move(calls)) {}
+  ~RdmaWorker() override = default;
+
+  WorkerInterface* grpc() const { return grpc_; }
+
+  void GetStatusAsync(CallOptions* opts, const tensorflow::GetStatusRequest* request,
+                      tensorflow::GetStatusResponse* response, bool fail_fast, StatusCallback done) override {
+    if (fail_fast) {
+      calls_->runtime()->stats().Fallback(kFailFastStatus);
+      grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
+      return;
+    }
+    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done));
+  }
+  void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
+                                tensorflow::CreateWorkerSessionResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kCreateWorkerSession, *request, response, nullptr, std::move(done));
+  }
+  void DeleteWorkerSessionAsync(CallOptions* opts, const tensorflow::DeleteWorkerSessionRequest* request,
+                                tensorflow::DeleteWorkerSessionResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kDeleteWorkerSession, *request, response, opts, std::move(done));
+  }
+  void RegisterGraphAsync(const tensorflow::RegisterGraphRequest* request, tensorflow::RegisterGraphResponse* response,
+                          StatusCallback done) override {
+    Call(WorkerMethod::kRegisterGraph, *request, response, nullptr, std::move(done));
+  }
+  void DeregisterGraphAsync(const tensorflow::DeregisterGraphRequest* request,
+                            tensorflow::DeregisterGraphResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kDeregisterGraph, *request, response, nullptr, std::move(done));
+  }
+  // The response is proto-backed: the default CreateRunGraphResponse made it.
+  void RunGraphAsync(CallOptions* opts, tensorflow::RunGraphRequestWrapper* request,
+                     tensorflow::MutableRunGraphResponseWrapper* response, StatusCallback done) override {
+    Call(WorkerMethod::kRunGraph, request->ToProto(), get_proto_from_wrapper(response), opts, std::move(done));
+  }
+  void CleanupGraphAsync(const tensorflow::CleanupGraphRequest* request, tensorflow::CleanupGraphResponse* response,
+                         StatusCallback done) override {
+    Call(WorkerMethod::kCleanupGraph, *request, response, nullptr, std::move(done));
+  }
+  void CleanupAllAsync(const tensorflow::CleanupAllRequest* request, tensorflow::CleanupAllResponse* response,
+                       StatusCallback done) override {
+    Call(WorkerMethod::kCleanupAll, *request, response, nullptr, std::move(done));
+  }
+  void LoggingAsync(const tensorflow::LoggingRequest* request, tensorflow::LoggingResponse* response,
+                    StatusCallback done) override {
+    Call(WorkerMethod::kLogging, *request, response, nullptr, std::move(done));
+  }
+  void TracingAsync(const tensorflow::TracingRequest* request, tensorflow::TracingResponse* response,
+                    StatusCallback done) override {
+    Call(WorkerMethod::kTracing, *request, response, nullptr, std::move(done));
+  }
+  void CompleteGroupAsync(CallOptions* opts, const tensorflow::CompleteGroupRequest* request,
+                          tensorflow::CompleteGroupResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kCompleteGroup, *request, response, opts, std::move(done));
+  }
+  void CompleteInstanceAsync(CallOptions* opts, const tensorflow::CompleteInstanceRequest* request,
+                             tensorflow::CompleteInstanceResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kCompleteInstance, *request, response, opts, std::move(done));
+  }
+  void GetStepSequenceAsync(const tensorflow::GetStepSequenceRequest* request,
+                            tensorflow::GetStepSequenceResponse* response, StatusCallback done) override {
+    Call(WorkerMethod::kGetStepSequence, *request, response, nullptr, std::move(done));
+  }
+  // gRPC's rendezvous and collectives fetch over these only what tf_rdma does not carry.
+  void RecvTensorAsync(CallOptions* opts, const tensorflow::RecvTensorRequest* request,
+                       tensorflow::TensorResponse* response, StatusCallback done) override {
+    grpc_->RecvTensorAsync(opts, request, response, std::move(done));
+  }
+  void RecvBufAsync(CallOptions* opts, const tensorflow::RecvBufRequest* request, tensorflow::RecvBufResponse* response,
+                    StatusCallback done) override {
+    grpc_->RecvBufAsync(opts, request, response, std::move(done));
+  }
+
+ private:
+  template <typename Response>
+  void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
+            StatusCallback done) {
+    std::string bytes;
+    if (!request.SerializeToString(&bytes)) {
+      done(absl::InternalError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " request to ", task_,
+                                            " does not serialize")));
+      return;
+    }
+    calls_->Call(task_, method, std::move(bytes), opts,
+                 [task = task_, method, response, done = std::move(done)](const absl::Status& status,
+                                                                         std::string_view reply) {
+                   if (!status.ok()) return done(status);
+                   if (!response->ParseFromArray(reply.data(), static_cast<int>(reply.size()))) {
+                     return done(absl::DataLossError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method),
+                                                                  " reply from ", task, " does not parse")));
+                   }
+                   done(absl::OkStatus());
+                 });
+  }
+
+  const std::string task_;
+  WorkerInterface* const grpc_;
+  const std::shared_ptr<WorkerCalls> calls_;
+};
+
+}  // namespace
+
+RdmaWorkerCache::RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::shared_ptr<WorkerCalls> calls)
+    : grpc_(grpc), calls_(std::move(calls)) {}
+
+RdmaWorkerCache::~RdmaWorkerCache() = default;
+
+bool RdmaWorkerCache::Carries(const std::string& target) const {
+  const std::shared_ptr<Runtime>& runtime = calls_->runtime();
+  if (target == runtime->local_task()) return false;  // gRPC's cache answers with the in-process worker
+  if (runtime->task_addresses().Renamed(target)) {
+    runtime->stats().Fallback(kRenamedTaskCall);
+    return false;
+  }
+  return true;
+}
+
+void RdmaWorkerCache::ListWorkers(std::vector<std::string>* workers) const { grpc_->ListWorkers(workers); }
+
+void RdmaWorkerCache::ListWorkersInJob(const std::string& job_name, std::vector<std::string>* workers) const {
+  grpc_->ListWorkersInJob(job_name, workers);
+}
+
+WorkerInterface* RdmaWorkerCache::GetOrCreateWorker(const std::string& target) {
+  WorkerInterface* grpc = grpc_->GetOrCreateWorker(target);
+  if (grpc == nullptr || !Carries(target)) return grpc;
+  return new RdmaWorker(target, grpc, calls_);
+}
+
+void RdmaWorkerCache::ReleaseWorker(const std::string& target, WorkerInterface* worker) {
+  // By type, not by target: a task may have been renamed since its worker was made.
+  if (auto* rdma = dynamic_cast<RdmaWorker*>(worker)) {
+    grpc_->ReleaseWorker(target, rdma->grpc());
+    delete rdma;
+    return;
+  }
+  grpc_->ReleaseWorker(target, worker);
+}
+
+bool RdmaWorkerCache::GetDeviceLocalityNonBlocking(const std::string& device, tensorflow::DeviceLocality* locality) {
+  return grpc_->GetDeviceLocalityNonBlocking(device, locality);
+}
+
+void RdmaWorkerCache::GetDeviceLocalityAsync(const std::string& device, tensorflow::DeviceLocality* locality,
+                                             StatusCallback done) {
+  grpc_->GetDeviceLocalityAsync(device, locality, std::move(done));
+}
+
+absl::Status RdmaWorkerCache::GetEagerClientCache(
+    std::unique_ptr<tensorflow::eager::EagerClientCache>* eager_client_cache) {
+  return grpc_->GetEagerClientCache(eager_client_cache);
+}
+
+absl::Status RdmaWorkerCache::GetCoordinationClientCache(
+    std::unique_ptr<tsl::CoordinationClientCache>* coordination_client_cache) {
+  return grpc_->GetCoordinationClientCache(coordination_client_cache);
+}
+
+void RdmaWorkerCache::SetLogging(bool active) { grpc_->SetLogging(active); }
+void RdmaWorkerCache::ClearLogs() { grpc_->ClearLogs(); }
+bool RdmaWorkerCache::RetrieveLogs(int64_t step_id, tensorflow::StepStats* ss) {
+  return grpc_->RetrieveLogs(step_id, ss);
+}
+
+}  // namespace tf_rdma

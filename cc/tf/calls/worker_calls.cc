@@ -1,0 +1,248 @@
+#include "cc/tf/calls/worker_calls.h"
+
+#include <utility>
+
+#include "absl/log/log.h"
+#include "absl/strings/str_cat.h"
+#include "cc/tf/calls/call_timer.h"
+#include "tensorflow/core/protobuf/worker.pb.h"
+
+namespace tf_rdma {
+namespace {
+
+using tensorflow::CallOptions;
+using tensorflow::StatusCallback;
+using tensorflow::WorkerInterface;
+
+// A served call's request parsed, its response and the options its cancellation reaches; runs
+// `invoke` on them and replies with the response.
+template <typename Request, typename Response, typename Invoke>
+void ServeProto(const std::shared_ptr<ServedCall>& call, Invoke invoke) {
+  struct State {
+    CallOptions opts;
+    Request request;
+    Response response;
+  };
+  auto state = std::make_shared<State>();
+  if (!state->request.ParseFromString(call->request())) {
+    call->Reply(absl::InvalidArgumentError(absl::StrCat("tf_rdma: a ", state->request.GetTypeName(),
+                                                        " that does not parse")),
+                {});
+    return;
+  }
+  call->SetCancelCallback([state] { state->opts.StartCancel(); });
+  invoke(&state->opts, &state->request, &state->response, [call, state](const absl::Status& status) {
+    call->Reply(status, status.ok() ? state->response.SerializeAsString() : std::string());
+  });
+}
+
+}  // namespace
+
+const char* WorkerMethodName(WorkerMethod method) {
+  switch (method) {
+    case WorkerMethod::kGetStatus: return "GetStatus";
+    case WorkerMethod::kCreateWorkerSession: return "CreateWorkerSession";
+    case WorkerMethod::kDeleteWorkerSession: return "DeleteWorkerSession";
+    case WorkerMethod::kRegisterGraph: return "RegisterGraph";
+    case WorkerMethod::kDeregisterGraph: return "DeregisterGraph";
+    case WorkerMethod::kRunGraph: return "RunGraph";
+    case WorkerMethod::kCleanupGraph: return "CleanupGraph";
+    case WorkerMethod::kCleanupAll: return "CleanupAll";
+    case WorkerMethod::kLogging: return "Logging";
+    case WorkerMethod::kTracing: return "Tracing";
+    case WorkerMethod::kCompleteGroup: return "CompleteGroup";
+    case WorkerMethod::kCompleteInstance: return "CompleteInstance";
+    case WorkerMethod::kGetStepSequence: return "GetStepSequence";
+  }
+  return "unknown";
+}
+
+WorkerCalls::WorkerCalls(std::shared_ptr<Runtime> runtime)
+    : runtime_(std::move(runtime)),
+      limits_{runtime_->config().max_call_bytes, runtime_->config().max_calls_per_peer} {}
+
+void WorkerCalls::Serve(tensorflow::WorkerInterface* worker, tensorflow::thread::ThreadPool* pool) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_ = worker;
+    pool_ = pool;
+  }
+  runtime_->connections().Observe(
+      [calls = shared_from_this()](const std::shared_ptr<Connection>& connection) { calls->StartServing(connection); });
+}
+
+void WorkerCalls::StartServing(const std::shared_ptr<Connection>& connection) {
+  absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->receive_pools().For(connection);
+  absl::StatusOr<Transport*> transport =
+      pool.ok() ? runtime_->transports().For(connection->backend()) : absl::StatusOr<Transport*>(pool.status());
+  absl::Status started = transport.ok() ? CallServer::Start(connection, **transport, *pool, limits_,
+                                                            [calls = shared_from_this()](std::shared_ptr<ServedCall> call) {
+                                                              calls->pool_->Schedule(
+                                                                  [calls, call] { calls->Dispatch(call); });
+                                                            })
+                                        : transport.status();
+  if (!started.ok()) {
+    // Its calls could never be answered: the peer learns why from the connection's end. Closed
+    // from the timer's thread: closing runs the connection's callbacks, and the runtime's lock is
+    // held here.
+    LOG(ERROR) << "tf_rdma: cannot serve worker-service calls from " << connection->peer_name() << ": " << started;
+    CallTimer::Process().At(absl::InfinitePast(), [connection, started] { connection->Close(started); });
+  }
+}
+
+void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
+  const auto method = static_cast<WorkerMethod>(call->method());
+  runtime_->stats().Peer(call->peer_name(), [method](PeerStats& s) { s.calls_served[WorkerMethodName(method)]++; });
+  WorkerInterface* worker = worker_;
+  using namespace tensorflow;  // the request and response types
+  switch (method) {
+    case WorkerMethod::kGetStatus:
+      return ServeProto<GetStatusRequest, GetStatusResponse>(call, [worker](auto* opts, auto* req, auto* resp, auto done) {
+        worker->GetStatusAsync(opts, req, resp, /*fail_fast=*/true, std::move(done));
+      });
+    case WorkerMethod::kCreateWorkerSession:
+      return ServeProto<CreateWorkerSessionRequest, CreateWorkerSessionResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) {
+            worker->CreateWorkerSessionAsync(req, resp, std::move(done));
+          });
+    case WorkerMethod::kDeleteWorkerSession:
+      return ServeProto<DeleteWorkerSessionRequest, DeleteWorkerSessionResponse>(
+          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
+            worker->DeleteWorkerSessionAsync(opts, req, resp, std::move(done));
+          });
+    case WorkerMethod::kRegisterGraph:
+      return ServeProto<RegisterGraphRequest, RegisterGraphResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->RegisterGraphAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kDeregisterGraph:
+      return ServeProto<DeregisterGraphRequest, DeregisterGraphResponse>(
+          call,
+          [worker](auto*, auto* req, auto* resp, auto done) { worker->DeregisterGraphAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kRunGraph:
+      return ServeProto<RunGraphRequest, RunGraphResponse>(call, [worker](auto* opts, auto* req, auto* resp, auto done) {
+        worker->RunGraphAsync(opts, req, resp, std::move(done));
+      });
+    case WorkerMethod::kCleanupGraph:
+      return ServeProto<CleanupGraphRequest, CleanupGraphResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->CleanupGraphAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kCleanupAll:
+      return ServeProto<CleanupAllRequest, CleanupAllResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->CleanupAllAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kLogging:
+      return ServeProto<LoggingRequest, LoggingResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->LoggingAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kTracing:
+      return ServeProto<TracingRequest, TracingResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->TracingAsync(req, resp, std::move(done)); });
+    case WorkerMethod::kCompleteGroup:
+      return ServeProto<CompleteGroupRequest, CompleteGroupResponse>(
+          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
+            worker->CompleteGroupAsync(opts, req, resp, std::move(done));
+          });
+    case WorkerMethod::kCompleteInstance:
+      return ServeProto<CompleteInstanceRequest, CompleteInstanceResponse>(
+          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
+            worker->CompleteInstanceAsync(opts, req, resp, std::move(done));
+          });
+    case WorkerMethod::kGetStepSequence:
+      return ServeProto<GetStepSequenceRequest, GetStepSequenceResponse>(
+          call, [worker](auto*, auto* req, auto* resp, auto done) {
+            worker->GetStepSequenceAsync(req, resp, std::move(done));
+          });
+  }
+  call->Reply(absl::UnimplementedError(absl::StrCat("tf_rdma: no worker-service method numbered ",
+                                                    static_cast<int>(call->method()))),
+              {});
+}
+
+void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
+                       Done done) {
+  runtime_->connections().WithConnection(
+      task, [calls = shared_from_this(), task, method, request = std::move(request), opts,
+             done = std::move(done)](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
+        if (!connection.ok()) {
+          done(absl::UnavailableError(absl::StrCat("tf_rdma: no connection to task ", task, " for its ",
+                                                   WorkerMethodName(method), ": ", connection.status().message())),
+               {});
+          return;
+        }
+        calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
+      });
+}
+
+void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const std::string& task, WorkerMethod method,
+                         std::string request, CallOptions* opts, Done done) {
+  absl::StatusOr<std::shared_ptr<CallClient>> client = ClientFor(task, connection);
+  if (!client.ok()) {
+    done(client.status(), {});
+    return;
+  }
+  runtime_->stats().Peer(task, [method](PeerStats& s) { s.calls_made[WorkerMethodName(method)]++; });
+  // What may end the call early (its deadline, its options' cancellation) may come before the call
+  // exists: it is kept until then. After `done` nothing here touches `opts`: its owner may free it.
+  struct Pending {
+    std::mutex mu;
+    bool made = false;
+    std::weak_ptr<OutgoingCall> call;
+    absl::Status early;
+  };
+  auto pending = std::make_shared<Pending>();
+  auto end_early = [pending](const absl::Status& why) {
+    std::shared_ptr<OutgoingCall> call;
+    {
+      std::lock_guard<std::mutex> lock(pending->mu);
+      if (!pending->made) {
+        if (pending->early.ok()) pending->early = why;
+        return;
+      }
+      call = pending->call.lock();
+    }
+    if (call) call->Cancel(why);
+  };
+  const int64_t timeout_ms = opts != nullptr ? opts->GetTimeout() : 0;
+  uint64_t deadline = 0;
+  if (timeout_ms > 0) {
+    deadline = CallTimer::Process().At(absl::Now() + absl::Milliseconds(timeout_ms), [end_early, task, method, timeout_ms] {
+      end_early(absl::DeadlineExceededError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " call to ", task,
+                                                         " took longer than its ", timeout_ms, " ms")));
+    });
+  }
+  if (opts != nullptr) {
+    // StartCancel runs this under a lock that the call's completion takes (ClearCancelCallback):
+    // the cancellation completes on the timer's thread.
+    opts->SetCancelCallback([end_early] {
+      CallTimer::Process().At(absl::InfinitePast(),
+                              [end_early] { end_early(absl::CancelledError("tf_rdma: the call was cancelled")); });
+    });
+  }
+  std::shared_ptr<OutgoingCall> call = (*client)->Call(
+      static_cast<uint8_t>(method), std::move(request),
+      [opts, deadline, done = std::move(done)](const absl::Status& status, std::string_view reply) {
+        // The timer's entry goes with the reply: at thousands of steps a second, deadlines of
+        // minutes would pile up otherwise.
+        if (deadline != 0) CallTimer::Process().Cancel(deadline);
+        if (opts != nullptr) opts->ClearCancelCallback();
+        done(status, reply);
+      });
+  absl::Status early;
+  {
+    std::lock_guard<std::mutex> lock(pending->mu);
+    pending->made = true;
+    pending->call = call;
+    early = pending->early;
+  }
+  if (!early.ok()) call->Cancel(early);
+}
+
+absl::StatusOr<std::shared_ptr<CallClient>> WorkerCalls::ClientFor(const std::string& task,
+                                                                   const std::shared_ptr<Connection>& connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<CallClient>& client = clients_[task];
+  if (!client || client->connection() != connection) {
+    absl::StatusOr<std::shared_ptr<BufferPool>> pool = runtime_->receive_pools().For(connection);
+    if (!pool.ok()) return pool.status();
+    client = std::make_shared<CallClient>(connection, *std::move(pool), limits_);
+  }
+  return client;
+}
+
+}  // namespace tf_rdma

@@ -1,0 +1,47 @@
+// A control call's messages (cc/tf/messages/call_message.h) as a peer may send them: its first
+// byte picks the request slot's decoder (0) or the reply's (1). What decodes must encode back to
+// the same bytes: a request as the caller wrote it, a reply with its status and payload.
+#include <cstdint>
+#include <string>
+
+#include "cc/tf/messages/call_message.h"
+#include "tests/fuzz/tensor_from_peer.h"
+
+namespace {
+
+constexpr char kTarget[] = "call_message_fuzz";
+constexpr uint64_t kMaxPayloadBytes = 1 << 20;
+
+void Request(const char* bytes, size_t size) {
+  std::string_view inline_payload;
+  absl::StatusOr<tf_rdma::CallRequestHeader> header =
+      tf_rdma::DecodeCallRequest(bytes, size, kMaxPayloadBytes, &inline_payload);
+  if (!header.ok()) return;
+  if (header->payload_bytes > kMaxPayloadBytes) tf_rdma::fuzz::Fail(kTarget, "a request past the limit decoded");
+  if (tf_rdma::EncodeCallRequest(*header, inline_payload) != std::string_view(bytes, size)) {
+    tf_rdma::fuzz::Fail(kTarget, "a decoded request does not encode back to its message");
+  }
+}
+
+void Reply(const char* bytes, size_t size) {
+  absl::StatusOr<tf_rdma::CallReply> reply = tf_rdma::DecodeCallReply(bytes, size);
+  if (!reply.ok()) return;
+  const std::string again = tf_rdma::EncodeCallReply(reply->status, reply->payload);
+  absl::StatusOr<tf_rdma::CallReply> twice = tf_rdma::DecodeCallReply(again.data(), again.size());
+  if (!twice.ok() || twice->status != reply->status || twice->payload != reply->payload) {
+    tf_rdma::fuzz::Fail(kTarget, "a decoded reply does not decode the same once encoded again");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const char* bytes = reinterpret_cast<const char*>(data) + 1;
+  if (data[0] % 2 == 0) {
+    Request(bytes, size - 1);
+  } else {
+    Reply(bytes, size - 1);
+  }
+  return 0;
+}
