@@ -38,6 +38,7 @@ py::dict PeerToDict(const PeerStats& s) {
   d["sends_discarded"] = s.sends_discarded;
   d["resends"] = s.resends;
   d["connects"] = s.connects;
+  d["probes"] = s.probes;
   d["fused_messages_sent"] = s.fused_messages_sent;
   d["fused_messages_received"] = s.fused_messages_received;
   d["calls_made"] = s.calls_made;

@@ -160,8 +160,10 @@ void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string
       task, [calls = shared_from_this(), task, method, request = std::move(request), opts,
              done = std::move(done)](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
         if (!connection.ok()) {
-          done(absl::UnavailableError(absl::StrCat("tf_rdma: no connection to task ", task, " for its ",
-                                                   WorkerMethodName(method), ": ", connection.status().message())),
+          // The code says why (a configuration error, a task without tf_rdma, one unreachable).
+          done(absl::Status(connection.status().code(),
+                            absl::StrCat("tf_rdma: no connection to task ", task, " for its ", WorkerMethodName(method),
+                                         " call: ", connection.status().message())),
                {});
           return;
         }

@@ -175,6 +175,17 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
   bool identity_checked = false;
   bool diagnosed = false;
   std::unique_lock<std::mutex> lock(mu_);
+  // Dialled at once, the peer learns that this task waits for it: it refuses the dial and dials
+  // back (OnAccepted), where it might not need the connection for a while (its worker is called
+  // first). A peer not listening yet is asked again once an attempt passed, below.
+  if (const std::optional<TaskAddress> address = addresses_.Find(peer_task);
+      address && !(peers_.at(peer_task).connection && peers_.at(peer_task).connection->health().ok())) {
+    lock.unlock();
+    absl::StatusOr<std::string> identity = IdentityAt(*address);
+    lock.lock();
+    identity_checked = identity.ok();
+    if (identity.ok() && *identity != peer_task) return addresses_.MarkRenamed(*address, *identity);
+  }
   while (true) {
     Peer& state = peers_.at(peer_task);
     if (state.connection && state.connection->health().ok()) return state.connection;
@@ -185,7 +196,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
           " (TF_RDMA_CONNECT_TIMEOUT_MS). Is it running with tf_rdma?"));
     }
     // Every accepted connection wakes every waiter: the peer is diagnosed (and its identity
-    // probed, which it refuses and logs) only once a whole attempt passed without its connection.
+    // probed again if it did not answer at first) only once a whole attempt passed without its
+    // connection.
     // The wait ends at the deadline, so a timeout shorter than an attempt is kept.
     const absl::Duration wait = std::max(std::min(kConnectAttempt, deadline - absl::Now()), absl::ZeroDuration());
     const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state] {
@@ -218,6 +230,7 @@ absl::StatusOr<std::string> Connections::IdentityAt(const TaskAddress& peer) {
   if (!route.ok()) return route.status();
   absl::StatusOr<std::shared_ptr<Connection>> probe = route->first->Connect(Endpoint{peer.host, peer.rdma_port});
   if (!probe.ok()) return probe.status();
+  stats_.Peer(peer.task, [](PeerStats& s) { s.probes++; });
   const std::string identity = (*probe)->peer_name();
   (*probe)->Close(absl::CancelledError("identity probe"));
   return identity;

@@ -104,11 +104,17 @@ void Connections::OnAccepted(std::shared_ptr<Connection> connection) {
   const bool new_name_past_limit =
       peers_.count(peer) == 0 && !addresses_.Find(peer) && peers_.size() >= kMaxPeers;
   const bool task_name = TaskOfDevice(peer + "/device:CPU:0").ok();
+  if (task_name && !new_name_past_limit && local_task_ < peer && addresses_.Find(peer)) {
+    // A task of the cluster waiting for this one to dial (AwaitFrom): no error, this task dials it.
+    connection->Close(absl::CancelledError(absl::StrCat("task ", local_task_, " dials task ", peer, " back")));
+    stats_.Peer(peer, [](PeerStats& s) { s.probes++; });
+    DialBackLocked(peer);
+    return;
+  }
   if (!task_name || !(peer < local_task_) || new_name_past_limit) {
     connection->Close(absl::PermissionDeniedError(absl::StrCat(
         "task ", local_task_, " does not accept connections from '", peer,
         "': not a task name, not the side that connects, or past ", kMaxPeers, " peer tasks")));
-    if (task_name && local_task_ < peer) DialBackLocked(peer);
     return;
   }
   // Admitted in its handshake, but judged again under the lock that adopts it: of two connections

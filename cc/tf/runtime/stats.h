@@ -33,6 +33,9 @@ struct PeerStats {
   // Messages sent again over a new connection, the first having ended on the peer's silence.
   uint64_t resends = 0;
   uint64_t connects = 0;
+  // Connections that only asked the peer who it is and to dial back (a task waits for the peer to
+  // connect, as the one whose name sorts first does), each end counting its own.
+  uint64_t probes = 0;
   // Messages that carried a step's fused transfers (cc/tf/planning/fusion.h); their tensors count
   // in tensors_sent and tensors_received like the others.
   uint64_t fused_messages_sent = 0;
