@@ -44,8 +44,9 @@ build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/tr
 	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread -ldl $(TF_FLAGS)
 
 # The tf.data element messages (cc/tf/data/, built for the TensorFlow releases setup.py names in
-# DATA_SERVICE_TENSORFLOW) decoded from a hostile peer, and a peer's receive pool
-# (cc/tf/runtime/buffer_pool.h), against the TensorFlow in .venv.
+# DATA_SERVICE_TENSORFLOW) decoded from a hostile peer, a peer's receive pool
+# (cc/tf/runtime/buffer_pool.h), and control calls over real connections (cc/tf/calls/), against
+# the TensorFlow in .venv.
 TF_INCLUDE = $(shell .venv/bin/python -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
 TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_message.cc \
 	cc/tf/messages/tensor_message.cc cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc \

@@ -210,6 +210,13 @@ class Network:
     def heal(self, a, b):
         self._lift(("partition", a, b))
 
+    def block_port(self, port):
+        """Drops every TCP segment to or from `port` on the bridge, until unblock_port(port)."""
+        self._add_rules(("block", port), [f"tcp dport {port} drop", f"tcp sport {port} drop"])
+
+    def unblock_port(self, port):
+        self._lift(("block", port))
+
     def lose(self, percent):
         """Drops `percent`% of all IPv4 packets on the bridge, at random, until keep_all()."""
         self._add_rules(("loss",), [f"meta protocol ip numgen random mod 100 < {_percent(percent)} drop"])

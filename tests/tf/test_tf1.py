@@ -78,6 +78,8 @@ def test_every_dtype_shape_and_control_flow_is_bit_identical_to_grpc(compared, t
     assert peer["tensors_received"] > 0 and peer["tensors_sent"] > 0
     assert peer["bytes_received"] > BIG_MIB << 20
     assert peer["dead_tensors"] > 0, "the untaken cond branch must arrive as a dead tensor"
+    # The ps's part of each step ran by a call on tf_rdma, not gRPC.
+    assert peer["calls_made"].get("RunGraph", 0) > 0, peer
     assert peer["regrants"] > 0, "changing shapes must have grown a grant"
     assert stats["fallback"] == {}, "CPU tensors of every dtype, strings included, cross over tf_rdma"
     assert peer["bytes_received_by_kind"]["graph"] == peer["bytes_received"]

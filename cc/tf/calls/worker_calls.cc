@@ -168,7 +168,8 @@ void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string
           return;
         }
         calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
-      });
+      },
+      Connections::Waiting::kAskPeerToDial);
 }
 
 void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const std::string& task, WorkerMethod method,

@@ -79,6 +79,7 @@ void Connections::Establish(const std::string& peer_task) {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& peer = peers_.at(peer_task);
     peer.connecting = false;
+    peer.ask_to_dial = false;
     if (result.ok() && peer.connection != *result) {
       if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
       AdoptLocked(peer_task, peer, *result);
@@ -174,21 +175,32 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
   if (!can_connect.ok()) return can_connect;
   bool identity_checked = false;
   bool diagnosed = false;
+  bool asked_to_dial = false;
   std::unique_lock<std::mutex> lock(mu_);
-  // Dialled at once, the peer learns that this task waits for it: it refuses the dial and dials
-  // back (OnAccepted), where it might not need the connection for a while (its worker is called
-  // first). A peer not listening yet is asked again once an attempt passed, below.
-  if (const std::optional<TaskAddress> address = addresses_.Find(peer_task);
-      address && !(peers_.at(peer_task).connection && peers_.at(peer_task).connection->health().ok())) {
-    lock.unlock();
-    absl::StatusOr<std::string> identity = IdentityAt(*address);
-    lock.lock();
-    identity_checked = identity.ok();
-    if (identity.ok() && *identity != peer_task) return addresses_.MarkRenamed(*address, *identity);
-  }
   while (true) {
     Peer& state = peers_.at(peer_task);
     if (state.connection && state.connection->health().ok()) return state.connection;
+    if (state.ask_to_dial && !asked_to_dial) {
+      // A call waits (WithConnection's kAskPeerToDial): dialled at once, the peer learns that this
+      // task waits for it, refuses the dial and dials back (OnAccepted), where it might not need
+      // the connection for a while (its worker is called first). Dialled only if its tf_rdma port
+      // answers (a TCP connect, quick), since a dial retries a listener that is not up until the
+      // connect timeout. One that was connected and answers on neither port has died, and one
+      // whose TensorFlow alone answers runs without tf_rdma: either fails the wait at once.
+      asked_to_dial = true;
+      const std::optional<TaskAddress> address = addresses_.Find(peer_task);
+      if (!address) continue;
+      lock.unlock();
+      const absl::Status diagnosis = DiagnoseMissingPeer(*address, absl::UnavailableError("it did not connect"));
+      absl::StatusOr<std::string> identity = absl::UnavailableError("its tf_rdma port does not answer");
+      if (diagnosis.ok()) identity = IdentityAt(*address);
+      lock.lock();
+      if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
+      if (!diagnosis.ok() && peers_.at(peer_task).was_connected) return diagnosis;
+      identity_checked = identity_checked || identity.ok();
+      if (identity.ok() && *identity != peer_task) return addresses_.MarkRenamed(*address, *identity);
+      continue;
+    }
     if (absl::Now() > deadline) {
       return absl::UnavailableError(absl::StrCat(
           "task ", peer_task, " did not connect to this task's tf_rdma listener within ",
@@ -200,10 +212,11 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
     // connection.
     // The wait ends at the deadline, so a timeout shorter than an attempt is kept.
     const absl::Duration wait = std::max(std::min(kConnectAttempt, deadline - absl::Now()), absl::ZeroDuration());
-    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state] {
-      return state.connection && state.connection->health().ok();
+    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state, asked_to_dial] {
+      return (state.connection && state.connection->health().ok()) || (state.ask_to_dial && !asked_to_dial);
     });
-    if (connected) return state.connection;
+    if (connected && state.connection && state.connection->health().ok()) return state.connection;
+    if (connected) continue;  // a call came to wait too: ask the peer to dial now
     // Past the deadline only if no attempt diagnosed it yet: a timeout shorter than an attempt
     // still finds a renamed or refusing peer.
     const std::optional<TaskAddress> address = addresses_.Find(peer_task);

@@ -163,7 +163,7 @@ absl::Status Connections::StartEstablishingLocked(const std::string& peer_task, 
   }
 }
 
-void Connections::WithConnection(const std::string& peer_task, ConnectionCallback done) {
+void Connections::WithConnection(const std::string& peer_task, ConnectionCallback done, Waiting waiting) {
   const absl::Status renamed = addresses_.RenamedError(peer_task);
   if (!renamed.ok()) return done(renamed);
   std::unique_lock<std::mutex> lock(mu_);
@@ -175,6 +175,10 @@ void Connections::WithConnection(const std::string& peer_task, ConnectionCallbac
     return;
   }
   peer.waiters.push_back(std::move(done));
+  if (waiting == Waiting::kAskPeerToDial && !peer.ask_to_dial) {
+    peer.ask_to_dial = true;
+    accepted_.notify_all();  // an AwaitFrom waiting already asks now
+  }
   if (peer.connecting) return;
   const absl::Status started = StartEstablishingLocked(peer_task, peer);
   if (started.ok()) return;
@@ -190,6 +194,7 @@ void Connections::Withdraw(const std::string& peer_task, const std::vector<Tag>&
 
 void Connections::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
   withdrawn_.Adopt(peer_task, connection);
+  peer.ask_to_dial = false;
   for (const ConnectionObserver& observer : observers_) observer(connection);
   peer.connection = std::move(connection);
 }

@@ -37,9 +37,13 @@ class Connections {
   absl::StatusOr<uint16_t> Listen(const TaskAddress& self);
 
   // The connection to `peer_task`, established on first use; `done` runs on a runtime or
-  // transport thread.
+  // transport thread. Where the peer is to dial (its name sorts first), this task waits for it,
+  // asking it to dial only once an attempt passed (both sides of a transfer need the connection
+  // at once, and the peer dials); with kAskPeerToDial, at once (a call: the peer may not need the
+  // connection before it answers).
   using ConnectionCallback = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
-  void WithConnection(const std::string& peer_task, ConnectionCallback done);
+  enum class Waiting { kForPeer, kAskPeerToDial };
+  void WithConnection(const std::string& peer_task, ConnectionCallback done, Waiting waiting = Waiting::kForPeer);
 
   // Runs `observer` for every connection this task takes from now on (dialled or accepted, the
   // first to a task or one replacing another), and at once for those it holds. It runs with the
@@ -68,6 +72,8 @@ class Connections {
     std::shared_ptr<Connection> connection;
     bool connecting = false;
     std::vector<ConnectionCallback> waiters;
+    // A waiter asked for the peer to be asked to dial at once (kAskPeerToDial), until connected.
+    bool ask_to_dial = false;
     // The live connection a dial claiming this name was last told to wait for (logged once each).
     const Connection* wait_logged_for = nullptr;
   };

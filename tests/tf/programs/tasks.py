@@ -451,6 +451,39 @@ def fused_stall_worker(cluster, job, index, transport, output, steps=3):
     os._exit(0)
 
 
+def steps_with_grpc_blocked_worker(cluster, job, index, transport, output, steps=100):
+    """TF1 ps training: rows gathered from a ps table, a loss on the worker, the rows updated on
+    the ps, a ps counter fetched. `steps` steps, then "warm" and a wait for the test to block
+    TensorFlow's own ports between the tasks, then `steps` more. Saves the counter and the stats."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        table = tf.compat.v1.Variable(tf.ones([1000, 16]), use_resource=True)
+        counter = tf.compat.v1.Variable(0, dtype=tf.int64, use_resource=True)
+    with tf.device("/job:worker/task:0"):
+        ids = tf.compat.v1.placeholder(tf.int32, [32])
+        rows = tf.gather(table, ids)
+        loss = tf.reduce_sum(rows * rows)
+        step = tf.group(table.scatter_sub(tf.IndexedSlices(rows * 0.001, ids)), counter.assign_add(1))
+    sess = tf.compat.v1.Session(server.target)
+    sess.run([table.initializer, counter.initializer])
+    batches = np.random.default_rng(7).integers(0, 1000, (2 * steps, 32)).astype(np.int32)
+    for batch in batches[:steps]:
+        sess.run([loss, step], {ids: batch})
+    print("warm", flush=True)
+    sys.stdin.readline()  # the test blocked gRPC
+    started = time.monotonic()
+    for batch in batches[steps:]:
+        sess.run([loss, step], {ids: batch})
+    import tf_rdma
+    outcome = {"counter": int(sess.run(counter)), "seconds": time.monotonic() - started, "stats": tf_rdma.stats()}
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    print("done", flush=True)
+    os._exit(0)  # closing the session would call the ps's DeregisterGraph: on tf_rdma too, but not needed
+
+
 def sends_past_a_frozen_ps_worker(cluster, job, index, transport, output, pause_s):
     """A step whose worker part only sends to the ps: one tensor at once, one after `pause_s`, in
     which the test freezes the ps. The first send fails when the worker gives up on the silent ps,

@@ -1,0 +1,37 @@
+"""Worker-service calls between tf_rdma tasks (cc/tf/calls/): once a TF1 session ran its first
+steps, none of them needs gRPC. Proved by dropping every packet of TensorFlow's own ports between
+the two hosts: the next steps still run, each a RunGraph call on tf_rdma."""
+import json
+import subprocess
+
+import pytest
+
+from tests.harness import netns
+from tests.tf.programs.cluster import NamespacedCluster
+
+NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")
+PS = "/job:ps/replica:0/task:0"
+
+
+@pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
+def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
+    output = str(tmp_path / "outcome.json")
+    steps = 100
+    with netns.Network() as net, \
+            NamespacedCluster(tmp_path, net, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "tcp"}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        worker = cluster.start("worker", 0, "steps_with_grpc_blocked_worker", transport="rdma", output=output,
+                               steps=steps, stdin=subprocess.PIPE)
+        cluster.wait_for_output("worker", 0, "warm", timeout=120)
+        for job in ("ps", "worker"):
+            net.block_port(int(cluster.spec[job][0].rsplit(":", 1)[1]))
+        worker.stdin.write(b"blocked\n")
+        worker.stdin.flush()
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["counter"] == 2 * steps, outcome
+    calls = outcome["stats"]["peers"][PS]["calls_made"]
+    # A step's partition on the ps runs by one RunGraph call, and is cleaned up by another.
+    assert calls["RunGraph"] >= 2 * steps and calls["CleanupGraph"] >= 2 * steps - 1, calls
+    assert not outcome["stats"]["fallback"], outcome["stats"]
