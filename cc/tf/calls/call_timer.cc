@@ -1,5 +1,7 @@
 #include "cc/tf/calls/call_timer.h"
 
+#include "absl/time/clock.h"
+
 namespace tf_rdma {
 
 CallTimer& CallTimer::Process() {
@@ -9,9 +11,9 @@ CallTimer& CallTimer::Process() {
 
 uint64_t CallTimer::At(absl::Time when, std::function<void()> closure) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!thread_.joinable()) {
-    thread_ = std::thread([this] { Run(); });
-    thread_.detach();
+  if (!started_) {
+    started_ = true;
+    std::thread([this] { Run(); }).detach();
   }
   const uint64_t id = next_id_++;
   const bool earliest = due_.empty() || when < due_.begin()->first.first;

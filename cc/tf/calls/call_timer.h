@@ -37,7 +37,7 @@ class CallTimer {
   std::map<std::pair<absl::Time, uint64_t>, std::function<void()>> due_;
   std::unordered_map<uint64_t, absl::Time> when_;
   uint64_t next_id_ = 1;
-  std::thread thread_;
+  bool started_ = false;  // its one thread
 };
 
 }  // namespace tf_rdma

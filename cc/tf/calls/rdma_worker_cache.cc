@@ -33,7 +33,7 @@ class RdmaWorker : public WorkerInterface {
       grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
       return;
     }
-    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done));
+    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done), WorkerCalls::Patience::kWaitForPeer);
   }
   void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
                                 tensorflow::CreateWorkerSessionResponse* response, StatusCallback done) override {
@@ -97,7 +97,7 @@ class RdmaWorker : public WorkerInterface {
  private:
   template <typename Response>
   void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
-            StatusCallback done) {
+            StatusCallback done, WorkerCalls::Patience patience = WorkerCalls::Patience::kFailFast) {
     std::string bytes;
     if (!request.SerializeToString(&bytes)) {
       done(absl::InternalError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " request to ", task_,
@@ -113,7 +113,8 @@ class RdmaWorker : public WorkerInterface {
                                                                   " reply from ", task, " does not parse")));
                    }
                    done(absl::OkStatus());
-                 });
+                 },
+                 patience);
   }
 
   const std::string task_;

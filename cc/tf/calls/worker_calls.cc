@@ -1,5 +1,6 @@
 #include "cc/tf/calls/worker_calls.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/log/log.h"
@@ -155,19 +156,37 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
 }
 
 void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
-                       Done done) {
+                       Done done, Patience patience) {
+  const absl::Time give_up = patience == Patience::kWaitForPeer ? absl::Now() + runtime_->config().connect_timeout
+                                                                : absl::InfinitePast();
+  Connect(task, method, std::move(request), opts, std::move(done), give_up, absl::Milliseconds(50));
+}
+
+void WorkerCalls::Connect(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
+                          Done done, absl::Time give_up, absl::Duration backoff) {
   runtime_->connections().WithConnection(
-      task, [calls = shared_from_this(), task, method, request = std::move(request), opts,
-             done = std::move(done)](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
-        if (!connection.ok()) {
-          // The code says why (a configuration error, a task without tf_rdma, one unreachable).
-          done(absl::Status(connection.status().code(),
-                            absl::StrCat("tf_rdma: no connection to task ", task, " for its ", WorkerMethodName(method),
-                                         " call: ", connection.status().message())),
-               {});
+      task,
+      [calls = shared_from_this(), task, method, request = std::move(request), opts, done = std::move(done), give_up,
+       backoff](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
+        if (connection.ok()) {
+          calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
           return;
         }
-        calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
+        if (absl::IsUnavailable(connection.status()) && absl::Now() + backoff < give_up) {
+          // A peer that is not up (a restarted task starting again) is dialled again, as gRPC's
+          // channel reconnects for a call that waits for it.
+          CallTimer::Process().At(absl::Now() + backoff, [calls, task, method, request = std::move(request), opts,
+                                                           done = std::move(done), give_up, backoff]() mutable {
+            calls->Connect(task, method, std::move(request), opts, std::move(done), give_up,
+                           std::min(2 * backoff, absl::Seconds(1)));
+          });
+          return;
+        }
+        // The code says why (a configuration error, a task without tf_rdma, one unreachable).
+        done(absl::Status(connection.status().code(),
+                          absl::StrCat("tf_rdma: no connection to task ", task, " for its ", WorkerMethodName(method),
+                                       " call: ", connection.status().message())),
+             {});
       },
       Connections::Waiting::kAskPeerToDial);
 }

@@ -4,6 +4,7 @@
 #include "cc/tf/runtime/connections.h"
 
 #include <arpa/inet.h>
+#include <cerrno>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,29 +21,43 @@
 namespace tf_rdma {
 namespace {
 
-// Whether something accepts TCP connections at host:port, within `limit`.
-bool Answers(const std::string& host, uint16_t port, absl::Duration limit) {
+// What a TCP connect to host:port met within a limit: a listener, a refusal (the host is up and
+// nothing listens there: a process that ran there died), or nothing (a frozen process whose
+// backlog is full, a lost link, an unknown name).
+enum class PortState { kAnswers, kRefuses, kSilent };
+
+PortState Probe(const std::string& host, uint16_t port, absl::Duration limit) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* resolved = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &resolved) != 0) return false;
-  bool answered = false;
-  for (addrinfo* a = resolved; a != nullptr && !answered; a = a->ai_next) {
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &resolved) != 0) return PortState::kSilent;
+  PortState state = PortState::kSilent;
+  for (addrinfo* a = resolved; a != nullptr && state != PortState::kAnswers; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
+    int error = 0;
     if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      answered = true;
+      state = PortState::kAnswers;
     } else if (errno == EINPROGRESS) {
       pollfd pfd{fd, POLLOUT, 0};
-      int error = 0;
       socklen_t length = sizeof(error);
-      answered = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(limit))) == 1 &&
-                 getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+      if (poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(limit))) == 1 &&
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0) {
+        if (error == 0) state = PortState::kAnswers;
+      }
+    } else {
+      error = errno;
     }
+    if (error == ECONNREFUSED && state == PortState::kSilent) state = PortState::kRefuses;
     close(fd);
   }
   freeaddrinfo(resolved);
-  return answered;
+  return state;
+}
+
+// Whether something accepts TCP connections at host:port, within `limit`.
+bool Answers(const std::string& host, uint16_t port, absl::Duration limit) {
+  return Probe(host, port, limit) == PortState::kAnswers;
 }
 
 // Why `peer` did not connect or could not be reached: OK if its tf_rdma listener answers;
@@ -185,15 +200,21 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
       // task waits for it, refuses the dial and dials back (OnAccepted), where it might not need
       // the connection for a while (its worker is called first). Dialled only if its tf_rdma port
       // answers (a TCP connect, quick), since a dial retries a listener that is not up until the
-      // connect timeout. One that was connected and answers on neither port has died, and one
-      // whose TensorFlow alone answers runs without tf_rdma: either fails the wait at once.
+      // connect timeout. Where the port refuses, a peer that was connected and whose TensorFlow
+      // port refuses too has died, and one whose TensorFlow port answers runs without tf_rdma:
+      // either fails the wait at once. A port that does not answer (a frozen peer's full backlog, a
+      // lost link) is waited for as any peer is.
       asked_to_dial = true;
       const std::optional<TaskAddress> address = addresses_.Find(peer_task);
       if (!address) continue;
       lock.unlock();
-      const absl::Status diagnosis = DiagnoseMissingPeer(*address, absl::UnavailableError("it did not connect"));
+      const PortState rdma_port = Probe(address->host, address->rdma_port, absl::Seconds(1));
+      absl::Status diagnosis = absl::OkStatus();
       absl::StatusOr<std::string> identity = absl::UnavailableError("its tf_rdma port does not answer");
-      if (diagnosis.ok()) identity = IdentityAt(*address);
+      if (rdma_port == PortState::kAnswers) identity = IdentityAt(*address);
+      if (rdma_port == PortState::kRefuses) {
+        diagnosis = DiagnoseMissingPeer(*address, absl::UnavailableError("its tf_rdma port refuses connections"));
+      }
       lock.lock();
       if (diagnosis.code() == absl::StatusCode::kFailedPrecondition) return diagnosis;
       if (!diagnosis.ok() && peers_.at(peer_task).was_connected) return diagnosis;
