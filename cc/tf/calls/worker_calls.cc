@@ -157,8 +157,9 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
 
 void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
                        Done done, Patience patience) {
-  const absl::Time give_up = patience == Patience::kWaitForPeer ? absl::Now() + runtime_->config().connect_timeout
-                                                                : absl::InfinitePast();
+  // Waiting, without end, as gRPC's channel does for such a call (TensorFlow's master logs every
+  // 10 s which task it still waits for); tf_rdma logs each failed connection.
+  const absl::Time give_up = patience == Patience::kWaitForPeer ? absl::InfiniteFuture() : absl::InfinitePast();
   Connect(task, method, std::move(request), opts, std::move(done), give_up, absl::Milliseconds(50));
 }
 
@@ -172,7 +173,8 @@ void WorkerCalls::Connect(const std::string& task, WorkerMethod method, std::str
           calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
           return;
         }
-        if (absl::IsUnavailable(connection.status()) && absl::Now() + backoff < give_up) {
+        const bool not_up = absl::IsUnavailable(connection.status()) || absl::IsDeadlineExceeded(connection.status());
+        if (not_up && absl::Now() + backoff < give_up) {
           // A peer that is not up (a restarted task starting again) is dialled again, as gRPC's
           // channel reconnects for a call that waits for it.
           CallTimer::Process().At(absl::Now() + backoff, [calls, task, method, request = std::move(request), opts,

@@ -49,8 +49,8 @@ class WorkerCalls : public std::enable_shared_from_this<WorkerCalls> {
 
   using Done = std::function<void(const absl::Status& status, std::string_view reply)>;
   // What a call does when it finds no connection to a task that is not up: fail at once, as a gRPC
-  // call does by default (fail fast), or dial again until TF_RDMA_CONNECT_TIMEOUT_MS, as one that
-  // waits for its channel (GetStatus with fail_fast false: a master finding its workers).
+  // call does by default (fail fast), or dial again until it is, as one that waits for its channel
+  // (GetStatus with fail_fast false: a master finding its workers, which may start later).
   enum class Patience { kFailFast, kWaitForPeer };
   // Calls `method` of `task`'s worker with `request` (its protocol buffer, serialized). `opts`, if
   // given, may cancel the call, and its timeout ends it with kDeadlineExceeded; it must outlive

@@ -94,7 +94,7 @@ void Connections::Establish(const std::string& peer_task) {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& peer = peers_.at(peer_task);
     peer.connecting = false;
-    peer.ask_to_dial = false;
+    peer.dial_asks = 0;
     if (result.ok() && peer.connection != *result) {
       if (peer.connection) RetireLocked(peer.connection, absl::UnavailableError("replaced by a new connection"));
       AdoptLocked(peer_task, peer, *result);
@@ -190,13 +190,13 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
   if (!can_connect.ok()) return can_connect;
   bool identity_checked = false;
   bool diagnosed = false;
-  bool asked_to_dial = false;
+  uint64_t dial_asks_made = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     Peer& state = peers_.at(peer_task);
     if (state.connection && state.connection->health().ok()) return state.connection;
-    if (state.ask_to_dial && !asked_to_dial) {
-      // A call waits (WithConnection's kAskPeerToDial): dialled at once, the peer learns that this
+    if (state.dial_asks > dial_asks_made) {
+      // A call came to wait (WithConnection's kAskPeerToDial): dialled at once, the peer learns that this
       // task waits for it, refuses the dial and dials back (OnAccepted), where it might not need
       // the connection for a while (its worker is called first). Dialled only if its tf_rdma port
       // answers (a TCP connect, quick), since a dial retries a listener that is not up until the
@@ -204,7 +204,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
       // port refuses too has died, and one whose TensorFlow port answers runs without tf_rdma:
       // either fails the wait at once. A port that does not answer (a frozen peer's full backlog, a
       // lost link) is waited for as any peer is.
-      asked_to_dial = true;
+      dial_asks_made = state.dial_asks;
       const std::optional<TaskAddress> address = addresses_.Find(peer_task);
       if (!address) continue;
       lock.unlock();
@@ -233,8 +233,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
     // connection.
     // The wait ends at the deadline, so a timeout shorter than an attempt is kept.
     const absl::Duration wait = std::max(std::min(kConnectAttempt, deadline - absl::Now()), absl::ZeroDuration());
-    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state, asked_to_dial] {
-      return (state.connection && state.connection->health().ok()) || (state.ask_to_dial && !asked_to_dial);
+    const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state, dial_asks_made] {
+      return (state.connection && state.connection->health().ok()) || state.dial_asks > dial_asks_made;
     });
     if (connected && state.connection && state.connection->health().ok()) return state.connection;
     if (connected) continue;  // a call came to wait too: ask the peer to dial now

@@ -175,8 +175,8 @@ void Connections::WithConnection(const std::string& peer_task, ConnectionCallbac
     return;
   }
   peer.waiters.push_back(std::move(done));
-  if (waiting == Waiting::kAskPeerToDial && !peer.ask_to_dial) {
-    peer.ask_to_dial = true;
+  if (waiting == Waiting::kAskPeerToDial) {
+    ++peer.dial_asks;
     accepted_.notify_all();  // an AwaitFrom waiting already asks now
   }
   if (peer.connecting) return;
@@ -194,7 +194,7 @@ void Connections::Withdraw(const std::string& peer_task, const std::vector<Tag>&
 
 void Connections::AdoptLocked(const std::string& peer_task, Peer& peer, std::shared_ptr<Connection> connection) {
   withdrawn_.Adopt(peer_task, connection);
-  peer.ask_to_dial = false;
+  peer.dial_asks = 0;
   for (const ConnectionObserver& observer : observers_) observer(connection);
   peer.connection = std::move(connection);
 }

@@ -72,8 +72,9 @@ class Connections {
     std::shared_ptr<Connection> connection;
     bool connecting = false;
     std::vector<ConnectionCallback> waiters;
-    // A waiter asked for the peer to be asked to dial at once (kAskPeerToDial), until connected.
-    bool ask_to_dial = false;
+    // Calls that came to wait (kAskPeerToDial) since the connection was last made: each asks the
+    // peer to dial at once, so that one coming after a frozen peer thawed asks again.
+    uint64_t dial_asks = 0;
     // The live connection a dial claiming this name was last told to wait for (logged once each).
     const Connection* wait_logged_for = nullptr;
   };
