@@ -13,9 +13,6 @@ namespace {
 
 constexpr uint64_t kFirstReplyBytes = 4 << 10;
 
-// The bytes of a message to write, kept alive until its write completes.
-using HeldMessage = std::shared_ptr<const std::string>;
-
 }  // namespace
 
 // ---- serving side ----

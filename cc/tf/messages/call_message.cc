@@ -6,16 +6,16 @@
 namespace tf_rdma {
 namespace {
 
-constexpr uint32_t kRequestMagic = 0x43524654;  // "TFRC"
-constexpr uint32_t kReplyMagic = 0x52524654;    // "TFRR"
-constexpr uint64_t kReplyHeaderBytes = 24;
+constexpr uint32_t kCallRequestMagic = 0x43524654;  // "TFRC"
+constexpr uint32_t kCallReplyMagic = 0x52524654;    // "TFRR"
+constexpr uint64_t kCallReplyHeaderBytes = 24;
 // The high halves of the call tags. Tensor tags are digests (tensor_message.h), so a fixed value
 // meets one with a chance of 2^-64.
-constexpr uint64_t kRequestTagHi = 0x74665f7264636c72;  // "rlcdr_ft"
-constexpr uint64_t kBodyTagHi = 0x74665f7264636c62;
-constexpr uint64_t kReplyTagHi = 0x74665f7264636c79;
+constexpr uint64_t kCallRequestTagHi = 0x74665f7264636c72;  // "rlcdr_ft"
+constexpr uint64_t kCallBodyTagHi = 0x74665f7264636c62;
+constexpr uint64_t kCallReplyTagHi = 0x74665f7264636c79;
 
-uint32_t Load32(const char* bytes) {
+uint32_t LoadCallField32(const char* bytes) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   return v;
@@ -23,16 +23,16 @@ uint32_t Load32(const char* bytes) {
 
 }  // namespace
 
-Tag CallRequestTag() { return Tag{kRequestTagHi, 0}; }
-Tag CallBodyTag(uint64_t call_id) { return Tag{kBodyTagHi, call_id}; }
-Tag CallReplyTag(uint64_t call_id) { return Tag{kReplyTagHi, call_id}; }
+Tag CallRequestTag() { return Tag{kCallRequestTagHi, 0}; }
+Tag CallBodyTag(uint64_t call_id) { return Tag{kCallBodyTagHi, call_id}; }
+Tag CallReplyTag(uint64_t call_id) { return Tag{kCallReplyTagHi, call_id}; }
 
 bool CallPayloadTravelsInline(uint64_t bytes) { return bytes <= kCallRequestSlotBytes - kCallRequestHeaderBytes; }
 
 std::string EncodeCallRequest(const CallRequestHeader& header, std::string_view inline_payload) {
   std::string out;
   out.reserve(kCallRequestHeaderBytes + inline_payload.size());
-  AppendLittleEndian(out, kRequestMagic, 4);
+  AppendLittleEndian(out, kCallRequestMagic, 4);
   AppendLittleEndian(out, static_cast<uint8_t>(header.frame), 1);
   AppendLittleEndian(out, header.method, 1);
   AppendLittleEndian(out, 0, 2);
@@ -49,7 +49,7 @@ absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_
     return absl::DataLossError(absl::StrCat("a call request of ", length, " bytes, shorter than its ",
                                             kCallRequestHeaderBytes, "-byte header"));
   }
-  if (Load32(message) != kRequestMagic) return absl::DataLossError("a call request without its magic number");
+  if (LoadCallField32(message) != kCallRequestMagic) return absl::DataLossError("a call request without its magic number");
   CallRequestHeader header;
   const uint8_t frame = static_cast<uint8_t>(message[4]);
   if (frame != static_cast<uint8_t>(CallFrame::kRequest) && frame != static_cast<uint8_t>(CallFrame::kCancel)) {
@@ -91,8 +91,8 @@ std::string EncodeCallReply(const absl::Status& status, std::string_view payload
   });
   std::string out;
   const std::string_view text = status.message();
-  out.reserve(kReplyHeaderBytes + text.size() + extras.size() + payload.size());
-  AppendLittleEndian(out, kReplyMagic, 4);
+  out.reserve(kCallReplyHeaderBytes + text.size() + extras.size() + payload.size());
+  AppendLittleEndian(out, kCallReplyMagic, 4);
   AppendLittleEndian(out, static_cast<uint32_t>(status.code()), 4);
   AppendLittleEndian(out, text.size(), 4);
   AppendLittleEndian(out, extras.size(), 4);
@@ -104,26 +104,26 @@ std::string EncodeCallReply(const absl::Status& status, std::string_view payload
 }
 
 absl::StatusOr<CallReply> DecodeCallReply(const char* message, uint64_t length) {
-  if (length < kReplyHeaderBytes) {
+  if (length < kCallReplyHeaderBytes) {
     return absl::DataLossError(
-        absl::StrCat("a call reply of ", length, " bytes, shorter than its ", kReplyHeaderBytes, "-byte header"));
+        absl::StrCat("a call reply of ", length, " bytes, shorter than its ", kCallReplyHeaderBytes, "-byte header"));
   }
-  if (Load32(message) != kReplyMagic) return absl::DataLossError("a call reply without its magic number");
-  const uint32_t code = Load32(message + 4);
-  const uint64_t text_bytes = Load32(message + 8);
-  const uint64_t extras_bytes = Load32(message + 12);
+  if (LoadCallField32(message) != kCallReplyMagic) return absl::DataLossError("a call reply without its magic number");
+  const uint32_t code = LoadCallField32(message + 4);
+  const uint64_t text_bytes = LoadCallField32(message + 8);
+  const uint64_t extras_bytes = LoadCallField32(message + 12);
   const uint64_t payload_bytes = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(message + 16));
   if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::DataLossError(absl::StrCat("a call reply with status code ", code, ", not a status code"));
   }
   // Compared as a sum of numbers each below 2^33 and the length: no overflow.
-  if (payload_bytes > length || kReplyHeaderBytes + text_bytes + extras_bytes + payload_bytes != length) {
+  if (payload_bytes > length || kCallReplyHeaderBytes + text_bytes + extras_bytes + payload_bytes != length) {
     return absl::DataLossError(absl::StrCat("a call reply of ", length, " bytes whose header says ",
-                                            kReplyHeaderBytes, " + ", text_bytes, " + ", extras_bytes, " + ",
+                                            kCallReplyHeaderBytes, " + ", text_bytes, " + ", extras_bytes, " + ",
                                             payload_bytes));
   }
   const auto status_code = static_cast<absl::StatusCode>(code);
-  const char* text = message + kReplyHeaderBytes;
+  const char* text = message + kCallReplyHeaderBytes;
   const char* extras = text + text_bytes;
   if (status_code == absl::StatusCode::kOk && (text_bytes != 0 || extras_bytes != 0)) {
     return absl::DataLossError("an OK call reply with an error's message");
@@ -133,8 +133,8 @@ absl::StatusOr<CallReply> DecodeCallReply(const char* message, uint64_t length) 
                                                       : absl::Status(status_code, std::string_view(text, text_bytes));
   for (uint64_t at = 0; at < extras_bytes;) {
     if (extras_bytes - at < 8) return absl::DataLossError("a call reply's status payload cut short");
-    const uint64_t url_bytes = Load32(extras + at);
-    const uint64_t value_bytes = Load32(extras + at + 4);
+    const uint64_t url_bytes = LoadCallField32(extras + at);
+    const uint64_t value_bytes = LoadCallField32(extras + at + 4);
     at += 8;
     if (url_bytes > extras_bytes - at || value_bytes > extras_bytes - at - url_bytes) {
       return absl::DataLossError("a call reply's status payload runs past the reply");
