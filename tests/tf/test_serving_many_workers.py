@@ -46,9 +46,13 @@ def test_a_ps_frees_the_receive_regions_of_workers_that_went_quiet(backend):
     assert after_step["region_bytes"] >= WORKERS * SENT, outcome
     assert quiet["region_bytes"] == 0, outcome
     if backend == "shm":
-        # The ps's regions and the workers' maps of them.
+        # The ps's regions and the workers' maps of them. What stays is each connection's request
+        # slots for worker-service calls (cc/tf/calls/): one region of 4 x 8 KiB per end, mapped
+        # by both tasks, for at most the ps's connection to each worker and worker 0's (the
+        # master's) to each other worker.
         assert after_step["shared"] >= 2 * WORKERS * SENT, outcome
-        assert quiet["shared"] == 0, outcome
+        connections = WORKERS + (WORKERS - 1)
+        assert quiet["shared"] <= connections * 2 * 2 * (4 * 8 << 10), outcome
     assert after_step["rss"] - quiet["rss"] >= WORKERS * SENT * 3 // 4, outcome
     assert outcome["again"] == triangle, outcome
     assert after_again["region_bytes"] >= SENT, outcome

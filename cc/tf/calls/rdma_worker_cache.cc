@@ -33,56 +33,70 @@ class RdmaWorker : public WorkerInterface {
       grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
       return;
     }
-    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done), WorkerCalls::Patience::kWaitForPeer);
+    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done),
+         [=](StatusCallback d) { grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(d)); },
+         WorkerCalls::Patience::kWaitForPeer);
   }
   void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
                                 tensorflow::CreateWorkerSessionResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCreateWorkerSession, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kCreateWorkerSession, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->CreateWorkerSessionAsync(request, response, std::move(d)); });
   }
   void DeleteWorkerSessionAsync(CallOptions* opts, const tensorflow::DeleteWorkerSessionRequest* request,
                                 tensorflow::DeleteWorkerSessionResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kDeleteWorkerSession, *request, response, opts, std::move(done));
+    Call(WorkerMethod::kDeleteWorkerSession, *request, response, opts, std::move(done),
+         [=](StatusCallback d) { grpc_->DeleteWorkerSessionAsync(opts, request, response, std::move(d)); });
   }
   void RegisterGraphAsync(const tensorflow::RegisterGraphRequest* request, tensorflow::RegisterGraphResponse* response,
                           StatusCallback done) override {
-    Call(WorkerMethod::kRegisterGraph, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kRegisterGraph, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->RegisterGraphAsync(request, response, std::move(d)); });
   }
   void DeregisterGraphAsync(const tensorflow::DeregisterGraphRequest* request,
                             tensorflow::DeregisterGraphResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kDeregisterGraph, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kDeregisterGraph, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->DeregisterGraphAsync(request, response, std::move(d)); });
   }
   // The response is proto-backed: the default CreateRunGraphResponse made it.
   void RunGraphAsync(CallOptions* opts, tensorflow::RunGraphRequestWrapper* request,
                      tensorflow::MutableRunGraphResponseWrapper* response, StatusCallback done) override {
-    Call(WorkerMethod::kRunGraph, request->ToProto(), get_proto_from_wrapper(response), opts, std::move(done));
+    Call(WorkerMethod::kRunGraph, request->ToProto(), get_proto_from_wrapper(response), opts, std::move(done),
+         [=](StatusCallback d) { grpc_->RunGraphAsync(opts, request, response, std::move(d)); });
   }
   void CleanupGraphAsync(const tensorflow::CleanupGraphRequest* request, tensorflow::CleanupGraphResponse* response,
                          StatusCallback done) override {
-    Call(WorkerMethod::kCleanupGraph, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kCleanupGraph, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->CleanupGraphAsync(request, response, std::move(d)); });
   }
   void CleanupAllAsync(const tensorflow::CleanupAllRequest* request, tensorflow::CleanupAllResponse* response,
                        StatusCallback done) override {
-    Call(WorkerMethod::kCleanupAll, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kCleanupAll, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->CleanupAllAsync(request, response, std::move(d)); });
   }
   void LoggingAsync(const tensorflow::LoggingRequest* request, tensorflow::LoggingResponse* response,
                     StatusCallback done) override {
-    Call(WorkerMethod::kLogging, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kLogging, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->LoggingAsync(request, response, std::move(d)); });
   }
   void TracingAsync(const tensorflow::TracingRequest* request, tensorflow::TracingResponse* response,
                     StatusCallback done) override {
-    Call(WorkerMethod::kTracing, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kTracing, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->TracingAsync(request, response, std::move(d)); });
   }
   void CompleteGroupAsync(CallOptions* opts, const tensorflow::CompleteGroupRequest* request,
                           tensorflow::CompleteGroupResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCompleteGroup, *request, response, opts, std::move(done));
+    Call(WorkerMethod::kCompleteGroup, *request, response, opts, std::move(done),
+         [=](StatusCallback d) { grpc_->CompleteGroupAsync(opts, request, response, std::move(d)); });
   }
   void CompleteInstanceAsync(CallOptions* opts, const tensorflow::CompleteInstanceRequest* request,
                              tensorflow::CompleteInstanceResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCompleteInstance, *request, response, opts, std::move(done));
+    Call(WorkerMethod::kCompleteInstance, *request, response, opts, std::move(done),
+         [=](StatusCallback d) { grpc_->CompleteInstanceAsync(opts, request, response, std::move(d)); });
   }
   void GetStepSequenceAsync(const tensorflow::GetStepSequenceRequest* request,
                             tensorflow::GetStepSequenceResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kGetStepSequence, *request, response, nullptr, std::move(done));
+    Call(WorkerMethod::kGetStepSequence, *request, response, nullptr, std::move(done),
+         [=](StatusCallback d) { grpc_->GetStepSequenceAsync(request, response, std::move(d)); });
   }
   // gRPC's rendezvous and collectives fetch over these only what tf_rdma does not carry.
   void RecvTensorAsync(CallOptions* opts, const tensorflow::RecvTensorRequest* request,
@@ -95,9 +109,16 @@ class RdmaWorker : public WorkerInterface {
   }
 
  private:
+  // `grpc` makes the same call on gRPC's worker: for a task its session renamed, which tf_rdma does
+  // not carry (known before, or found by this call's connecting, which it never got past).
   template <typename Response>
   void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
-            StatusCallback done, WorkerCalls::Patience patience = WorkerCalls::Patience::kFailFast) {
+            StatusCallback done, std::function<void(StatusCallback)> grpc,
+            WorkerCalls::Patience patience = WorkerCalls::Patience::kFailFast) {
+    if (RenamedCounted()) {
+      grpc(std::move(done));
+      return;
+    }
     std::string bytes;
     if (!request.SerializeToString(&bytes)) {
       done(absl::InternalError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " request to ", task_,
@@ -105,16 +126,25 @@ class RdmaWorker : public WorkerInterface {
       return;
     }
     calls_->Call(task_, method, std::move(bytes), opts,
-                 [task = task_, method, response, done = std::move(done)](const absl::Status& status,
-                                                                         std::string_view reply) {
+                 [this, method, response, done = std::move(done), grpc = std::move(grpc)](
+                     const absl::Status& status, std::string_view reply) mutable {
+                   if (!status.ok() && RenamedCounted()) return grpc(std::move(done));
                    if (!status.ok()) return done(status);
                    if (!response->ParseFromArray(reply.data(), static_cast<int>(reply.size()))) {
                      return done(absl::DataLossError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method),
-                                                                  " reply from ", task, " does not parse")));
+                                                                  " reply from ", task_, " does not parse")));
                    }
                    done(absl::OkStatus());
                  },
                  patience);
+  }
+
+  // Whether task_ is known renamed, counting the call that stays on gRPC for it.
+  bool RenamedCounted() const {
+    const std::shared_ptr<Runtime>& runtime = calls_->runtime();
+    if (!runtime->task_addresses().Renamed(task_)) return false;
+    runtime->stats().Fallback(kRenamedTaskCall);
+    return true;
   }
 
   const std::string task_;
@@ -124,15 +154,18 @@ class RdmaWorker : public WorkerInterface {
 
 }  // namespace
 
-RdmaWorkerCache::RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::shared_ptr<WorkerCalls> calls)
-    : grpc_(grpc), calls_(std::move(calls)) {}
+RdmaWorkerCache::RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::shared_ptr<WorkerCalls> calls,
+                                 std::string local_target)
+    : grpc_(grpc), calls_(std::move(calls)), local_target_(std::move(local_target)) {}
 
 RdmaWorkerCache::~RdmaWorkerCache() = default;
 
 bool RdmaWorkerCache::Carries(const std::string& target) const {
   const std::shared_ptr<Runtime>& runtime = calls_->runtime();
-  if (target == runtime->local_task()) return false;  // gRPC's cache answers with the in-process worker
-  if (runtime->task_addresses().Renamed(target)) {
+  if (target == local_target_) return false;  // gRPC's cache answers with the in-process worker
+  // A session that renamed this task (ClusterSpec propagation) names the others its own way too:
+  // its calls stay on gRPC, as its tensors do (RdmaRemoteRendezvous).
+  if (local_target_ != runtime->local_task() || runtime->task_addresses().Renamed(target)) {
     runtime->stats().Fallback(kRenamedTaskCall);
     return false;
   }

@@ -17,8 +17,10 @@ namespace tf_rdma {
 
 class RdmaWorkerCache : public tensorflow::WorkerCacheInterface {
  public:
-  // Takes `grpc`, gRPC's cache for the same cluster.
-  RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::shared_ptr<WorkerCalls> calls);
+  // Takes `grpc`, gRPC's cache for the same cluster, in which this process's task is
+  // `local_target` (the name the cache's cluster gives it: a session may give it another).
+  RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::shared_ptr<WorkerCalls> calls,
+                  std::string local_target);
   ~RdmaWorkerCache() override;
 
   void ListWorkers(std::vector<std::string>* workers) const override;
@@ -41,6 +43,7 @@ class RdmaWorkerCache : public tensorflow::WorkerCacheInterface {
 
   const std::unique_ptr<tensorflow::WorkerCacheInterface> grpc_;
   const std::shared_ptr<WorkerCalls> calls_;
+  const std::string local_target_;
 };
 
 }  // namespace tf_rdma

@@ -82,7 +82,8 @@ class RdmaServer : public tensorflow::GrpcServer {
     tensorflow::WorkerCacheInterface* grpc_cache = nullptr;
     absl::Status made = GrpcServer::WorkerCacheFactory(options, &grpc_cache);
     if (!made.ok()) return made;
-    *worker_cache = new RdmaWorkerCache(grpc_cache, calls_);
+    *worker_cache = new RdmaWorkerCache(grpc_cache, calls_,
+                                        TaskName(options.job_name, options.replica_index, options.task_index));
     return absl::OkStatus();
   }
 
