@@ -14,7 +14,6 @@ using tensorflow::WorkerInterface;
 
 // Why calls stay on gRPC, as stats()['fallback'] counts them.
 constexpr char kRenamedTaskCall[] = "a worker-service call to a task its session renamed";
-constexpr char kFailFastStatus[] = "a fail-fast GetStatus (gRPC's channel state decides it)";
 
 // Another task's worker, reached by calls on tf_rdma; gRPC's worker for the same task serves what
 // tf_rdma leaves to gRPC.
@@ -26,16 +25,13 @@ class RdmaWorker : public WorkerInterface {
 
   WorkerInterface* grpc() const { return grpc_; }
 
+  // Device discovery, before a session or an eager context exists: gRPC's channel waits for a
+  // task that starts later (fail_fast false) or fails at once (true), and a task whose tf_rdma
+  // cannot connect (another secret, a wrong address) is still found, to fail its first step
+  // naming why.
   void GetStatusAsync(CallOptions* opts, const tensorflow::GetStatusRequest* request,
                       tensorflow::GetStatusResponse* response, bool fail_fast, StatusCallback done) override {
-    if (fail_fast) {
-      calls_->runtime()->stats().Fallback(kFailFastStatus);
-      grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
-      return;
-    }
-    Call(WorkerMethod::kGetStatus, *request, response, opts, std::move(done),
-         [=](StatusCallback d) { grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(d)); },
-         WorkerCalls::Patience::kWaitForPeer);
+    grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
   }
   void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
                                 tensorflow::CreateWorkerSessionResponse* response, StatusCallback done) override {
@@ -113,8 +109,7 @@ class RdmaWorker : public WorkerInterface {
   // not carry (known before, or found by this call's connecting, which it never got past).
   template <typename Response>
   void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
-            StatusCallback done, std::function<void(StatusCallback)> grpc,
-            WorkerCalls::Patience patience = WorkerCalls::Patience::kFailFast) {
+            StatusCallback done, std::function<void(StatusCallback)> grpc) {
     if (RenamedCounted()) {
       grpc(std::move(done));
       return;
@@ -135,8 +130,7 @@ class RdmaWorker : public WorkerInterface {
                                                                   " reply from ", task_, " does not parse")));
                    }
                    done(absl::OkStatus());
-                 },
-                 patience);
+                 });
   }
 
   // Whether task_ is known renamed, counting the call that stays on gRPC for it.

@@ -156,39 +156,21 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
 }
 
 void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
-                       Done done, Patience patience) {
-  // Waiting, without end, as gRPC's channel does for such a call (TensorFlow's master logs every
-  // 10 s which task it still waits for); tf_rdma logs each failed connection.
-  const absl::Time give_up = patience == Patience::kWaitForPeer ? absl::InfiniteFuture() : absl::InfinitePast();
-  Connect(task, method, std::move(request), opts, std::move(done), give_up, absl::Milliseconds(50));
-}
-
-void WorkerCalls::Connect(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
-                          Done done, absl::Time give_up, absl::Duration backoff) {
+                       Done done) {
   runtime_->connections().WithConnection(
       task,
-      [calls = shared_from_this(), task, method, request = std::move(request), opts, done = std::move(done), give_up,
-       backoff](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
-        if (connection.ok()) {
-          calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
+      [calls = shared_from_this(), task, method, request = std::move(request), opts,
+       done = std::move(done)](absl::StatusOr<std::shared_ptr<Connection>> connection) mutable {
+        if (!connection.ok()) {
+          // The code says why (a configuration error, a task without tf_rdma, one unreachable), as
+          // a gRPC call that cannot reach its task fails at once.
+          done(absl::Status(connection.status().code(),
+                            absl::StrCat("tf_rdma: no connection to task ", task, " for its ",
+                                         WorkerMethodName(method), " call: ", connection.status().message())),
+               {});
           return;
         }
-        const bool not_up = absl::IsUnavailable(connection.status()) || absl::IsDeadlineExceeded(connection.status());
-        if (not_up && absl::Now() + backoff < give_up) {
-          // A peer that is not up (a restarted task starting again) is dialled again, as gRPC's
-          // channel reconnects for a call that waits for it.
-          CallTimer::Process().At(absl::Now() + backoff, [calls, task, method, request = std::move(request), opts,
-                                                           done = std::move(done), give_up, backoff]() mutable {
-            calls->Connect(task, method, std::move(request), opts, std::move(done), give_up,
-                           std::min(2 * backoff, absl::Seconds(1)));
-          });
-          return;
-        }
-        // The code says why (a configuration error, a task without tf_rdma, one unreachable).
-        done(absl::Status(connection.status().code(),
-                          absl::StrCat("tf_rdma: no connection to task ", task, " for its ", WorkerMethodName(method),
-                                       " call: ", connection.status().message())),
-             {});
+        calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
       },
       Connections::Waiting::kAskPeerToDial);
 }

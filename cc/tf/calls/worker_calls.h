@@ -48,25 +48,17 @@ class WorkerCalls : public std::enable_shared_from_this<WorkerCalls> {
   void Serve(tensorflow::WorkerInterface* worker, tensorflow::thread::ThreadPool* pool);
 
   using Done = std::function<void(const absl::Status& status, std::string_view reply)>;
-  // What a call does when it finds no connection to a task that is not up: fail at once, as a gRPC
-  // call does by default (fail fast), or dial again until it is, as one that waits for its channel
-  // (GetStatus with fail_fast false: a master finding its workers, which may start later).
-  enum class Patience { kFailFast, kWaitForPeer };
   // Calls `method` of `task`'s worker with `request` (its protocol buffer, serialized). `opts`, if
   // given, may cancel the call, and its timeout ends it with kDeadlineExceeded; it must outlive
   // the call. `done` runs once.
   void Call(const std::string& task, WorkerMethod method, std::string request, tensorflow::CallOptions* opts,
-            Done done, Patience patience = Patience::kFailFast);
+            Done done);
 
   const std::shared_ptr<Runtime>& runtime() const { return runtime_; }
 
  private:
   void StartServing(const std::shared_ptr<Connection>& connection);
   void Dispatch(std::shared_ptr<ServedCall> call);
-  // Call's connection, dialled again after `backoff` while the peer is unavailable and `give_up`
-  // is ahead.
-  void Connect(const std::string& task, WorkerMethod method, std::string request, tensorflow::CallOptions* opts,
-               Done done, absl::Time give_up, absl::Duration backoff);
   void CallOn(const std::shared_ptr<Connection>& connection, const std::string& task, WorkerMethod method,
               std::string request, tensorflow::CallOptions* opts, Done done);
   absl::StatusOr<std::shared_ptr<CallClient>> ClientFor(const std::string& task,
