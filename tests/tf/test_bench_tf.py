@@ -15,6 +15,7 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     report, progress = bench_report("tf", "--quick", "--backend", "shm", "--plot", str(plot), timeout=360)
     assert report["backends"] == ["shm"] and report["unavailable"] == {}
     assert set(report["workloads"]) == set(bench_tf.WORKLOADS)
+    assert [r["step"] for r in report["workloads"]["step"]] == ["no-op", "counter", "embedding"]
     for workload, rows in report["workloads"].items():
         for row in rows:
             if workload == "ps-train":
@@ -28,7 +29,7 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert [r["model"] for r in report["workloads"]["ps-train"]] == ["embedding", "dense"]
     for row in report["workloads"]["ps-train"]:
-        assert row["nothing_crosses_steps_per_second"] > 0, row
+        assert row["nothing_crosses_steps_per_second"] > 0 and row["nothing_crosses_shm_steps_per_second"] > 0, row
         assert row["vs_grpc_nothing_crosses"] == pytest.approx(
             row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
@@ -74,15 +75,19 @@ MEASURED = {
     "grpc": {"transfer": [[{"size": 1 << 20, "seconds": 0.004, "steps": 9}]],
              "many": [[{"tensors": 200, "size": 4096, "seconds": 0.008, "steps": 9}]],
              "hops": [[{"hops": 50, "seconds": 0.010, "steps": 9}]],
+             "step": [[{"step": "no-op", "seconds": 0.001, "steps": 9}]],
              "ps-train": [[{"model": "dense", "seconds": 0.5, "steps": 9}],
                           [{"model": "dense", "seconds": 0.25, "steps": 9}]]},
     "shm": {"transfer": [[{"size": 1 << 20, "seconds": 0.001, "steps": 9}]],
             "many": [[{"tensors": 200, "size": 4096, "seconds": 0.002, "steps": 9}]],
             "hops": [[{"hops": 50, "seconds": 0.004, "steps": 9}]],
+            "step": [[{"step": "no-op", "seconds": 0.0004, "steps": 9}]],
             "ps-train": [[{"model": "dense", "seconds": 0.25, "steps": 9}],
                          [{"model": "dense", "seconds": 0.125, "steps": 9}]]},
     "nothing_crosses": {"ps-train": [[{"model": "dense", "seconds": 0.1, "steps": 9}],
                                      [{"model": "dense", "seconds": 0.1, "steps": 9}]]},
+    "nothing_crosses_shm": {"ps-train": [[{"model": "dense", "seconds": 0.05, "steps": 9}],
+                                         [{"model": "dense", "seconds": 0.05, "steps": 9}]]},
 }
 MACHINE = {1 << 20: {"memcpy_gbps": 10.0, "tcp_socket_gbps": 3.0}}
 
@@ -102,6 +107,8 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
     assert many["shm_us_per_tensor"] == pytest.approx(10.0)
     [hops] = combined("hops")
     assert hops["grpc_us_per_hop"] == pytest.approx(200.0) and hops["vs_grpc_shm"] == pytest.approx(2.5)
+    [step] = combined("step")
+    assert step["grpc_steps_per_second"] == pytest.approx(1000.0) and step["vs_grpc_shm"] == pytest.approx(2.5)
     # Both workers train at once: the cluster's rate is the sum of theirs.
     [train] = combined("ps-train")
     assert train["grpc_steps_per_second"] == pytest.approx(6.0)
@@ -109,6 +116,8 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
     assert train["vs_grpc_shm"] == pytest.approx(2.0)
     assert train["nothing_crosses_steps_per_second"] == pytest.approx(20.0)
     assert train["vs_grpc_nothing_crosses"] == pytest.approx(20.0 / 6.0)
+    assert train["nothing_crosses_shm_steps_per_second"] == pytest.approx(40.0)
+    assert train["vs_grpc_nothing_crosses_shm"] == pytest.approx(40.0 / 6.0)
 
 
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
@@ -118,5 +127,7 @@ def test_the_table_and_the_plot_from_canned_figures(tmp_path):
                                             "     200 x 4 KiB      8.00      2.00     4.00",
                                             "         50 hops     200.0      80.0     2.50",
                                             "           dense       6.0      12.0     2.00",
-                                            "the most any transport can give): dense 20.0 (3.33x)"],
+                                            "           no-op      1000      2500     2.50",
+                                            "nothing to move over grpc (the workers' ops on the ps): dense 20.0 (3.33x)",
+                                            "nothing to move over shm (the workers' ops on the ps): dense 40.0 (6.67x)"],
                          tmp_path / "plot.png")

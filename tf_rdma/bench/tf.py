@@ -8,11 +8,15 @@ every transport runs the same graph):
   a plain TCP socket stream between two processes: `bench transport`'s baselines).
 - many: N tensors of S bytes per step (e.g. 200 x 4 KiB): step time, and time per tensor.
 - hops: a chain of dependent small (8-float) hops ps -> worker -> ps ... in one step: time per hop.
+- step: what a step costs beside its bytes: a no-op on the ps; a ps counter's increment, fetched;
+  an embedding step (rows gathered from a ps table onto the worker, a loss there, the rows updated
+  on the ps). Steps per second.
 - ps-train: 1 ps + 2 workers training asynchronously, each in its own session: an embedding model
   (sparse lookups and sparse updates of a wide table) and a dense model (>= 50 M parameters; fewer
   with --quick); steps per second summed over the workers. Beside them, the same steps with nothing
-  to move: each worker's ops placed on the ps, so only the step itself (the master's RunGraph)
-  crosses. That is the most any transport can give on this host, measured in the same run.
+  to move: each worker's ops placed on the ps, so only the step itself (the master's RunGraph and
+  the step's cleanup) crosses, over gRPC and over each backend (tf_rdma carries those calls too).
+  gRPC's is the most a tensor transport alone could give on this host, measured in the same run.
 Every figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios are
 gRPC's step time over tf_rdma's (higher is better).
 """
@@ -27,12 +31,13 @@ from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
-WORKLOADS = ("transfer", "many", "hops", "ps-train")
+WORKLOADS = ("transfer", "many", "hops", "step", "ps-train")
 
 FULL = {
     "transfer_sizes": [4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20],
     "many": [[200, 4 << 10], [1000, 256]],
     "hops": 50,
+    "step": {"vocab": 200_000, "dim": 64, "rows": 512},
     "embedding": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8},
     "dense": {"inputs": 4096, "outputs": 12288, "batch": 32},  # 50.3 M parameters
     "budget": 1.5,
@@ -41,6 +46,7 @@ QUICK = {
     "transfer_sizes": [4 << 10, 4 << 20, 64 << 20],
     "many": [[200, 4 << 10]],
     "hops": 50,
+    "step": {"vocab": 50_000, "dim": 64, "rows": 512},
     "embedding": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8},
     "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
     "budget": 0.4,
@@ -88,6 +94,29 @@ def _hops(tf, session, params, budget):
     session.run(start.initializer)
     seconds, steps = timed(lambda: session.run(step), budget)
     return [{"hops": hops, "seconds": seconds, "steps": steps}]
+
+
+def _step(tf, session, params, budget):
+    p = params["step"]
+    with tf.device("/job:ps/task:0"):
+        nothing = tf.no_op()
+        counter = tf.compat.v1.Variable(0, dtype=tf.int64, use_resource=True)
+        increment = counter.assign_add(1)
+        table = tf.compat.v1.Variable(tf.ones([p["vocab"], p["dim"]]), use_resource=True)
+    with tf.device("/job:worker/task:0"):
+        ids = tf.random.uniform([p["rows"]], 0, p["vocab"], tf.int32)
+        rows = tf.gather(table, ids)
+        loss = tf.reduce_sum(rows * rows)
+        gradient = 2.0 * rows * 1e-6
+    with tf.device("/job:ps/task:0"):
+        update = table.scatter_sub(tf.IndexedSlices(gradient, ids))
+    embedding = tf.group(loss, update)
+    session.run([counter.initializer, table.initializer])
+    rows_out = []
+    for name, fetch in (("no-op", nothing), ("counter", increment), ("embedding", embedding)):
+        seconds, steps = timed(lambda: session.run(fetch), budget)
+        rows_out.append({"step": name, "seconds": seconds, "steps": steps})
+    return rows_out
 
 
 def _train_step(tf, model, params, index, nothing_crosses=False):
@@ -145,7 +174,7 @@ def task(spec):
     if spec["job"] == "ps":
         server.join()
     params, budget = spec["params"], spec["params"]["budget"]
-    one_worker = {"transfer": _transfer, "many": _many, "hops": _hops}
+    one_worker = {"transfer": _transfer, "many": _many, "hops": _hops, "step": _step}
     result = {"workloads": {}}
     with open_session(server) as session:
         for workload in spec["workloads"]:
@@ -186,18 +215,25 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
     return measured
 
 
+def _nothing_crosses(transport):
+    """The measurements' key of ps-train with nothing to move over `transport`."""
+    return "nothing_crosses" if transport == "grpc" else f"nothing_crosses_{transport}"
+
+
 def combine(workload, measured, carried, machine=None):
     """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
     of every worker for ps-train}), with gRPC's time over each backend's. ps-train's come with
-    "nothing_crosses": its steps with the workers' ops on the ps."""
+    "nothing_crosses" and "nothing_crosses_<backend>": its steps with the workers' ops on the ps,
+    over gRPC and over the backend."""
     rows = []
     if workload == "ps-train":
+        bounds = [_nothing_crosses(t) for t in ["grpc", *carried]]
         for i, first in enumerate(measured["grpc"][0]):
             row = {"model": first["model"]}
-            for transport in ["grpc", *carried, "nothing_crosses"]:
+            for transport in ["grpc", *carried, *bounds]:
                 # Workers train at once: the cluster's rate is the sum of theirs.
                 row[f"{transport}_steps_per_second"] = sum(1 / w[i]["seconds"] for w in measured[transport])
-            for backend in [*carried, "nothing_crosses"]:
+            for backend in [*carried, *bounds]:
                 row[f"vs_grpc_{backend}"] = (row[f"{backend}_steps_per_second"]
                                              / row["grpc_steps_per_second"])
             rows.append(row)
@@ -218,6 +254,9 @@ def combine(workload, measured, carried, machine=None):
         if workload == "hops":
             for transport in ["grpc", *carried]:
                 row[f"{transport}_us_per_hop"] = row[f"{transport}_seconds"] / row["hops"] * 1e6
+        if workload == "step":
+            for transport in ["grpc", *carried]:
+                row[f"{transport}_steps_per_second"] = 1 / row[f"{transport}_seconds"]
         rows.append(row)
     return rows
 
@@ -241,9 +280,10 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
             progress(f"{', '.join(workloads)} over {transport}")
         measured[transport] = run_cluster(transport, workloads, params)
     if "ps-train" in workloads:
-        if progress:
-            progress("ps-train with nothing to move (the workers' ops on the ps), over grpc")
-        measured["nothing_crosses"] = run_cluster("grpc", ["ps-train"], params, nothing_crosses=True)
+        for transport in ["grpc", *carried]:
+            if progress:
+                progress(f"ps-train with nothing to move (the workers' ops on the ps), over {transport}")
+            measured[_nothing_crosses(transport)] = run_cluster(transport, ["ps-train"], params, nothing_crosses=True)
     for workload in workloads:
         report["workloads"][workload] = combine(
             workload, {transport: m[workload] for transport, m in measured.items() if workload in m},
@@ -280,12 +320,16 @@ def render(report):
     if "hops" in w:
         table("hops: dependent cross-task hops (us per hop)", w["hops"],
               lambda r: f"{r['hops']} hops", lambda t: f"{t}_us_per_hop", 1, 1)
+    if "step" in w:
+        table("step: a step's cost beside its bytes (steps per second)", w["step"],
+              lambda r: r["step"], lambda t: f"{t}_steps_per_second", 1, 0)
     if "ps-train" in w:
         table("ps-train: 1 ps + 2 workers (steps per second, both workers)", w["ps-train"],
               lambda r: r["model"], lambda t: f"{t}_steps_per_second", 1, 1)
-        lines.append("  nothing to move (the workers' ops on the ps; the most any transport can give): " + ", ".join(
-            f"{r['model']} {r['nothing_crosses_steps_per_second']:.1f} ({r['vs_grpc_nothing_crosses']:.2f}x)"
-            for r in w["ps-train"]))
+        for transport in ["grpc", *backends]:
+            key = _nothing_crosses(transport)
+            lines.append(f"  nothing to move over {transport} (the workers' ops on the ps): " + ", ".join(
+                f"{r['model']} {r[f'{key}_steps_per_second']:.1f} ({r[f'vs_grpc_{key}']:.2f}x)" for r in w["ps-train"]))
     return "\n".join(lines)
 
 
@@ -304,6 +348,7 @@ def plot(report, path):
         "many": ("ms per step (lower is better)", lambda r: f"{r['tensors']} x {format_size(r['size'])}",
                  lambda r, t: r[f"{t}_seconds"] * 1e3),
         "hops": ("us per hop (lower is better)", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
+        "step": ("steps/s (higher is better)", lambda r: r["step"], lambda r, t: r[f"{t}_steps_per_second"]),
         "ps-train": ("steps/s (higher is better)", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),
     }
     width = 0.8 / len(transports)
