@@ -94,7 +94,7 @@ void Connections::OnAccepted(std::shared_ptr<Connection> connection) {
     serve_any_peer_(std::move(connection));
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // A task this server has not heard of yet may be a client whose cluster reaches us with its first
   // request (an eager context, a coordinator); it proved the cluster key, so it may connect.
   // Names a peer claims become records here: a key holder must not grow them without bound.
@@ -134,6 +134,13 @@ void Connections::OnAccepted(std::shared_ptr<Connection> connection) {
   state.was_connected = true;
   RecordConnection(peer, state.connection->backend(), kChosenByPeer);
   accepted_.notify_all();
+  // Waiters have their connection now, not when Establish's AwaitFrom returns: it may be asking
+  // the peer to dial (IdentityAt), which waits out the peer's handshake or its "not now".
+  std::vector<ConnectionCallback> waiters;
+  waiters.swap(state.waiters);
+  std::shared_ptr<Connection> adopted = state.connection;
+  lock.unlock();
+  for (auto& waiter : waiters) waiter(adopted);
 }
 
 void Connections::DialBackLocked(const std::string& peer_task) {
