@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -355,7 +356,8 @@ MWMS_STEPS, MWMS_ELEMENTS = 40, 1 << 20
 def mwms_all_reduces(tmp_path, transport, impaired):
     """Two MultiWorkerMirroredStrategy workers on hosts of their own, all-reducing a vector of
     MWMS_ELEMENTS floats MWMS_STEPS times, `impaired`: with the link impaired (impair()) from the
-    start; the digest of every result, and the seconds of the steps after the first."""
+    start; the digest of every result, and the seconds of each step after the first (the slower
+    worker's)."""
     run_dir = tmp_path / f"mwms-{transport}-{'impaired' if impaired else 'unimpaired'}"
     run_dir.mkdir()
     outputs = [str(run_dir / f"worker{i}.npz") for i in range(2)]
@@ -368,20 +370,24 @@ def mwms_all_reduces(tmp_path, transport, impaired):
                           output=outputs[i], steps=MWMS_STEPS, elements=MWMS_ELEMENTS)
         for i in range(2):
             assert cluster.wait("worker", i, timeout=240) == 0, cluster.log("worker", i)[-4000:]
-    return ([digest(o) for o in outputs],
-            max(float(Path(o + ".seconds").read_text()) for o in outputs))
+    steps = [json.loads(Path(o + ".seconds").read_text()) for o in outputs]
+    return [digest(o) for o in outputs], [max(both) for both in zip(*steps)]
 
 
 @pytest.mark.timeout(3 * 2 * 240 + 60)
 def test_multi_worker_mirrored_all_reduces_on_an_impaired_link_are_identical_to_unimpaired(tmp_path):
-    """The impaired link between the workers changes no bit of any all-reduce, over
-    gRPC and tf_rdma; the step rate so impaired is tf_rdma's against gRPC's (same bound and reason
-    as for TF1 above)."""
+    """The impaired link between the workers changes no bit of any all-reduce, over gRPC and
+    tf_rdma; tf_rdma's step rate so impaired is gRPC's. Compared by the median step: a lost
+    packet's retransmission (200 ms, doubling while it is lost again) lengthens a few steps of
+    either transport by up to seconds, so the totals of runs of one transport differ by up to 2x.
+    A step stalled past twice the peer timeout is no retransmission: it fails the test."""
     reference, _ = mwms_all_reduces(tmp_path, "grpc", False)
-    stock, stock_seconds = mwms_all_reduces(tmp_path, "grpc", True)
-    ours, seconds = mwms_all_reduces(tmp_path, "rdma", True)
+    stock, stock_steps = mwms_all_reduces(tmp_path, "grpc", True)
+    ours, steps = mwms_all_reduces(tmp_path, "rdma", True)
     assert stock == reference and ours == reference, (reference, stock, ours)
+    median, stock_median = statistics.median(steps), statistics.median(stock_steps)
     print(f"MultiWorkerMirrored, {MWMS_STEPS - 1} all-reduces of {MWMS_ELEMENTS * 4 >> 10} KiB under "
-          f"{IMPAIRMENT}: rdma {seconds:.2f} s, grpc {stock_seconds:.2f} s "
-          f"(rate ratio {stock_seconds / seconds:.2f})")
-    assert seconds < stock_seconds / 0.4, (seconds, stock_seconds)
+          f"{IMPAIRMENT}: median step rdma {median:.3f} s, grpc {stock_median:.3f} s (rate ratio "
+          f"{stock_median / median:.2f}); slowest rdma {max(steps):.2f} s, grpc {max(stock_steps):.2f} s")
+    assert median < stock_median / 0.6, (steps, stock_steps)
+    assert max(steps) < 2 * PEER_TIMEOUT_S, (steps, stock_steps)

@@ -1,13 +1,14 @@
 """Worker-service calls between tf_rdma tasks (cc/tf/calls/): once a TF1 session ran its first
 steps, none of them needs gRPC. Proved by dropping every packet of TensorFlow's own ports between
-the two hosts: the next steps still run, each a RunGraph call on tf_rdma."""
+the two hosts: the next steps still run, each a RunGraph call on tf_rdma. And they keep gRPC's
+semantics: a closed session cancels its steps on the remote task."""
 import json
 import subprocess
 
 import pytest
 
 from tests.harness import netns
-from tests.tf.programs.cluster import NamespacedCluster
+from tests.tf.programs.cluster import Cluster, NamespacedCluster
 
 NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")
 PS = "/job:ps/replica:0/task:0"
@@ -35,3 +36,26 @@ def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
     # A step's partition on the ps runs by one RunGraph call, and is cleaned up by another.
     assert calls["RunGraph"] >= 2 * steps and calls["CleanupGraph"] >= 2 * steps - 1, calls
     assert not outcome["stats"]["fallback"], outcome["stats"]
+
+
+@pytest.mark.parametrize("transport", [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")], ids=lambda t: t[1] or t[0])
+def test_a_closed_session_cancels_its_step_on_the_ps(tmp_path, transport):
+    """As gRPC does: closing the session cancels its running step's RunGraph call, and the ps's
+    part of the step (a dequeue from an empty queue) ends with it; a new session's element then
+    reaches the new session's dequeue, not a step of the closed one still waiting on the ps."""
+    name, backend = transport
+    output = str(tmp_path / "outcome.json")
+    with Cluster(tmp_path, {"ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": backend or "auto"}) as cluster:
+        cluster.start("ps", 0, "serve", transport=name)
+        cluster.start("worker", 0, "closed_session_worker", transport=name, output=output)
+        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["warm"] == 2.0, outcome
+    assert outcome["step_ended"] and outcome["blocked_step"] == "CancelledError", outcome
+    assert outcome["ended_after_close_s"] < 5, outcome
+    assert outcome["new_session_got"] == 3.0, outcome
+    if name == "rdma":
+        calls = outcome["stats"]["peers"][PS]["calls_made"]
+        assert calls["RunGraph"] >= 3 and calls.get("DeleteWorkerSession", 0) >= 1, calls
+        assert not outcome["stats"]["fallback"], outcome["stats"]

@@ -33,16 +33,19 @@ def _all_reduce_step(strategy, elements):
 
 
 def all_reduce_worker(cluster, job, index, transport, output, steps=5, elements=1 << 20):
-    """Runs `steps` all-reduces and saves every result, and the seconds the steps after the first
-    took (the first sets up the collective group) in OUTPUT.seconds."""
+    """Runs `steps` all-reduces and saves every result, and the seconds each step after the first
+    took (the first sets up the collective group) in OUTPUT.seconds, a JSON list."""
     import tensorflow as tf
     strategy = _strategy(cluster, job, index, transport)
     step = _all_reduce_step(strategy, elements)
     results = {"step/0": step(tf.constant(0.0)).numpy()}
-    started = time.monotonic()
-    results.update({f"step/{s}": step(tf.constant(float(s))).numpy() for s in range(1, steps)})
+    seconds = []
+    for s in range(1, steps):
+        started = time.monotonic()
+        results[f"step/{s}"] = step(tf.constant(float(s))).numpy()
+        seconds.append(time.monotonic() - started)
     with open(output + ".seconds", "w") as f:
-        f.write(str(time.monotonic() - started))
+        json.dump(seconds, f)
     np.savez(output, **results)
     if transport == "rdma":
         import tf_rdma

@@ -484,6 +484,57 @@ def steps_with_grpc_blocked_worker(cluster, job, index, transport, output, steps
     os._exit(0)  # closing the session would call the ps's DeregisterGraph: on tf_rdma too, but not needed
 
 
+def closed_session_worker(cluster, job, index, transport, output):
+    """A step blocked in the ps's dequeue from an empty queue while the session is closed from
+    another thread. Records how the step ended and how long after the close, then whether a new
+    session's element reaches its own dequeue: a step of the closed session left waiting on the ps
+    would take it first."""
+    import threading
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = _server(cluster, job, index, transport)
+    with tf.device("/job:ps/task:0"):
+        queue = tf.queue.FIFOQueue(4, tf.float32, shapes=[()], shared_name="closed_session_queue")
+        value = tf.compat.v1.placeholder(tf.float32, ())
+        enqueue = queue.enqueue(value)
+        dequeued = queue.dequeue()
+    with tf.device("/job:worker/task:0"):
+        fetched = dequeued + 1.0  # the step crosses from the ps to the worker
+    sess = tf.compat.v1.Session(server.target)
+    sess.run(enqueue, {value: 1.0})
+    outcome = {"warm": float(sess.run(fetched))}
+    closed = []
+
+    def blocked_step():
+        try:
+            sess.run(fetched)
+            outcome["blocked_step"] = "returned"
+        except tf.errors.OpError as e:
+            outcome["blocked_step"] = type(e).__name__
+            outcome["message"] = e.message[:2000]
+        outcome["ended_after_close_s"] = time.monotonic() - closed[0] if closed else None
+
+    thread = threading.Thread(target=blocked_step)
+    thread.start()
+    time.sleep(1.0)  # the step waits in the ps's dequeue
+    closed.append(time.monotonic())
+    sess.close()
+    thread.join(30)
+    outcome["step_ended"] = not thread.is_alive()
+    fresh = tf.compat.v1.Session(server.target)
+    fresh.run(enqueue, {value: 2.0})
+    try:
+        outcome["new_session_got"] = float(fresh.run(fetched, options=tf.compat.v1.RunOptions(timeout_in_ms=5000)))
+    except tf.errors.DeadlineExceededError:
+        outcome["new_session_got"] = None
+    if transport == "rdma":
+        import tf_rdma
+        outcome["stats"] = tf_rdma.stats()
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    os._exit(0)
+
+
 def sends_past_a_frozen_ps_worker(cluster, job, index, transport, output, pause_s):
     """A step whose worker part only sends to the ps: one tensor at once, one after `pause_s`, in
     which the test freezes the ps. The first send fails when the worker gives up on the silent ps,
