@@ -36,7 +36,7 @@ def main(argv=None):
     bench.add_argument("what", choices=["transport", "collective", "tf", "data", "scale"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
-                            "tf: TensorFlow workloads (transfer, many, hops, ps-train) against gRPC; "
+                            "tf: TensorFlow workloads (transfer, many, hops, step, ps-train) against gRPC; "
                             "data: tf.data service elements (4 KiB to 32 MiB) from workers to a trainer "
                             "against gRPC; "
                             "scale: one receiver and N peers per backend (threads, memory, "
