@@ -43,6 +43,7 @@ py::dict PeerToDict(const PeerStats& s) {
   d["fused_messages_received"] = s.fused_messages_received;
   d["calls_made"] = s.calls_made;
   d["calls_served"] = s.calls_served;
+  d["calls_on_grpc"] = s.calls_on_grpc;
   return d;
 }
 

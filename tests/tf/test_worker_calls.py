@@ -35,6 +35,9 @@ def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
     calls = outcome["stats"]["peers"][PS]["calls_made"]
     # A step's partition on the ps runs by one RunGraph call, and is cleaned up by another.
     assert calls["RunGraph"] >= 2 * steps and calls["CleanupGraph"] >= 2 * steps - 1, calls
+    # Only device discovery, before the session, stayed on gRPC.
+    on_grpc = outcome["stats"]["peers"][PS]["calls_on_grpc"]
+    assert set(on_grpc) == {"GetStatus"} and on_grpc["GetStatus"] <= 2, on_grpc
     assert not outcome["stats"]["fallback"], outcome["stats"]
 
 
@@ -58,4 +61,5 @@ def test_a_closed_session_cancels_its_step_on_the_ps(tmp_path, transport):
     if name == "rdma":
         calls = outcome["stats"]["peers"][PS]["calls_made"]
         assert calls["RunGraph"] >= 3 and calls.get("DeleteWorkerSession", 0) >= 1, calls
+        assert set(outcome["stats"]["peers"][PS]["calls_on_grpc"]) <= {"GetStatus"}, outcome["stats"]
         assert not outcome["stats"]["fallback"], outcome["stats"]

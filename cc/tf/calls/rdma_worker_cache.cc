@@ -31,6 +31,7 @@ class RdmaWorker : public WorkerInterface {
   // naming why.
   void GetStatusAsync(CallOptions* opts, const tensorflow::GetStatusRequest* request,
                       tensorflow::GetStatusResponse* response, bool fail_fast, StatusCallback done) override {
+    CountOnGrpc("GetStatus");
     grpc_->GetStatusAsync(opts, request, response, fail_fast, std::move(done));
   }
   void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
@@ -97,10 +98,12 @@ class RdmaWorker : public WorkerInterface {
   // gRPC's rendezvous and collectives fetch over these only what tf_rdma does not carry.
   void RecvTensorAsync(CallOptions* opts, const tensorflow::RecvTensorRequest* request,
                        tensorflow::TensorResponse* response, StatusCallback done) override {
+    CountOnGrpc("RecvTensor");
     grpc_->RecvTensorAsync(opts, request, response, std::move(done));
   }
   void RecvBufAsync(CallOptions* opts, const tensorflow::RecvBufRequest* request, tensorflow::RecvBufResponse* response,
                     StatusCallback done) override {
+    CountOnGrpc("RecvBuf");
     grpc_->RecvBufAsync(opts, request, response, std::move(done));
   }
 
@@ -110,7 +113,7 @@ class RdmaWorker : public WorkerInterface {
   template <typename Response>
   void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
             StatusCallback done, std::function<void(StatusCallback)> grpc) {
-    if (RenamedCounted()) {
+    if (RenamedCounted(method)) {
       grpc(std::move(done));
       return;
     }
@@ -123,7 +126,7 @@ class RdmaWorker : public WorkerInterface {
     calls_->Call(task_, method, std::move(bytes), opts,
                  [this, method, response, done = std::move(done), grpc = std::move(grpc)](
                      const absl::Status& status, std::string_view reply) mutable {
-                   if (!status.ok() && RenamedCounted()) return grpc(std::move(done));
+                   if (!status.ok() && RenamedCounted(method)) return grpc(std::move(done));
                    if (!status.ok()) return done(status);
                    if (!response->ParseFromArray(reply.data(), static_cast<int>(reply.size()))) {
                      return done(absl::DataLossError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method),
@@ -134,11 +137,16 @@ class RdmaWorker : public WorkerInterface {
   }
 
   // Whether task_ is known renamed, counting the call that stays on gRPC for it.
-  bool RenamedCounted() const {
+  bool RenamedCounted(WorkerMethod method) const {
     const std::shared_ptr<Runtime>& runtime = calls_->runtime();
     if (!runtime->task_addresses().Renamed(task_)) return false;
     runtime->stats().Fallback(kRenamedTaskCall);
+    CountOnGrpc(WorkerMethodName(method));
     return true;
+  }
+
+  void CountOnGrpc(const char* method) const {
+    calls_->runtime()->stats().Peer(task_, [method](PeerStats& s) { s.calls_on_grpc[method]++; });
   }
 
   const std::string task_;

@@ -43,6 +43,9 @@ struct PeerStats {
   // Worker-service calls by method ("RunGraph"): made to the peer, and served for it.
   std::map<std::string, uint64_t> calls_made;
   std::map<std::string, uint64_t> calls_served;
+  // Worker-service calls to the peer that stayed on gRPC, by method: device discovery (GetStatus),
+  // a fetch with a GPU end (RecvTensor, RecvBuf), and any call of a session that renamed tasks.
+  std::map<std::string, uint64_t> calls_on_grpc;
 };
 
 struct StatsSnapshot {
