@@ -131,12 +131,14 @@ const Setting kDataPrefetchElements{
 const Setting kMaxCallBytes{
     "TF_RDMA_MAX_CALL_BYTES", SettingKind::kBytes, int64_t{1} << 30, 64 << 10, int64_t{2} << 30,
     nullptr, nullptr, nullptr,
-    "The largest request a peer's worker-service call may bring, and the largest reply this task "
-    "takes; a larger call fails with RESOURCE_EXHAUSTED naming this variable."};
+    "The largest request a peer's worker-service call may bring, what the requests one peer has in "
+    "flight here may hold together, and the largest reply this task takes; a call past it fails with "
+    "RESOURCE_EXHAUSTED naming this variable."};
 const Setting kMaxCallsPerPeer{
     "TF_RDMA_MAX_CALLS_PER_PEER", SettingKind::kCount, 1024, 1, 1 << 20, nullptr, nullptr, nullptr,
     "Worker-service calls one peer may have in flight here at once; more fail with "
-    "RESOURCE_EXHAUSTED naming this variable."};
+    "RESOURCE_EXHAUSTED naming this variable, and a peer that leaves as many such answers unread "
+    "has its connection closed."};
 
 // Every setting, in the order errors and `python -m tf_rdma info` list them.
 const Setting* const kAll[] = {

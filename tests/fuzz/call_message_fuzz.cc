@@ -10,14 +10,16 @@
 namespace {
 
 constexpr char kTarget[] = "call_message_fuzz";
-constexpr uint64_t kMaxPayloadBytes = 1 << 20;
 
 void Request(const char* bytes, size_t size) {
   std::string_view inline_payload;
   absl::StatusOr<tf_rdma::CallRequestHeader> header =
-      tf_rdma::DecodeCallRequest(bytes, size, kMaxPayloadBytes, &inline_payload);
+      tf_rdma::DecodeCallRequest(bytes, size, &inline_payload);
   if (!header.ok()) return;
-  if (header->payload_bytes > kMaxPayloadBytes) tf_rdma::fuzz::Fail(kTarget, "a request past the limit decoded");
+  const bool travels_inline = tf_rdma::CallPayloadTravelsInline(header->payload_bytes);
+  if (inline_payload.size() != (travels_inline ? header->payload_bytes : 0)) {
+    tf_rdma::fuzz::Fail(kTarget, "a decoded request's inline payload is not the size its header says");
+  }
   if (tf_rdma::EncodeCallRequest(*header, inline_payload) != std::string_view(bytes, size)) {
     tf_rdma::fuzz::Fail(kTarget, "a decoded request does not encode back to its message");
   }

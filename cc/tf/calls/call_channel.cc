@@ -6,7 +6,6 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
-#include "cc/tf/messages/tensor_message.h"
 
 namespace tf_rdma {
 namespace {
@@ -82,50 +81,47 @@ void CallServer::OnRequest(int slot, const GrantResult& result) {
   }
   std::string_view inline_payload;
   absl::StatusOr<CallRequestHeader> header =
-      DecodeCallRequest(slots_->data() + slot * kCallRequestSlotBytes, result.length, limits_.max_payload_bytes,
-                        &inline_payload);
-  if (!header.ok() && absl::IsResourceExhausted(header.status())) {
-    // A caller may well ask for more than this process allows: it is told, as a call's failure.
-    std::string_view view(slots_->data() + slot * kCallRequestSlotBytes + 8, 8);
-    const uint64_t call_id = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(view.data()));
-    GrantSlot(slot);
-    SendReply(call_id, header.status(), {});
-    return;
-  }
+      DecodeCallRequest(slots_->data() + slot * kCallRequestSlotBytes, result.length, &inline_payload);
   if (!header.ok()) {
     Refuse(header.status());
-    return;
-  }
-  if (header->frame == CallFrame::kCancel) {
-    GrantSlot(slot);
-    std::shared_ptr<ServedCall> call;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = calls_.find(header->call_id);
-      if (it != calls_.end()) call = it->second;
-    }
-    // A call not found has ended (its reply crossed the cancellation).
-    if (call) call->Cancel();
     return;
   }
   // The payload leaves the slot before the slot is granted again.
   std::string request(inline_payload);
   GrantSlot(slot);
-  OnCallRequest(*header, request);
+  if (header->frame == CallFrame::kCancel) {
+    std::shared_ptr<ServedCall> call;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = calls_.find(header->call_id);
+      if (it != calls_.end()) call = it->second.call;
+    }
+    // A call not found has ended (its reply crossed the cancellation).
+    if (call) call->Cancel();
+    return;
+  }
+  OnCallRequest(*header, std::move(request));
 }
 
-void CallServer::OnCallRequest(const CallRequestHeader& header, std::string_view inline_payload) {
-  enum class Admission { kAdmitted, kDuplicate, kTooMany, kEnded } admission;
+void CallServer::OnCallRequest(const CallRequestHeader& header, std::string inline_payload) {
+  const bool travels_inline = CallPayloadTravelsInline(header.payload_bytes);
+  const uint64_t body_bytes = travels_inline ? 0 : header.payload_bytes;
+  enum class Admission { kAdmitted, kDuplicate, kTooMany, kTooLarge, kEnded } admission;
+  uint64_t held = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    held = body_bytes_;
     if (ended_) {
       admission = Admission::kEnded;
     } else if (calls_.count(header.call_id) != 0) {
       admission = Admission::kDuplicate;
     } else if (calls_.size() >= limits_.max_calls_in_flight) {
       admission = Admission::kTooMany;
+    } else if (body_bytes > limits_.max_payload_bytes - body_bytes_) {
+      admission = Admission::kTooLarge;
     } else {
-      calls_.emplace(header.call_id, nullptr);  // a call whose request is not all here yet
+      calls_.emplace(header.call_id, Admitted{nullptr, body_bytes});
+      body_bytes_ += body_bytes;
       admission = Admission::kAdmitted;
     }
   }
@@ -136,18 +132,22 @@ void CallServer::OnCallRequest(const CallRequestHeader& header, std::string_view
       Refuse(absl::DataLossError(absl::StrCat("call ", header.call_id, " was made again while in flight")));
       return;
     case Admission::kTooMany:
-      // Not entered: its reply's completion forgets nothing.
-      SendReply(header.call_id,
-                absl::ResourceExhaustedError(absl::StrCat(
-                    "task ", connection_->peer_name(), " has ", limits_.max_calls_in_flight,
-                    " calls in flight at its peer, the limit TF_RDMA_MAX_CALLS_PER_PEER sets there")),
-                {});
+      Decline(header.call_id, absl::ResourceExhaustedError(absl::StrCat(
+                                  "task ", connection_->peer_name(), " has ", limits_.max_calls_in_flight,
+                                  " calls in flight at its peer, the limit TF_RDMA_MAX_CALLS_PER_PEER sets there")));
+      return;
+    case Admission::kTooLarge:
+      Decline(header.call_id,
+              absl::ResourceExhaustedError(absl::StrCat(
+                  "a call request of ", header.payload_bytes, " bytes to a task where the requests of task ",
+                  connection_->peer_name(), " in flight hold ", held, " bytes already: more than the ",
+                  limits_.max_payload_bytes, " TF_RDMA_MAX_CALL_BYTES allows there")));
       return;
     case Admission::kAdmitted:
       break;
   }
-  if (CallPayloadTravelsInline(header.payload_bytes)) {
-    Serve(header.method, header.call_id, std::string(inline_payload));
+  if (travels_inline) {
+    Serve(header.method, header.call_id, std::move(inline_payload));
     return;
   }
   absl::StatusOr<std::unique_ptr<PoolBuffer>> body = pool_->Allocate(header.payload_bytes);
@@ -155,10 +155,10 @@ void CallServer::OnCallRequest(const CallRequestHeader& header, std::string_view
     SendReply(header.call_id, body.status(), {});
     return;
   }
-  std::shared_ptr<PoolBuffer> held(*std::move(body));
-  connection_->Grant(CallBodyTag(header.call_id), held->region(), held->offset(), held->capacity(),
-                     [server = shared_from_this(), held, header](const GrantResult& result) {
-                       server->OnBody(header, result, *held);
+  std::shared_ptr<PoolBuffer> held_body(*std::move(body));
+  connection_->Grant(CallBodyTag(header.call_id), held_body->region(), held_body->offset(), held_body->capacity(),
+                     [server = shared_from_this(), held_body, header](const GrantResult& result) {
+                       server->OnBody(header, result, *held_body);
                      });
 }
 
@@ -182,7 +182,7 @@ void CallServer::Serve(uint8_t method, uint64_t call_id, std::string request) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(call_id);
     if (ended_ || it == calls_.end()) return;
-    it->second = call;
+    it->second.call = call;
   }
   serve_(std::move(call));
 }
@@ -193,9 +193,34 @@ void CallServer::SendReply(uint64_t call_id, const absl::Status& status, std::st
                      [server = shared_from_this(), message, call_id](const absl::Status&) { server->Forget(call_id); });
 }
 
+void CallServer::Decline(uint64_t call_id, const absl::Status& why) {
+  bool unread_past_limit;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unread_past_limit = declines_unread_ >= limits_.max_calls_in_flight;
+    if (!unread_past_limit) ++declines_unread_;
+  }
+  if (unread_past_limit) {
+    // Each waits for the caller's grant: a caller that grants none would have them pile up here.
+    Refuse(absl::ResourceExhaustedError(absl::StrCat("it left ", limits_.max_calls_in_flight,
+                                                     " answers to calls this task declined unread (",
+                                                     why.message(), ")")));
+    return;
+  }
+  auto message = std::make_shared<const std::string>(EncodeCallReply(why, {}));
+  connection_->Write(CallReplyTag(call_id), message->data(), message->size(),
+                     [server = shared_from_this(), message](const absl::Status&) {
+                       std::lock_guard<std::mutex> lock(server->mu_);
+                       --server->declines_unread_;
+                     });
+}
+
 void CallServer::Forget(uint64_t call_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  calls_.erase(call_id);
+  auto it = calls_.find(call_id);
+  if (it == calls_.end()) return;
+  body_bytes_ -= it->second.body_bytes;
+  calls_.erase(it);
 }
 
 void CallServer::Refuse(const absl::Status& why) {
@@ -204,15 +229,16 @@ void CallServer::Refuse(const absl::Status& why) {
 }
 
 void CallServer::End() {
-  std::unordered_map<uint64_t, std::shared_ptr<ServedCall>> calls;
+  std::unordered_map<uint64_t, Admitted> calls;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
     ended_ = true;
     std::swap(calls, calls_);
+    body_bytes_ = 0;
   }
-  for (auto& [id, call] : calls) {
-    if (call) call->Cancel();
+  for (auto& [id, admitted] : calls) {
+    if (admitted.call) admitted.call->Cancel();
   }
 }
 

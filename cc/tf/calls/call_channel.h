@@ -29,10 +29,12 @@ namespace tf_rdma {
 
 // What a peer's calls may make the serving side spend.
 struct CallLimits {
-  // A request's or a reply's payload (TF_RDMA_MAX_CALL_BYTES).
+  // A request's or a reply's payload, and what the requests one peer has in flight here hold at
+  // once (TF_RDMA_MAX_CALL_BYTES); past it a call is answered with kResourceExhausted.
   uint64_t max_payload_bytes = 1ull << 30;
   // Calls one peer has in flight here at once (TF_RDMA_MAX_CALLS_PER_PEER); past it a call is
-  // answered with kResourceExhausted.
+  // answered with kResourceExhausted. A peer that leaves as many such answers unread (it grants
+  // them no memory) has its connection closed.
   size_t max_calls_in_flight = 1024;
 };
 
@@ -91,10 +93,13 @@ class CallServer : public std::enable_shared_from_this<CallServer> {
   friend class ServedCall;
   void GrantSlot(int slot);
   void OnRequest(int slot, const GrantResult& result);
-  void OnCallRequest(const CallRequestHeader& header, std::string_view inline_payload);
+  void OnCallRequest(const CallRequestHeader& header, std::string inline_payload);
   void OnBody(const CallRequestHeader& header, const GrantResult& result, const PoolBuffer& body);
   void Serve(uint8_t method, uint64_t call_id, std::string request);
+  // The reply of an admitted call; its id is forgotten once the reply is written.
   void SendReply(uint64_t call_id, const absl::Status& status, std::string_view payload);
+  // Answers a call that was not admitted with `why`.
+  void Decline(uint64_t call_id, const absl::Status& why);
   // The call's reply was written, or it ended otherwise: its id is free.
   void Forget(uint64_t call_id);
   // The peer broke the protocol: the connection ends, naming what it sent.
@@ -109,8 +114,14 @@ class CallServer : public std::enable_shared_from_this<CallServer> {
   const ServeCall serve_;
   std::mutex mu_;
   bool ended_ = false;
+  struct Admitted {
+    std::shared_ptr<ServedCall> call;  // null while its request's body is on its way
+    uint64_t body_bytes = 0;           // of a request that did not fit its slot
+  };
   // Calls from their request to their reply's write completing (or the connection's end).
-  std::unordered_map<uint64_t, std::shared_ptr<ServedCall>> calls_;
+  std::unordered_map<uint64_t, Admitted> calls_;
+  uint64_t body_bytes_ = 0;      // the admitted calls' body_bytes
+  size_t declines_unread_ = 0;   // Decline's answers not yet written
 };
 
 class CallClient;

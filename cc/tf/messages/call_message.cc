@@ -42,7 +42,7 @@ std::string EncodeCallRequest(const CallRequestHeader& header, std::string_view 
   return out;
 }
 
-absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_t length, uint64_t max_payload_bytes,
+absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_t length,
                                                     std::string_view* inline_payload) {
   // 8 bytes are read at a time (LoadLittleEndian64): the header's last field ends at its end.
   if (length < kCallRequestHeaderBytes) {
@@ -62,11 +62,6 @@ absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_
   header.payload_bytes = LoadLittleEndian64(reinterpret_cast<const uint8_t*>(message + 16));
   if (header.frame == CallFrame::kCancel && (header.payload_bytes != 0 || length != kCallRequestHeaderBytes)) {
     return absl::DataLossError(absl::StrCat("call ", header.call_id, "'s cancellation carries a payload"));
-  }
-  if (header.payload_bytes > max_payload_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("call ", header.call_id, " announces a request of ",
-                                                     header.payload_bytes, " bytes, more than the ",
-                                                     max_payload_bytes, " TF_RDMA_MAX_CALL_BYTES allows"));
   }
   const bool inline_payload_expected = CallPayloadTravelsInline(header.payload_bytes);
   const uint64_t expected = kCallRequestHeaderBytes + (inline_payload_expected ? header.payload_bytes : 0);

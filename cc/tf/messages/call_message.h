@@ -46,8 +46,9 @@ bool CallPayloadTravelsInline(uint64_t bytes);
 // send it under CallBodyTag).
 std::string EncodeCallRequest(const CallRequestHeader& header, std::string_view inline_payload);
 // A slot's message from the peer: its header, and in `inline_payload` the payload if it came along
-// (empty when it comes under CallBodyTag). `max_payload_bytes` bounds what a header may announce.
-absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_t length, uint64_t max_payload_bytes,
+// (empty when it comes under CallBodyTag). The size a header announces for a payload under
+// CallBodyTag is the serving side's to judge (CallLimits).
+absl::StatusOr<CallRequestHeader> DecodeCallRequest(const char* message, uint64_t length,
                                                     std::string_view* inline_payload);
 
 // A reply: the call's status (code, message and payloads, as the serving task's worker returned

@@ -232,6 +232,44 @@ TEST_P(CallChannelTest, ARequestOverTheServingSidesLimitIsRefusedAndTheConnectio
   EXPECT_EQ(small.reply, "ss");
 }
 
+TEST_P(CallChannelTest, RequestsInFlightHoldNoMoreThanTheLimitTogether) {
+  Connect(CallLimits{1 << 20, 16});
+  const std::string body(600 << 10, 'h');
+  Outcome held, refused;
+  client_->Call(kHold, body, Into(held));
+  ASSERT_NE(AwaitHeld(0), nullptr);
+  client_->Call(kEcho, body, Into(refused));
+  ASSERT_TRUE(Await(refused));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted) << refused.status;
+  EXPECT_NE(refused.status.message().find("TF_RDMA_MAX_CALL_BYTES"), std::string::npos) << refused.status;
+  AwaitHeld(0)->Reply(absl::OkStatus(), "done");
+  ASSERT_TRUE(Await(held));
+  Outcome after;
+  client_->Call(kEcho, body, Into(after));
+  ASSERT_TRUE(Await(after));
+  EXPECT_TRUE(after.status.ok()) << after.status;
+  EXPECT_EQ(after.reply, body + body);
+}
+
+TEST_P(CallChannelTest, APeerThatReadsNoneOfTheAnswersToItsDeclinedCallsIsDisconnected) {
+  // Each request announces a body past the limit and the caller grants no reply: every answer
+  // would wait for a grant that never comes.
+  Connect(CallLimits{1 << 20, 2});
+  for (uint64_t id = 1; id <= 3; ++id) {
+    const std::string request =
+        EncodeCallRequest(CallRequestHeader{CallFrame::kRequest, kEcho, id, (1 << 20) + 1}, {});
+    std::promise<absl::Status> written;
+    client_->connection()->Write(CallRequestTag(), request.data(), request.size(),
+                                 [&written](const absl::Status& status) { written.set_value(status); });
+    EXPECT_TRUE(written.get_future().get().ok());
+  }
+  for (int i = 0; i < 2000 && served_connection_->health().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(served_connection_->health().code(), absl::StatusCode::kDataLoss) << served_connection_->health();
+  EXPECT_NE(served_connection_->health().message().find("unread"), std::string::npos) << served_connection_->health();
+}
+
 TEST_P(CallChannelTest, ABadRequestMessageEndsTheConnectionNamingTheProtocol) {
   const std::string garbage(64, 'g');
   std::promise<absl::Status> written;
