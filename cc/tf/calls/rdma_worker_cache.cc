@@ -36,23 +36,22 @@ class RdmaWorker : public WorkerInterface {
   }
   void CreateWorkerSessionAsync(const tensorflow::CreateWorkerSessionRequest* request,
                                 tensorflow::CreateWorkerSessionResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCreateWorkerSession, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->CreateWorkerSessionAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kCreateWorkerSession, &WorkerInterface::CreateWorkerSessionAsync, request, response,
+            std::move(done));
   }
   void DeleteWorkerSessionAsync(CallOptions* opts, const tensorflow::DeleteWorkerSessionRequest* request,
                                 tensorflow::DeleteWorkerSessionResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kDeleteWorkerSession, *request, response, opts, std::move(done),
-         [=](StatusCallback d) { grpc_->DeleteWorkerSessionAsync(opts, request, response, std::move(d)); });
+    Forward(WorkerMethod::kDeleteWorkerSession, &WorkerInterface::DeleteWorkerSessionAsync, opts, request, response,
+            std::move(done));
   }
   void RegisterGraphAsync(const tensorflow::RegisterGraphRequest* request, tensorflow::RegisterGraphResponse* response,
                           StatusCallback done) override {
-    Call(WorkerMethod::kRegisterGraph, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->RegisterGraphAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kRegisterGraph, &WorkerInterface::RegisterGraphAsync, request, response, std::move(done));
   }
   void DeregisterGraphAsync(const tensorflow::DeregisterGraphRequest* request,
                             tensorflow::DeregisterGraphResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kDeregisterGraph, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->DeregisterGraphAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kDeregisterGraph, &WorkerInterface::DeregisterGraphAsync, request, response,
+            std::move(done));
   }
   // The response is proto-backed: the default CreateRunGraphResponse made it.
   void RunGraphAsync(CallOptions* opts, tensorflow::RunGraphRequestWrapper* request,
@@ -62,38 +61,34 @@ class RdmaWorker : public WorkerInterface {
   }
   void CleanupGraphAsync(const tensorflow::CleanupGraphRequest* request, tensorflow::CleanupGraphResponse* response,
                          StatusCallback done) override {
-    Call(WorkerMethod::kCleanupGraph, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->CleanupGraphAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kCleanupGraph, &WorkerInterface::CleanupGraphAsync, request, response, std::move(done));
   }
   void CleanupAllAsync(const tensorflow::CleanupAllRequest* request, tensorflow::CleanupAllResponse* response,
                        StatusCallback done) override {
-    Call(WorkerMethod::kCleanupAll, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->CleanupAllAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kCleanupAll, &WorkerInterface::CleanupAllAsync, request, response, std::move(done));
   }
   void LoggingAsync(const tensorflow::LoggingRequest* request, tensorflow::LoggingResponse* response,
                     StatusCallback done) override {
-    Call(WorkerMethod::kLogging, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->LoggingAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kLogging, &WorkerInterface::LoggingAsync, request, response, std::move(done));
   }
   void TracingAsync(const tensorflow::TracingRequest* request, tensorflow::TracingResponse* response,
                     StatusCallback done) override {
-    Call(WorkerMethod::kTracing, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->TracingAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kTracing, &WorkerInterface::TracingAsync, request, response, std::move(done));
   }
   void CompleteGroupAsync(CallOptions* opts, const tensorflow::CompleteGroupRequest* request,
                           tensorflow::CompleteGroupResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCompleteGroup, *request, response, opts, std::move(done),
-         [=](StatusCallback d) { grpc_->CompleteGroupAsync(opts, request, response, std::move(d)); });
+    Forward(WorkerMethod::kCompleteGroup, &WorkerInterface::CompleteGroupAsync, opts, request, response,
+            std::move(done));
   }
   void CompleteInstanceAsync(CallOptions* opts, const tensorflow::CompleteInstanceRequest* request,
                              tensorflow::CompleteInstanceResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kCompleteInstance, *request, response, opts, std::move(done),
-         [=](StatusCallback d) { grpc_->CompleteInstanceAsync(opts, request, response, std::move(d)); });
+    Forward(WorkerMethod::kCompleteInstance, &WorkerInterface::CompleteInstanceAsync, opts, request, response,
+            std::move(done));
   }
   void GetStepSequenceAsync(const tensorflow::GetStepSequenceRequest* request,
                             tensorflow::GetStepSequenceResponse* response, StatusCallback done) override {
-    Call(WorkerMethod::kGetStepSequence, *request, response, nullptr, std::move(done),
-         [=](StatusCallback d) { grpc_->GetStepSequenceAsync(request, response, std::move(d)); });
+    Forward(WorkerMethod::kGetStepSequence, &WorkerInterface::GetStepSequenceAsync, request, response,
+            std::move(done));
   }
   // gRPC's rendezvous and collectives fetch over these only what tf_rdma does not carry.
   void RecvTensorAsync(CallOptions* opts, const tensorflow::RecvTensorRequest* request,
@@ -108,6 +103,23 @@ class RdmaWorker : public WorkerInterface {
   }
 
  private:
+  // `method` on tf_rdma, falling back to gRPC's worker's `rpc` as Call says: a method without
+  // CallOptions, and one with them.
+  template <typename Request, typename Response>
+  void Forward(WorkerMethod method, void (WorkerInterface::*rpc)(const Request*, Response*, StatusCallback),
+               const Request* request, Response* response, StatusCallback done) {
+    Call(method, *request, response, nullptr, std::move(done),
+         [this, rpc, request, response](StatusCallback d) { (grpc_->*rpc)(request, response, std::move(d)); });
+  }
+  template <typename Request, typename Response>
+  void Forward(WorkerMethod method,
+               void (WorkerInterface::*rpc)(CallOptions*, const Request*, Response*, StatusCallback),
+               CallOptions* opts, const Request* request, Response* response, StatusCallback done) {
+    Call(method, *request, response, opts, std::move(done), [this, rpc, opts, request, response](StatusCallback d) {
+      (grpc_->*rpc)(opts, request, response, std::move(d));
+    });
+  }
+
   // `grpc` makes the same call on gRPC's worker: for a task its session renamed, which tf_rdma does
   // not carry (known before, or found by this call's connecting, which it never got past).
   template <typename Response>

@@ -37,6 +37,25 @@ void ServeProto(const std::shared_ptr<ServedCall>& call, Invoke invoke) {
   });
 }
 
+// A method served as the worker's method `rpc`: one without CallOptions, and one with them.
+template <typename Request, typename Response>
+void ServeWith(const std::shared_ptr<ServedCall>& call, WorkerInterface* worker,
+               void (WorkerInterface::*rpc)(const Request*, Response*, StatusCallback)) {
+  ServeProto<Request, Response>(call, [worker, rpc](CallOptions*, const Request* request, Response* response,
+                                                    StatusCallback done) {
+    (worker->*rpc)(request, response, std::move(done));
+  });
+}
+
+template <typename Request, typename Response>
+void ServeWith(const std::shared_ptr<ServedCall>& call, WorkerInterface* worker,
+               void (WorkerInterface::*rpc)(CallOptions*, const Request*, Response*, StatusCallback)) {
+  ServeProto<Request, Response>(call, [worker, rpc](CallOptions* opts, const Request* request, Response* response,
+                                                    StatusCallback done) {
+    (worker->*rpc)(opts, request, response, std::move(done));
+  });
+}
+
 }  // namespace
 
 const char* WorkerMethodName(WorkerMethod method) {
@@ -102,53 +121,29 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
         worker->GetStatusAsync(opts, req, resp, /*fail_fast=*/true, std::move(done));
       });
     case WorkerMethod::kCreateWorkerSession:
-      return ServeProto<CreateWorkerSessionRequest, CreateWorkerSessionResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) {
-            worker->CreateWorkerSessionAsync(req, resp, std::move(done));
-          });
+      return ServeWith(call, worker, &WorkerInterface::CreateWorkerSessionAsync);
     case WorkerMethod::kDeleteWorkerSession:
-      return ServeProto<DeleteWorkerSessionRequest, DeleteWorkerSessionResponse>(
-          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
-            worker->DeleteWorkerSessionAsync(opts, req, resp, std::move(done));
-          });
+      return ServeWith(call, worker, &WorkerInterface::DeleteWorkerSessionAsync);
     case WorkerMethod::kRegisterGraph:
-      return ServeProto<RegisterGraphRequest, RegisterGraphResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->RegisterGraphAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::RegisterGraphAsync);
     case WorkerMethod::kDeregisterGraph:
-      return ServeProto<DeregisterGraphRequest, DeregisterGraphResponse>(
-          call,
-          [worker](auto*, auto* req, auto* resp, auto done) { worker->DeregisterGraphAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::DeregisterGraphAsync);
     case WorkerMethod::kRunGraph:
-      return ServeProto<RunGraphRequest, RunGraphResponse>(call, [worker](auto* opts, auto* req, auto* resp, auto done) {
-        worker->RunGraphAsync(opts, req, resp, std::move(done));
-      });
+      return ServeWith<RunGraphRequest, RunGraphResponse>(call, worker, &WorkerInterface::RunGraphAsync);
     case WorkerMethod::kCleanupGraph:
-      return ServeProto<CleanupGraphRequest, CleanupGraphResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->CleanupGraphAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::CleanupGraphAsync);
     case WorkerMethod::kCleanupAll:
-      return ServeProto<CleanupAllRequest, CleanupAllResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->CleanupAllAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::CleanupAllAsync);
     case WorkerMethod::kLogging:
-      return ServeProto<LoggingRequest, LoggingResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->LoggingAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::LoggingAsync);
     case WorkerMethod::kTracing:
-      return ServeProto<TracingRequest, TracingResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) { worker->TracingAsync(req, resp, std::move(done)); });
+      return ServeWith(call, worker, &WorkerInterface::TracingAsync);
     case WorkerMethod::kCompleteGroup:
-      return ServeProto<CompleteGroupRequest, CompleteGroupResponse>(
-          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
-            worker->CompleteGroupAsync(opts, req, resp, std::move(done));
-          });
+      return ServeWith(call, worker, &WorkerInterface::CompleteGroupAsync);
     case WorkerMethod::kCompleteInstance:
-      return ServeProto<CompleteInstanceRequest, CompleteInstanceResponse>(
-          call, [worker](auto* opts, auto* req, auto* resp, auto done) {
-            worker->CompleteInstanceAsync(opts, req, resp, std::move(done));
-          });
+      return ServeWith(call, worker, &WorkerInterface::CompleteInstanceAsync);
     case WorkerMethod::kGetStepSequence:
-      return ServeProto<GetStepSequenceRequest, GetStepSequenceResponse>(
-          call, [worker](auto*, auto* req, auto* resp, auto done) {
-            worker->GetStepSequenceAsync(req, resp, std::move(done));
-          });
+      return ServeWith(call, worker, &WorkerInterface::GetStepSequenceAsync);
   }
   call->Reply(absl::UnimplementedError(absl::StrCat("tf_rdma: no worker-service method numbered ",
                                                     static_cast<int>(call->method()))),
