@@ -1,5 +1,8 @@
 #include "cc/tf/calls/call_timer.h"
 
+#include <system_error>
+
+#include "absl/log/log.h"
 #include "absl/time/clock.h"
 
 namespace tf_rdma {
@@ -12,8 +15,14 @@ CallTimer& CallTimer::Process() {
 uint64_t CallTimer::At(absl::Time when, std::function<void()> closure) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!started_) {
-    started_ = true;
-    std::thread([this] { Run(); }).detach();
+    try {
+      std::thread([this] { Run(); }).detach();
+      started_ = true;
+    } catch (const std::system_error& error) {
+      // The process's thread limit: no crash; the closures wait for a later At to start it.
+      LOG_EVERY_N_SEC(ERROR, 10) << "tf_rdma: cannot start the thread that ends calls past their deadline "
+                                 << "or cancelled: " << error.what() << "; trying again at the next call";
+    }
   }
   const uint64_t id = next_id_++;
   const bool earliest = due_.empty() || when < due_.begin()->first.first;
