@@ -107,7 +107,7 @@ FUZZ_CFLAGS = -g -O1 -DNDEBUG -Wall -Wno-sign-compare -Wno-deprecated-declaratio
 # The transport core and the TensorFlow-side code the targets reach, instrumented for coverage.
 FUZZ_LIBRARY_SOURCES = $(wildcard cc/transport/*.cc cc/transport/stream/*.cc cc/transport/tcp/*.cc \
 	cc/transport/shm/*.cc) cc/tf/messages/tensor_message.cc cc/tf/data/element_message.cc \
-	cc/tf/messages/call_message.cc cc/tf/planning/fusion.cc $(wildcard cc/tf/runtime/*.cc)
+	cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc cc/tf/planning/fusion.cc $(wildcard cc/tf/runtime/*.cc)
 FUZZ_OBJECTS = $(patsubst %.cc,build/fuzz/obj/%.o,$(FUZZ_LIBRARY_SOURCES))
 build/fuzz/obj/%.o: %.cc $(wildcard cc/*/*.h cc/*/*/*.h) | env
 	@mkdir -p $(dir $@)

@@ -129,6 +129,7 @@ EncodedResponse EncodeResponse(const absl::Status& status, const tensorflow::dat
   const bool components = status.ok() && !result.end_of_sequence && !result.skip;
   const uint32_t count = components ? static_cast<uint32_t>(result.components.size()) : 0;
   std::string& head = out.header_message;
+  head.reserve(kResponseFixedBytes + message.size());
   AppendLittleEndian(head, kResponseMagic, 4);
   AppendLittleEndian(head, static_cast<uint32_t>(status.code()), 4);
   AppendLittleEndian(head, (result.end_of_sequence ? kEndOfSequence : 0) | (result.skip ? kSkip : 0), 4);
