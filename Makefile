@@ -20,9 +20,11 @@ softroce-prereqs:
 test-prereqs:
 	tools/install_test_prereqs.sh
 
-# --durations: CI's log shows where the suite's time went (issue notes compare it with local runs).
-test: softroce-prereqs test-prereqs env cc-tests sanitizers fuzz bazel
-	.venv/bin/python -m pytest tests --durations=30
+# Two lanes at once (tools/run_tests.sh): tests/softroce's guests, and beside them the C++,
+# sanitizer, fuzz and Bazel stages, then every other pytest file. --durations: the log shows where
+# each lane's time went.
+test: softroce-prereqs test-prereqs env
+	tools/run_tests.sh
 
 CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transport/test_transport.py \
 	tests/transport/test_wire_robustness.py tests/tf/test_tf1.py::test_tasks_sharing_a_secret_exchange_tensors \
