@@ -36,7 +36,7 @@ def main(argv=None):
     bench.add_argument("what", choices=["transport", "collective", "tf", "data", "scale"],
                        help="transport: each backend against a socket, memcpy (and perftest for "
                             "verbs); collective: MultiWorkerMirroredStrategy all-reduce against gRPC; "
-                            "tf: TensorFlow workloads (transfer, many, hops, step, ps-train) against gRPC; "
+                            "tf: TensorFlow workloads (transfer, many, hops, step, ps-train, pss) against gRPC; "
                             "data: tf.data service elements (4 KiB to 32 MiB) from workers to a trainer "
                             "against gRPC; "
                             "scale: one receiver and N peers per backend (threads, memory, "
@@ -63,7 +63,7 @@ def main(argv=None):
                        help="transport, verbs: run the latency sizes once per TF_RDMA_VERBS_POLL_US "
                             "value, e.g. 0,50 (default: the configured one)")
     bench.add_argument("--workloads", type=lambda t: t.split(","),
-                       help="tf: some of transfer,many,hops,ps-train (default all)")
+                       help="tf: some of transfer,many,hops,step,ps-train,pss (default all)")
     bench.add_argument("--quick", action="store_true", help="tf, data, scale: smaller sizes and budgets (under a "
                                                             "minute); scale: fewer peers and workers, unless given")
     bench.add_argument("--plot", metavar="FILE.png", help="tf, data, scale: plot the figures (needs matplotlib)")

@@ -18,7 +18,7 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     assert [r["step"] for r in report["workloads"]["step"]] == ["no-op", "counter", "embedding"]
     for workload, rows in report["workloads"].items():
         for row in rows:
-            if workload == "ps-train":
+            if workload in bench_tf.TRAINING:
                 expected = row["shm_steps_per_second"] / row["grpc_steps_per_second"]
             else:
                 expected = row["grpc_seconds"] / row["shm_seconds"]
@@ -28,12 +28,14 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     for row in report["workloads"]["transfer"]:
         assert row["memcpy_gbps"] > 0 and row["tcp_socket_gbps"] > 0, row
     assert [r["model"] for r in report["workloads"]["ps-train"]] == ["embedding", "dense"]
-    for row in report["workloads"]["ps-train"]:
+    assert [r["model"] for r in report["workloads"]["pss"]] == ["embedding"]
+    for row in report["workloads"]["ps-train"] + report["workloads"]["pss"]:
         assert row["nothing_crosses_steps_per_second"] > 0 and row["nothing_crosses_shm_steps_per_second"] > 0, row
         assert row["vs_grpc_nothing_crosses"] == pytest.approx(
             row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
     assert "ps-train with nothing to move" in progress
+    assert "pss (TF2 ParameterServerStrategy), and with nothing to move, over shm" in progress
     check_png(plot)
 
 
@@ -77,17 +79,21 @@ MEASURED = {
              "hops": [[{"hops": 50, "seconds": 0.010, "steps": 9}]],
              "step": [[{"step": "no-op", "seconds": 0.001, "steps": 9}]],
              "ps-train": [[{"model": "dense", "seconds": 0.5, "steps": 9}],
-                          [{"model": "dense", "seconds": 0.25, "steps": 9}]]},
+                          [{"model": "dense", "seconds": 0.25, "steps": 9}]],
+             "pss": [[{"model": "embedding", "seconds": 0.02, "steps": 40}]]},
     "shm": {"transfer": [[{"size": 1 << 20, "seconds": 0.001, "steps": 9}]],
             "many": [[{"tensors": 200, "size": 4096, "seconds": 0.002, "steps": 9}]],
             "hops": [[{"hops": 50, "seconds": 0.004, "steps": 9}]],
             "step": [[{"step": "no-op", "seconds": 0.0004, "steps": 9}]],
             "ps-train": [[{"model": "dense", "seconds": 0.25, "steps": 9}],
-                         [{"model": "dense", "seconds": 0.125, "steps": 9}]]},
+                         [{"model": "dense", "seconds": 0.125, "steps": 9}]],
+            "pss": [[{"model": "embedding", "seconds": 0.01, "steps": 40}]]},
     "nothing_crosses": {"ps-train": [[{"model": "dense", "seconds": 0.1, "steps": 9}],
-                                     [{"model": "dense", "seconds": 0.1, "steps": 9}]]},
+                                     [{"model": "dense", "seconds": 0.1, "steps": 9}]],
+                        "pss": [[{"model": "embedding", "seconds": 0.005, "steps": 40}]]},
     "nothing_crosses_shm": {"ps-train": [[{"model": "dense", "seconds": 0.05, "steps": 9}],
-                                         [{"model": "dense", "seconds": 0.05, "steps": 9}]]},
+                                         [{"model": "dense", "seconds": 0.05, "steps": 9}]],
+                            "pss": [[{"model": "embedding", "seconds": 0.004, "steps": 40}]]},
 }
 MACHINE = {1 << 20: {"memcpy_gbps": 10.0, "tcp_socket_gbps": 3.0}}
 
@@ -118,6 +124,11 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
     assert train["vs_grpc_nothing_crosses"] == pytest.approx(20.0 / 6.0)
     assert train["nothing_crosses_shm_steps_per_second"] == pytest.approx(40.0)
     assert train["vs_grpc_nothing_crosses_shm"] == pytest.approx(40.0 / 6.0)
+    # pss's one reporter is the coordinator.
+    [pss] = combined("pss")
+    assert pss["grpc_steps_per_second"] == pytest.approx(50.0) and pss["vs_grpc_shm"] == pytest.approx(2.0)
+    assert pss["vs_grpc_nothing_crosses"] == pytest.approx(4.0)
+    assert pss["nothing_crosses_shm_steps_per_second"] == pytest.approx(250.0)
 
 
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
@@ -129,5 +140,8 @@ def test_the_table_and_the_plot_from_canned_figures(tmp_path):
                                             "           dense       6.0      12.0     2.00",
                                             "           no-op      1000      2500     2.50",
                                             "nothing to move over grpc (the workers' ops on the ps): dense 20.0 (3.33x)",
-                                            "nothing to move over shm (the workers' ops on the ps): dense 40.0 (6.67x)"],
+                                            "nothing to move over shm (the workers' ops on the ps): dense 40.0 (6.67x)",
+                                            "       embedding      50.0     100.0     2.00",
+                                            "nothing to move over grpc (the step function's ops on the ps): "
+                                            "embedding 200.0 (4.00x)"],
                          tmp_path / "plot.png")

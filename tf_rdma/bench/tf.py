@@ -17,6 +17,11 @@ every transport runs the same graph):
   to move: each worker's ops placed on the ps, so only the step itself (the master's RunGraph and
   the step's cleanup) crosses, over gRPC and over each backend (tf_rdma carries those calls too).
   gRPC's is the most a tensor transport alone could give on this host, measured in the same run.
+- pss: TF2 ParameterServerStrategy, a coordinator (ClusterCoordinator) + 1 ps + 2 workers: the
+  coordinator schedules an embedding step (rows gathered from a ps table, a loss on the worker, the
+  rows and a head updated on the ps) and joins; scheduled steps per second. Beside it, in the same
+  cluster, the same step function with its ops on the ps: what the coordinator's dispatch and the
+  workers' function calls cost with no tensor to move. The fastest of a few clusters per transport.
 Every figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios are
 gRPC's step time over tf_rdma's (higher is better).
 """
@@ -31,7 +36,10 @@ from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
 
-WORKLOADS = ("transfer", "many", "hops", "step", "ps-train")
+WORKLOADS = ("transfer", "many", "hops", "step", "ps-train", "pss")
+# Workloads of several workers, each figure their steps per second summed, beside the same steps
+# with nothing to move.
+TRAINING = ("ps-train", "pss")
 
 FULL = {
     "transfer_sizes": [4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20],
@@ -40,6 +48,11 @@ FULL = {
     "step": {"vocab": 200_000, "dim": 64, "rows": 512},
     "embedding": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8},
     "dense": {"inputs": 4096, "outputs": 12288, "batch": 32},  # 50.3 M parameters
+    # per_join: steps the coordinator schedules before it joins, timed together; budget: seconds
+    # of joins per figure; clusters: fresh clusters per transport, the fastest kept (a cluster of
+    # four processes on a small host can run at half speed throughout, whatever the transport).
+    "pss": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8, "per_join": 20, "budget": 3,
+            "clusters": 3},
     "budget": 1.5,
 }
 QUICK = {
@@ -49,6 +62,8 @@ QUICK = {
     "step": {"vocab": 50_000, "dim": 64, "rows": 512},
     "embedding": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8},
     "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
+    "pss": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8, "per_join": 10, "budget": 0.4,
+            "clusters": 1},
     "budget": 0.4,
 }
 
@@ -165,13 +180,64 @@ def _ps_train(tf, session, spec, params, budget):
     return rows
 
 
+def _pss(tf, spec):
+    """The coordinator's figures: {"embedding": row, "nothing_crosses": row}, each step's seconds
+    (a join's median over the steps scheduled before it)."""
+    p = spec["params"]["pss"]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc")
+    if spec["transport"] == "grpc":
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    else:
+        import tf_rdma
+        strategy = tf_rdma.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        table = tf.Variable(tf.random.stateless_normal([p["vocab"], p["dim"]], seed=[1, 7]))
+        head = tf.Variable(tf.zeros([p["dim"], 1]))
+
+    def train_step():
+        ids = tf.random.uniform([p["batch"], p["ids_per_example"]], 0, p["vocab"], tf.int64)
+        with tf.GradientTape() as tape:
+            rows = tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
+            loss = tf.reduce_mean(tf.square(tf.matmul(rows, head) - 1.0))
+        table_gradient, head_gradient = tape.gradient(loss, [table, head])  # the table's: looked-up rows
+        table.scatter_sub(tf.IndexedSlices(0.01 * table_gradient.values, table_gradient.indices))
+        head.assign_sub(0.01 * head_gradient)
+        return loss
+
+    def on_ps():
+        with tf.device("/job:ps/replica:0/task:0"):
+            return train_step()
+
+    figures = {}
+    for name, function in (("embedding", tf.function(train_step)), ("nothing_crosses", tf.function(on_ps))):
+        def scheduled_and_joined():
+            for _ in range(p["per_join"]):
+                coordinator.schedule(function)
+            coordinator.join()
+        seconds, joins = timed(scheduled_and_joined, p["budget"], warmup=2)
+        figures[name] = {"model": "embedding", "seconds": seconds / p["per_join"], "steps": joins * p["per_join"]}
+    return figures
+
+
 def task(spec):
-    """One task of a bench cluster, in its own process: the ps serves; worker 0 runs the one-worker
-    workloads, then every worker ps-train; each worker prints its figures on one line."""
+    """One task of a bench cluster, in its own process. TF1 workloads: the ps serves; worker 0 runs
+    the one-worker workloads, then every worker ps-train; each worker prints its figures on one
+    line. pss: the ps and the workers serve, the chief coordinates and prints the figures."""
     import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
+    pss = spec["workloads"] == ["pss"]
+    if spec["job"] == "chief":
+        result = {"workloads": {"pss": _pss(tf, spec)}}
+        if spec["transport"] != "grpc":
+            import tf_rdma
+            result["fallback"] = tf_rdma.stats().get("fallback", {})
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        os._exit(0)  # the servers are killed, not stopped: the coordinator's shutdown would wait on them
+    if not pss:
+        tf.compat.v1.disable_eager_execution()
     server = start_server(spec)
-    if spec["job"] == "ps":
+    if spec["job"] == "ps" or pss:
         server.join()
     params, budget = spec["params"], spec["params"]["budget"]
     one_worker = {"transfer": _transfer, "many": _many, "hops": _hops, "step": _step}
@@ -187,6 +253,24 @@ def task(spec):
             result["fallback"] = tf_rdma.stats().get("fallback", {})
         print(RESULT_PREFIX + json.dumps(result), flush=True)
     os._exit(0)  # closing would wait for the ps to deregister the graphs
+
+
+def run_pss_cluster(transport, params, timeout=900):
+    """The pss figures of one fresh cluster: {"embedding": row, "nothing_crosses": row}."""
+    cluster = local_cluster({"chief": 1, "ps": 1, "worker": 2})
+
+    def start(job, index):
+        return start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": job, "index": index,
+                                               "transport": transport, "workloads": ["pss"], "params": params})
+    servers = [start("ps", 0), start("worker", 0), start("worker", 1)]
+    chief = start("chief", 0)
+    try:
+        out, err = chief.communicate(timeout=timeout)
+    finally:
+        for p in [chief, *servers]:
+            p.kill()
+            p.wait()
+    return task_result(chief, out, err, f"bench tf pss over {transport}: the coordinator")["workloads"]["pss"]
 
 
 def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
@@ -224,9 +308,9 @@ def combine(workload, measured, carried, machine=None):
     """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
     of every worker for ps-train}), with gRPC's time over each backend's. ps-train's come with
     "nothing_crosses" and "nothing_crosses_<backend>": its steps with the workers' ops on the ps,
-    over gRPC and over the backend."""
+    over gRPC and over the backend; so do pss's (one reporter, the coordinator)."""
     rows = []
-    if workload == "ps-train":
+    if workload in TRAINING:
         bounds = [_nothing_crosses(t) for t in ["grpc", *carried]]
         for i, first in enumerate(measured["grpc"][0]):
             row = {"model": first["model"]}
@@ -274,16 +358,27 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
         if progress:
             progress("machine limits (memcpy, TCP socket)")
         machine = limits(params["transfer_sizes"])
-    measured = {}
+    measured = {transport: {} for transport in ["grpc", *carried]}
+    tf1 = [w for w in workloads if w != "pss"]
     for transport in ["grpc", *carried]:
-        if progress:
-            progress(f"{', '.join(workloads)} over {transport}")
-        measured[transport] = run_cluster(transport, workloads, params)
+        if tf1:
+            if progress:
+                progress(f"{', '.join(tf1)} over {transport}")
+            measured[transport] = run_cluster(transport, tf1, params)
+        if "pss" in workloads:
+            if progress:
+                progress(f"pss (TF2 ParameterServerStrategy), and with nothing to move, over {transport}")
+            runs = [run_pss_cluster(transport, params) for _ in range(params["pss"]["clusters"])]
+            pss = {figure: min((run[figure] for run in runs), key=lambda row: row["seconds"])
+                   for figure in ("embedding", "nothing_crosses")}
+            measured[transport]["pss"] = [[pss["embedding"]]]
+            measured.setdefault(_nothing_crosses(transport), {})["pss"] = [[pss["nothing_crosses"]]]
     if "ps-train" in workloads:
         for transport in ["grpc", *carried]:
             if progress:
                 progress(f"ps-train with nothing to move (the workers' ops on the ps), over {transport}")
-            measured[_nothing_crosses(transport)] = run_cluster(transport, ["ps-train"], params, nothing_crosses=True)
+            measured.setdefault(_nothing_crosses(transport), {}).update(
+                run_cluster(transport, ["ps-train"], params, nothing_crosses=True))
     for workload in workloads:
         report["workloads"][workload] = combine(
             workload, {transport: m[workload] for transport, m in measured.items() if workload in m},
@@ -323,13 +418,18 @@ def render(report):
     if "step" in w:
         table("step: a step's cost beside its bytes (steps per second)", w["step"],
               lambda r: r["step"], lambda t: f"{t}_steps_per_second", 1, 0)
-    if "ps-train" in w:
-        table("ps-train: 1 ps + 2 workers (steps per second, both workers)", w["ps-train"],
-              lambda r: r["model"], lambda t: f"{t}_steps_per_second", 1, 1)
+    titles = {"ps-train": ("ps-train: 1 ps + 2 workers (steps per second, both workers)", "the workers' ops"),
+              "pss": ("pss: TF2 ParameterServerStrategy, coordinator + 1 ps + 2 workers (scheduled steps per "
+                      "second)", "the step function's ops")}
+    for workload in TRAINING:
+        if workload not in w:
+            continue
+        title, moved = titles[workload]
+        table(title, w[workload], lambda r: r["model"], lambda t: f"{t}_steps_per_second", 1, 1)
         for transport in ["grpc", *backends]:
             key = _nothing_crosses(transport)
-            lines.append(f"  nothing to move over {transport} (the workers' ops on the ps): " + ", ".join(
-                f"{r['model']} {r[f'{key}_steps_per_second']:.1f} ({r[f'vs_grpc_{key}']:.2f}x)" for r in w["ps-train"]))
+            lines.append(f"  nothing to move over {transport} ({moved} on the ps): " + ", ".join(
+                f"{r['model']} {r[f'{key}_steps_per_second']:.1f} ({r[f'vs_grpc_{key}']:.2f}x)" for r in w[workload]))
     return "\n".join(lines)
 
 
@@ -350,6 +450,8 @@ def plot(report, path):
         "hops": ("us per hop (lower is better)", lambda r: f"{r['hops']} hops", lambda r, t: r[f"{t}_us_per_hop"]),
         "step": ("steps/s (higher is better)", lambda r: r["step"], lambda r, t: r[f"{t}_steps_per_second"]),
         "ps-train": ("steps/s (higher is better)", lambda r: r["model"], lambda r, t: r[f"{t}_steps_per_second"]),
+        "pss": ("scheduled steps/s (higher is better)", lambda r: r["model"],
+                lambda r, t: r[f"{t}_steps_per_second"]),
     }
     width = 0.8 / len(transports)
     for ax, (workload, rows) in zip(axes[0], workloads.items()):
@@ -367,7 +469,7 @@ def plot(report, path):
             ax.plot(labels, [r["memcpy_gbps"] for r in rows], "k--", label="memcpy")
             ax.plot(labels, [r["tcp_socket_gbps"] for r in rows], "k:", label="TCP socket")
         else:
-            if workload == "ps-train":
+            if workload in TRAINING:
                 ax.hlines([r["nothing_crosses_steps_per_second"] for r in rows],
                           [x - 0.45 for x in range(len(rows))], [x + 0.45 for x in range(len(rows))],
                           colors="k", linestyles="--", label="nothing to move")
