@@ -59,9 +59,9 @@ def lossy_link():
         yield
 
 
-def peer_connected(listener, *actions):
+def peer_connected(listener, *actions, peer_timeout=PEER_TIMEOUT):
     """A peer on guest-b connected to `listener`: (process, connection)."""
-    process = start_peer("verbs", listener.endpoint, *actions, peer_timeout=PEER_TIMEOUT)
+    process = start_peer("verbs", listener.endpoint, *actions, peer_timeout=peer_timeout)
     try:
         wait_for_line(process, "connected", timeout=60)
         return process, listener.accept(30)
@@ -142,11 +142,14 @@ def test_a_partition_shorter_than_the_peer_timeout_heals_with_no_error_and_no_lo
     # rxe retries unacknowledged packets for ever (retry count 7), so only the peer timeout can end
     # the connection here; a hardware HCA gives up after 7 retries (docs/faults.md).
     outage = PEER_TIMEOUT / 3
+    # Both sides allow SLACK more: once the link is back, the emulated guests of a loaded host took
+    # over 2 s to hear each other again (rxe's retransmission timer and the guests' CPUs).
+    peer_timeout = PEER_TIMEOUT + SLACK
     size = 64 << 10
-    local = transport("verbs", "guest-a", peer_timeout=PEER_TIMEOUT, connect_timeout=30)
+    local = transport("verbs", "guest-a", peer_timeout=peer_timeout, connect_timeout=30)
     listener = local.listen(f"{HOST}:0")
     peer, connection = peer_connected(listener, *(f"expect:1:{size}:{seed}" for seed in range(3)),
-                                      f"write:2:{size}:9", "print:done", "sleep:60")
+                                      f"write:2:{size}:9", "print:done", "sleep:60", peer_timeout=peer_timeout)
     try:
         connection.write(1, pattern(size, 0)).wait(60)
         region = local.allocate_region(size)

@@ -226,7 +226,7 @@ def task(spec):
     the one-worker workloads, then every worker ps-train; each worker prints its figures on one
     line. pss: the ps and the workers serve, the chief coordinates and prints the figures."""
     import tensorflow as tf
-    pss = spec["workloads"] == ["pss"]
+    pss = spec.get("workloads") == ["pss"]  # bench scale starts a ps with no workloads
     if spec["job"] == "chief":
         result = {"workloads": {"pss": _pss(tf, spec)}}
         if spec["transport"] != "grpc":
