@@ -175,6 +175,16 @@ def test_a_child_that_exits_without_the_line_is_named_with_its_exit_code_and_log
         line_within(process, "READY ", 30, "the peer", log)
 
 
+def test_a_wait_ends_at_once_naming_the_peer_it_needs_when_that_peer_exits():
+    process, log = child("import time; time.sleep(60)")  # waits on the ps for ever
+    ps, ps_log = child("import sys; sys.exit(3)")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the workers: the ps exited with code 3 while it waited"):
+        line_within(process, "READY ", 60, "the workers", log, needed=(ps, "the ps"))
+    assert time.monotonic() - started < 10 and process.poll() is not None
+    ps_log.close()
+
+
 def test_a_pinned_run_keeps_the_bench_and_its_receiver_on_that_cpu_and_says_so():
     cpu = max(os.sched_getaffinity(0))  # the last, so that on more than one CPU the pin narrows
     report, _ = bench_report("transport", "--backend", "shm", "--sizes", "64K", "--bytes-per-size", "1M",

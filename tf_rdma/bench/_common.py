@@ -20,11 +20,12 @@ RESULT_PREFIX = "@@result "
 PEER_START_SECONDS = 300
 
 
-def line_within(process, prefix, seconds, who, log=None):
+def line_within(process, prefix, seconds, who, log=None, needed=None):
     """The rest of the first line of `process`'s stdout that starts with `prefix` (lines before it
     are skipped), read within `seconds`. If none comes, the process is killed and the error names
     `who`, whether it exited or fell silent, and the tail of its stderr: `log` (the file it
-    writes to), else its stderr pipe."""
+    writes to), else its stderr pipe. `needed`: (process, name) of a peer it waits on, whose exit
+    ends the wait at once, named."""
     found = []
 
     def read():  # in a thread: a pipe's readline takes no deadline
@@ -35,7 +36,13 @@ def line_within(process, prefix, seconds, who, log=None):
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    reader.join(seconds)
+    deadline = time.monotonic() + seconds
+    while reader.is_alive() and time.monotonic() < deadline:
+        reader.join(min(1.0, max(0.0, deadline - time.monotonic())))
+        if needed is not None and reader.is_alive() and needed[0].poll() is not None:
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"{who}: {needed[1]} exited with code {needed[0].returncode} while it waited")
     if found:
         return found[0]
     exited = not reader.is_alive()

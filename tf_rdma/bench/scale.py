@@ -267,7 +267,8 @@ def run_tf(transport, worker_counts, budget, timeout=600):
             workers.stdin.write(f"{count}\n")
             workers.stdin.flush()
             line = json.loads(_common.line_within(workers, RESULT_PREFIX, timeout,
-                                                f"bench scale over {transport}: the workers' process", log))
+                                                f"bench scale over {transport}: the workers' process", log,
+                                                needed=(ps, "the ps")))
             figures = settled_figures(ps.pid)
             rows.append({"workers": count, "ps_threads": figures["threads"], "ps_rss": figures["rss"],
                          "steps_per_second": line["steps_per_second"], "steps": line["steps"]})
