@@ -36,6 +36,7 @@ import tempfile
 import time
 
 from tests.harness.flatness import SETTLE, TASK_ENVIRONMENT, Task, judge, process_sample
+from tf_rdma.bench._common import coordinated_strategy, start_server
 
 log = logging.getLogger("tf_rdma")
 
@@ -137,14 +138,7 @@ def _coordinate(spec):
     import tensorflow as tf
     updates = ClusterUpdates()
     tf.get_logger().addHandler(updates)
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc")
-    if spec["transport"] == "grpc":
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    else:
-        import tf_rdma
-        strategy = tf_rdma.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    strategy, coordinator = coordinated_strategy(spec)
     x, y, first, second = _model()
     batch = 64
     with strategy.scope():  # round robin over the ps: first and iterations on ps 0, second on ps 1
@@ -201,7 +195,6 @@ def _coordinate(spec):
 def task(spec):
     if spec["job"] == "chief":
         _coordinate(spec)
-    from tf_rdma.bench._common import start_server
     start_server(spec).join()
 
 

@@ -93,6 +93,20 @@ def start_server(spec):
     return tf_rdma.Server(cluster, job_name=spec["job"], task_index=spec["index"])
 
 
+def coordinated_strategy(spec):
+    """(strategy, ClusterCoordinator) of the chief of `spec["cluster"]`: TensorFlow's
+    ParameterServerStrategy over stock gRPC, or tf_rdma's (`spec["transport"]`)."""
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc")
+    if spec["transport"] == "grpc":
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    else:
+        import tf_rdma
+        strategy = tf_rdma.ParameterServerStrategy(resolver)
+    return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+
 def open_session(server):
     """A TF1 session on `server` with grappler off, so that every transport runs the same graph."""
     import tensorflow as tf

@@ -30,8 +30,8 @@ import os
 import sys
 import time
 
-from tf_rdma.bench._common import (RESULT_PREFIX, local_cluster, open_session, ratios, start_server, start_task,
-                                   task_result, timed)
+from tf_rdma.bench._common import (RESULT_PREFIX, coordinated_strategy, local_cluster, open_session, ratios,
+                                   start_server, start_task, task_result, timed)
 from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
@@ -184,14 +184,7 @@ def _pss(tf, spec):
     """The coordinator's figures: {"embedding": row, "nothing_crosses": row}, each step's seconds
     (a join's median over the steps scheduled before it)."""
     p = spec["params"]["pss"]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc")
-    if spec["transport"] == "grpc":
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    else:
-        import tf_rdma
-        strategy = tf_rdma.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    strategy, coordinator = coordinated_strategy(spec)
     with strategy.scope():
         table = tf.Variable(tf.random.stateless_normal([p["vocab"], p["dim"]], seed=[1, 7]))
         head = tf.Variable(tf.zeros([p["dim"], 1]))
