@@ -25,6 +25,7 @@
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #include "cc/transport/wire.h"
+#include "tests/fuzz/sent_frames.h"
 
 namespace {
 
@@ -199,39 +200,13 @@ class Harness {
     connection_->OnEvents(EPOLLIN);
   }
 
-  // Reads what the connection sent: every frame must decode; grants are kept by their tag.
+  // Every frame sent must decode (SentFrames); grants are kept by their tag.
   void DrainPeerEnd() {
-    char buffer[1 << 16];
-    for (;;) {
-      absl::StatusOr<size_t> got = tf_rdma::ReceiveSome(peer_fd_, buffer, sizeof(buffer), nullptr, /*nonblocking=*/true);
-      if (!got.ok() || *got == 0) return;
-      unread_.append(buffer, *got);
-      ParseSent();
-    }
-  }
-
-  void ParseSent() {
-    for (;;) {
-      if (payload_left_ > 0) {
-        const uint64_t skipped = std::min<uint64_t>(payload_left_, unread_.size());
-        unread_.erase(0, skipped);
-        payload_left_ -= skipped;
-        if (payload_left_ > 0) return;
-      }
-      if (unread_.size() < tf_rdma::wire::kHeaderLength) return;
-      absl::StatusOr<tf_rdma::wire::Header> header =
-          tf_rdma::wire::DecodeHeader(std::string_view(unread_).substr(0, tf_rdma::wire::kHeaderLength));
-      if (!header.ok()) Fail("the connection sent a malformed frame header");
-      if (unread_.size() < tf_rdma::wire::kHeaderLength + header->body_length) return;
-      absl::StatusOr<tf_rdma::wire::Frame> frame = tf_rdma::wire::DecodeBody(
-          header->type, std::string_view(unread_).substr(tf_rdma::wire::kHeaderLength, header->body_length));
-      if (!frame.ok()) Fail("the connection sent a frame that does not decode");
-      unread_.erase(0, tf_rdma::wire::kHeaderLength + header->body_length);
-      if (const auto* grant = std::get_if<tf_rdma::wire::Grant>(&frame->body)) {
+    sent_.Drain([this](const tf_rdma::wire::Frame& frame) {
+      if (const auto* grant = std::get_if<tf_rdma::wire::Grant>(&frame.body)) {
         (grant->tag == tf_rdma::CallRequestTag() ? slot_grants_ : body_grants_).push_back(*grant);
       }
-      if (const auto* data = std::get_if<tf_rdma::wire::Data>(&frame->body)) payload_left_ = data->length;
-    }
+    });
   }
 
   FuzzedDataProvider& in_;
@@ -243,8 +218,7 @@ class Harness {
   std::vector<tf_rdma::wire::Grant> slot_grants_;
   std::vector<tf_rdma::wire::Grant> body_grants_;
   uint64_t next_peer_grant_ = 1;
-  std::string unread_;
-  uint64_t payload_left_ = 0;
+  tf_rdma::fuzz::SentFrames sent_{peer_fd_, /*payloads_on_socket=*/true};
 };
 
 }  // namespace

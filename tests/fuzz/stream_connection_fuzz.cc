@@ -28,6 +28,7 @@
 #include "cc/transport/stream/stream_connection.h"
 #include "cc/transport/tcp/tcp_transport.h"
 #include "cc/transport/wire.h"
+#include "tests/fuzz/sent_frames.h"
 
 namespace {
 
@@ -196,39 +197,12 @@ class Harness {
     connection_->OnEvents(EPOLLIN);
   }
 
-  // Reads what the connection sent: every frame must decode. Descriptors that came along are closed.
+  // Every frame sent must decode (SentFrames; descriptors that came along are closed); the
+  // connection's grants are kept.
   void DrainPeerEnd() {
-    char buffer[1 << 16];
-    for (;;) {
-      absl::StatusOr<size_t> got = tf_rdma::ReceiveSome(peer_fd_, buffer, sizeof(buffer), nullptr, /*nonblocking=*/true);
-      if (!got.ok() || *got == 0) return;
-      unread_.append(buffer, *got);
-      ParseSent();
-    }
-  }
-
-  void ParseSent() {
-    for (;;) {
-      if (payload_left_ > 0) {
-        const uint64_t skipped = std::min<uint64_t>(payload_left_, unread_.size());
-        unread_.erase(0, skipped);
-        payload_left_ -= skipped;
-        if (payload_left_ > 0) return;
-      }
-      if (unread_.size() < tf_rdma::wire::kHeaderLength) return;
-      absl::StatusOr<tf_rdma::wire::Header> header =
-          tf_rdma::wire::DecodeHeader(std::string_view(unread_).substr(0, tf_rdma::wire::kHeaderLength));
-      if (!header.ok()) Fail("the connection sent a malformed frame header");
-      if (unread_.size() < tf_rdma::wire::kHeaderLength + header->body_length) return;
-      absl::StatusOr<Frame> frame = tf_rdma::wire::DecodeBody(
-          header->type, std::string_view(unread_).substr(tf_rdma::wire::kHeaderLength, header->body_length));
-      if (!frame.ok()) Fail("the connection sent a frame that does not decode");
-      unread_.erase(0, tf_rdma::wire::kHeaderLength + header->body_length);
-      if (const auto* grant = std::get_if<tf_rdma::wire::Grant>(&frame->body)) received_grants_.push_back(grant->grant_id);
-      if (const auto* data = std::get_if<tf_rdma::wire::Data>(&frame->body); data != nullptr && !shm_) {
-        payload_left_ = data->length;
-      }
-    }
+    sent_.Drain([this](const tf_rdma::wire::Frame& frame) {
+      if (const auto* grant = std::get_if<tf_rdma::wire::Grant>(&frame.body)) received_grants_.push_back(grant->grant_id);
+    });
   }
 
   FuzzedDataProvider& in_;
@@ -241,8 +215,7 @@ class Harness {
   std::map<uint64_t, int> grants_;  // completions per grant
   std::vector<uint64_t> issued_;           // ids of this process's grants
   std::vector<uint64_t> received_grants_;  // ids the connection granted the peer
-  std::string unread_;
-  uint64_t payload_left_ = 0;
+  tf_rdma::fuzz::SentFrames sent_{peer_fd_, /*payloads_on_socket=*/!shm_};
 };
 
 }  // namespace
