@@ -1,7 +1,8 @@
-"""Worker-service calls between tf_rdma tasks (cc/tf/calls/): once a TF1 session ran its first
-steps, none of them needs gRPC. Proved by dropping every packet of TensorFlow's own ports between
-the two hosts: the next steps still run, each a RunGraph call on tf_rdma. And they keep gRPC's
-semantics: a closed session cancels its steps on the remote task."""
+"""Worker- and eager-service calls between tf_rdma tasks (cc/tf/calls/): once a TF1 session ran its
+first steps, or a TF2 coordinator its first scheduled functions, none of them needs gRPC. Proved by
+dropping every packet of TensorFlow's own ports between the hosts: the next steps still run, each a
+RunGraph call, or eager calls, on tf_rdma. And they keep gRPC's semantics: a closed session cancels
+its steps on the remote task."""
 import json
 import subprocess
 
@@ -10,8 +11,9 @@ import pytest
 from tests.harness import netns
 from tests.tf.programs.cluster import Cluster, NamespacedCluster
 
-NO_NAMESPACES = netns.unavailable_reason("the ps and the worker run on hosts of their own (network namespaces)")
+NO_NAMESPACES = netns.unavailable_reason("the tasks run on hosts of their own (network namespaces)")
 PS = "/job:ps/replica:0/task:0"
+WORKER = "/job:worker/replica:0/task:0"
 
 
 @pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
@@ -38,6 +40,40 @@ def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
     # Only device discovery, before the session, stayed on gRPC.
     on_grpc = outcome["stats"]["peers"][PS]["calls_on_grpc"]
     assert set(on_grpc) == {"GetStatus"} and on_grpc["GetStatus"] <= 2, on_grpc
+    assert not outcome["stats"]["fallback"], outcome["stats"]
+
+
+@pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
+def test_a_coordinators_scheduled_steps_run_on_with_tensorflows_ports_blocked(tmp_path):
+    """TF2 ParameterServerStrategy: the coordinator's contexts, its functions' dispatch and
+    results, and the worker's component functions on the ps are eager-service calls on tf_rdma."""
+    output = str(tmp_path / "outcome.json")
+    steps = 30
+    with netns.Network() as net, NamespacedCluster(tmp_path, net, {"chief": 1, "ps": 1, "worker": 1},
+                                                   {"TF_RDMA_BACKEND": "tcp"}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma")
+        cluster.start("worker", 0, "serve", transport="rdma")
+        chief = cluster.start("chief", 0, "coordinator_steps_with_grpc_blocked", transport="rdma", output=output,
+                              steps=steps, stdin=subprocess.PIPE)
+        cluster.wait_for_output("chief", 0, "warm", timeout=180)
+        for job in ("chief", "ps", "worker"):
+            net.block_port(int(cluster.spec[job][0].rsplit(":", 1)[1]))
+        chief.stdin.write(b"blocked\n")
+        chief.stdin.flush()
+        assert cluster.wait("chief", 0, timeout=120) == 0, cluster.log("chief", 0)[-3000:]
+    with open(output) as f:
+        outcome = json.load(f)
+    assert outcome["counter"] == 2 * steps, outcome
+    assert len(outcome["losses"]) == 2 * steps, outcome
+    for task in (PS, WORKER):
+        calls = outcome["stats"]["peers"][task]["calls_made"]
+        # A context on each task, and the scheduled functions enqueued on the worker.
+        assert calls["CreateContext"] == 1, (task, calls)
+        # Only device discovery, before the contexts, stayed on gRPC.
+        on_grpc = outcome["stats"]["peers"][task]["calls_on_grpc"]
+        assert set(on_grpc) <= {"GetStatus"}, (task, on_grpc)
+    worker_calls = outcome["stats"]["peers"][WORKER]["calls_made"]
+    assert worker_calls.get("StreamingEnqueue", 0) + worker_calls.get("Enqueue", 0) >= 2 * steps, worker_calls
     assert not outcome["stats"]["fallback"], outcome["stats"]
 
 

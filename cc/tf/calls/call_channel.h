@@ -50,6 +50,8 @@ class ServedCall {
   const std::string& request() const { return request_; }
   // The caller's name, as its connection's handshake proved it.
   const std::string& peer_name() const;
+  // The same for every call that came on one connection, another for each other connection.
+  uintptr_t connection_key() const { return reinterpret_cast<uintptr_t>(server_.get()); }
   // `cancel` runs once when the caller gives the call up or its connection ends, at once if that
   // happened already; not after Reply.
   void SetCancelCallback(std::function<void()> cancel);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/tf/calls/rdma_eager_client.h"
 #include "tensorflow/core/protobuf/worker.pb.h"
 
 namespace tf_rdma {
@@ -11,9 +12,6 @@ namespace {
 using tensorflow::CallOptions;
 using tensorflow::StatusCallback;
 using tensorflow::WorkerInterface;
-
-// Why calls stay on gRPC, as stats()['fallback'] counts them.
-constexpr char kRenamedTaskCall[] = "a worker-service call to a task its session renamed";
 
 // Another task's worker, reached by calls on tf_rdma; gRPC's worker for the same task serves what
 // tf_rdma leaves to gRPC.
@@ -122,30 +120,18 @@ class RdmaWorker : public WorkerInterface {
 
   // `grpc` makes the same call on gRPC's worker: for a task its session renamed, which tf_rdma does
   // not carry (known before, or found by this call's connecting, which it never got past).
-  template <typename Response>
-  void Call(WorkerMethod method, const google::protobuf::Message& request, Response* response, CallOptions* opts,
+  void Call(WorkerMethod method, const google::protobuf::Message& request, google::protobuf::Message* response,
+            CallOptions* opts,
             StatusCallback done, std::function<void(StatusCallback)> grpc) {
     if (RenamedCounted(method)) {
       grpc(std::move(done));
       return;
     }
-    std::string bytes;
-    if (!request.SerializeToString(&bytes)) {
-      done(absl::InternalError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " request to ", task_,
-                                            " does not serialize")));
-      return;
-    }
-    calls_->Call(task_, method, std::move(bytes), opts,
-                 [this, method, response, done = std::move(done), grpc = std::move(grpc)](
-                     const absl::Status& status, std::string_view reply) mutable {
-                   if (!status.ok() && RenamedCounted(method)) return grpc(std::move(done));
-                   if (!status.ok()) return done(status);
-                   if (!response->ParseFromArray(reply.data(), static_cast<int>(reply.size()))) {
-                     return done(absl::DataLossError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method),
-                                                                  " reply from ", task_, " does not parse")));
-                   }
-                   done(absl::OkStatus());
-                 });
+    calls_->CallProto(task_, static_cast<uint8_t>(method), request, response, opts,
+                      [this, method, done = std::move(done), grpc = std::move(grpc)](const absl::Status& status) mutable {
+                        if (!status.ok() && RenamedCounted(method)) return grpc(std::move(done));
+                        done(status);
+                      });
   }
 
   // Whether task_ is known renamed, counting the call that stays on gRPC for it.
@@ -153,7 +139,7 @@ class RdmaWorker : public WorkerInterface {
     const std::shared_ptr<Runtime>& runtime = calls_->runtime();
     if (!runtime->task_addresses().Renamed(task_)) return false;
     runtime->stats().Fallback(kRenamedTaskCall);
-    CountOnGrpc(WorkerMethodName(method));
+    CountOnGrpc(MethodName(method));
     return true;
   }
 
@@ -174,18 +160,6 @@ RdmaWorkerCache::RdmaWorkerCache(tensorflow::WorkerCacheInterface* grpc, std::sh
 
 RdmaWorkerCache::~RdmaWorkerCache() = default;
 
-bool RdmaWorkerCache::Carries(const std::string& target) const {
-  const std::shared_ptr<Runtime>& runtime = calls_->runtime();
-  if (target == local_target_) return false;  // gRPC's cache answers with the in-process worker
-  // A session that renamed this task (ClusterSpec propagation) names the others its own way too:
-  // its calls stay on gRPC, as its tensors do (RdmaRemoteRendezvous).
-  if (local_target_ != runtime->local_task() || runtime->task_addresses().Renamed(target)) {
-    runtime->stats().Fallback(kRenamedTaskCall);
-    return false;
-  }
-  return true;
-}
-
 void RdmaWorkerCache::ListWorkers(std::vector<std::string>* workers) const { grpc_->ListWorkers(workers); }
 
 void RdmaWorkerCache::ListWorkersInJob(const std::string& job_name, std::vector<std::string>* workers) const {
@@ -194,7 +168,7 @@ void RdmaWorkerCache::ListWorkersInJob(const std::string& job_name, std::vector<
 
 WorkerInterface* RdmaWorkerCache::GetOrCreateWorker(const std::string& target) {
   WorkerInterface* grpc = grpc_->GetOrCreateWorker(target);
-  if (grpc == nullptr || !Carries(target)) return grpc;
+  if (grpc == nullptr || !calls_->Carries(local_target_, target)) return grpc;
   return new RdmaWorker(target, grpc, calls_);
 }
 
@@ -219,7 +193,11 @@ void RdmaWorkerCache::GetDeviceLocalityAsync(const std::string& device, tensorfl
 
 absl::Status RdmaWorkerCache::GetEagerClientCache(
     std::unique_ptr<tensorflow::eager::EagerClientCache>* eager_client_cache) {
-  return grpc_->GetEagerClientCache(eager_client_cache);
+  std::unique_ptr<tensorflow::eager::EagerClientCache> grpc;
+  absl::Status made = grpc_->GetEagerClientCache(&grpc);
+  if (!made.ok()) return made;
+  *eager_client_cache = std::make_unique<RdmaEagerClientCache>(std::move(grpc), calls_, local_target_);
+  return absl::OkStatus();
 }
 
 absl::Status RdmaWorkerCache::GetCoordinationClientCache(

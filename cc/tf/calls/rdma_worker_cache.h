@@ -1,6 +1,7 @@
 // The worker cache a tf_rdma server hands its master, its collectives and its eager context: the
 // one gRPC's server would, except that a worker of another task is reached by worker-service
-// calls on tf_rdma (worker_calls.h). What tf_rdma leaves to gRPC stays there: a task its session
+// calls on tf_rdma (worker_calls.h), and its eager service by eager-service calls
+// (rdma_eager_client.h). What tf_rdma leaves to gRPC stays there: a task its session
 // renamed (counted in stats()['fallback']), and the tensor fetches gRPC's own rendezvous and
 // collectives make (RecvTensor, RecvBuf) when tf_rdma does not carry a tensor (a GPU end).
 #ifndef TF_RDMA_CC_TF_CALLS_RDMA_WORKER_CACHE_H_
@@ -38,9 +39,6 @@ class RdmaWorkerCache : public tensorflow::WorkerCacheInterface {
   bool RetrieveLogs(int64_t step_id, tensorflow::StepStats* ss) override;
 
  private:
-  // Whether a call to `target` goes on tf_rdma: a task other than this one, not renamed.
-  bool Carries(const std::string& target) const;
-
   const std::unique_ptr<tensorflow::WorkerCacheInterface> grpc_;
   const std::shared_ptr<WorkerCalls> calls_;
   const std::string local_target_;

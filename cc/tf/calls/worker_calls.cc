@@ -6,36 +6,18 @@
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
 #include "cc/tf/calls/call_timer.h"
+#include "cc/tf/calls/served_proto.h"
 #include "tensorflow/core/protobuf/worker.pb.h"
 
 namespace tf_rdma {
+
+const char kRenamedTaskCall[] = "a call to a task its session renamed";
+
 namespace {
 
 using tensorflow::CallOptions;
 using tensorflow::StatusCallback;
 using tensorflow::WorkerInterface;
-
-// A served call's request parsed, its response and the options its cancellation reaches; runs
-// `invoke` on them and replies with the response.
-template <typename Request, typename Response, typename Invoke>
-void ServeProto(const std::shared_ptr<ServedCall>& call, Invoke invoke) {
-  struct State {
-    CallOptions opts;
-    Request request;
-    Response response;
-  };
-  auto state = std::make_shared<State>();
-  if (!state->request.ParseFromString(call->request())) {
-    call->Reply(absl::InvalidArgumentError(absl::StrCat("tf_rdma: a ", state->request.GetTypeName(),
-                                                        " that does not parse")),
-                {});
-    return;
-  }
-  call->SetCancelCallback([state] { state->opts.StartCancel(); });
-  invoke(&state->opts, &state->request, &state->response, [call, state](const absl::Status& status) {
-    call->Reply(status, status.ok() ? state->response.SerializeAsString() : std::string());
-  });
-}
 
 // A method served as the worker's method `rpc`: one without CallOptions, and one with them.
 template <typename Request, typename Response>
@@ -58,21 +40,29 @@ void ServeWith(const std::shared_ptr<ServedCall>& call, WorkerInterface* worker,
 
 }  // namespace
 
-const char* WorkerMethodName(WorkerMethod method) {
-  switch (method) {
-    case WorkerMethod::kGetStatus: return "GetStatus";
-    case WorkerMethod::kCreateWorkerSession: return "CreateWorkerSession";
-    case WorkerMethod::kDeleteWorkerSession: return "DeleteWorkerSession";
-    case WorkerMethod::kRegisterGraph: return "RegisterGraph";
-    case WorkerMethod::kDeregisterGraph: return "DeregisterGraph";
-    case WorkerMethod::kRunGraph: return "RunGraph";
-    case WorkerMethod::kCleanupGraph: return "CleanupGraph";
-    case WorkerMethod::kCleanupAll: return "CleanupAll";
-    case WorkerMethod::kLogging: return "Logging";
-    case WorkerMethod::kTracing: return "Tracing";
-    case WorkerMethod::kCompleteGroup: return "CompleteGroup";
-    case WorkerMethod::kCompleteInstance: return "CompleteInstance";
-    case WorkerMethod::kGetStepSequence: return "GetStepSequence";
+const char* MethodName(uint8_t number) {
+  switch (number) {
+    case static_cast<uint8_t>(WorkerMethod::kGetStatus): return "GetStatus";
+    case static_cast<uint8_t>(WorkerMethod::kCreateWorkerSession): return "CreateWorkerSession";
+    case static_cast<uint8_t>(WorkerMethod::kDeleteWorkerSession): return "DeleteWorkerSession";
+    case static_cast<uint8_t>(WorkerMethod::kRegisterGraph): return "RegisterGraph";
+    case static_cast<uint8_t>(WorkerMethod::kDeregisterGraph): return "DeregisterGraph";
+    case static_cast<uint8_t>(WorkerMethod::kRunGraph): return "RunGraph";
+    case static_cast<uint8_t>(WorkerMethod::kCleanupGraph): return "CleanupGraph";
+    case static_cast<uint8_t>(WorkerMethod::kCleanupAll): return "CleanupAll";
+    case static_cast<uint8_t>(WorkerMethod::kLogging): return "Logging";
+    case static_cast<uint8_t>(WorkerMethod::kTracing): return "Tracing";
+    case static_cast<uint8_t>(WorkerMethod::kCompleteGroup): return "CompleteGroup";
+    case static_cast<uint8_t>(WorkerMethod::kCompleteInstance): return "CompleteInstance";
+    case static_cast<uint8_t>(WorkerMethod::kGetStepSequence): return "GetStepSequence";
+    case static_cast<uint8_t>(EagerMethod::kCreateContext): return "CreateContext";
+    case static_cast<uint8_t>(EagerMethod::kUpdateContext): return "UpdateContext";
+    case static_cast<uint8_t>(EagerMethod::kEnqueue): return "Enqueue";
+    case static_cast<uint8_t>(EagerMethod::kStreamingEnqueue): return "StreamingEnqueue";
+    case static_cast<uint8_t>(EagerMethod::kWaitQueueDone): return "WaitQueueDone";
+    case static_cast<uint8_t>(EagerMethod::kRunComponentFunction): return "RunComponentFunction";
+    case static_cast<uint8_t>(EagerMethod::kKeepAlive): return "KeepAlive";
+    case static_cast<uint8_t>(EagerMethod::kCloseContext): return "CloseContext";
   }
   return "unknown";
 }
@@ -81,10 +71,11 @@ WorkerCalls::WorkerCalls(std::shared_ptr<Runtime> runtime)
     : runtime_(std::move(runtime)),
       limits_{runtime_->config().max_call_bytes, runtime_->config().max_calls_per_peer} {}
 
-void WorkerCalls::Serve(tensorflow::WorkerInterface* worker, tensorflow::thread::ThreadPool* pool) {
+void WorkerCalls::Serve(tensorflow::WorkerInterface* worker, ServeEager eager, tensorflow::thread::ThreadPool* pool) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     worker_ = worker;
+    eager_ = std::move(eager);
     pool_ = pool;
   }
   runtime_->connections().Observe(
@@ -111,8 +102,10 @@ void WorkerCalls::StartServing(const std::shared_ptr<Connection>& connection) {
 }
 
 void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
+  const char* name = MethodName(call->method());
+  runtime_->stats().Peer(call->peer_name(), [name](PeerStats& s) { s.calls_served[name]++; });
+  if (IsEagerMethod(call->method())) return eager_(std::move(call));
   const auto method = static_cast<WorkerMethod>(call->method());
-  runtime_->stats().Peer(call->peer_name(), [method](PeerStats& s) { s.calls_served[WorkerMethodName(method)]++; });
   WorkerInterface* worker = worker_;
   using namespace tensorflow;  // the request and response types
   switch (method) {
@@ -145,13 +138,42 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
     case WorkerMethod::kGetStepSequence:
       return ServeWith(call, worker, &WorkerInterface::GetStepSequenceAsync);
   }
-  call->Reply(absl::UnimplementedError(absl::StrCat("tf_rdma: no worker-service method numbered ",
+  call->Reply(absl::UnimplementedError(absl::StrCat("tf_rdma: no method numbered ",
                                                     static_cast<int>(call->method()))),
               {});
 }
 
-void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string request, CallOptions* opts,
-                       Done done) {
+bool WorkerCalls::Carries(const std::string& local_target, const std::string& target) const {
+  if (target == local_target) return false;  // gRPC's cache answers with the in-process worker
+  // A session that renamed this task (ClusterSpec propagation) names the others its own way too:
+  // its calls stay on gRPC, as its tensors do (RdmaRemoteRendezvous).
+  if (local_target != runtime_->local_task() || runtime_->task_addresses().Renamed(target)) {
+    runtime_->stats().Fallback(kRenamedTaskCall);
+    return false;
+  }
+  return true;
+}
+
+void WorkerCalls::CallProto(const std::string& task, uint8_t method, const google::protobuf::Message& request,
+                            google::protobuf::Message* response, CallOptions* opts, StatusCallback done) {
+  std::string bytes;
+  if (!request.SerializeToString(&bytes)) {
+    done(absl::InternalError(absl::StrCat("tf_rdma: the ", MethodName(method), " request to ", task,
+                                          " does not serialize")));
+    return;
+  }
+  Call(task, method, std::move(bytes), opts,
+       [task, method, response, done = std::move(done)](const absl::Status& status, std::string_view reply) {
+         if (!status.ok()) return done(status);
+         if (!response->ParseFromArray(reply.data(), static_cast<int>(reply.size()))) {
+           return done(absl::DataLossError(
+               absl::StrCat("tf_rdma: the ", MethodName(method), " reply from ", task, " does not parse")));
+         }
+         done(absl::OkStatus());
+       });
+}
+
+void WorkerCalls::Call(const std::string& task, uint8_t method, std::string request, CallOptions* opts, Done done) {
   runtime_->connections().WithConnection(
       task,
       [calls = shared_from_this(), task, method, request = std::move(request), opts,
@@ -161,7 +183,7 @@ void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string
           // a gRPC call that cannot reach its task fails at once.
           done(absl::Status(connection.status().code(),
                             absl::StrCat("tf_rdma: no connection to task ", task, " for its ",
-                                         WorkerMethodName(method), " call: ", connection.status().message())),
+                                         MethodName(method), " call: ", connection.status().message())),
                {});
           return;
         }
@@ -170,14 +192,14 @@ void WorkerCalls::Call(const std::string& task, WorkerMethod method, std::string
       Connections::Waiting::kAskPeerToDial);
 }
 
-void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const std::string& task, WorkerMethod method,
+void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const std::string& task, uint8_t method,
                          std::string request, CallOptions* opts, Done done) {
   absl::StatusOr<std::shared_ptr<CallClient>> client = ClientFor(task, connection);
   if (!client.ok()) {
     done(client.status(), {});
     return;
   }
-  runtime_->stats().Peer(task, [method](PeerStats& s) { s.calls_made[WorkerMethodName(method)]++; });
+  runtime_->stats().Peer(task, [method](PeerStats& s) { s.calls_made[MethodName(method)]++; });
   // What may end the call early (its deadline, its options' cancellation) may come before the call
   // exists: it is kept until then. After `done` nothing here touches `opts`: its owner may free it.
   struct Pending {
@@ -203,7 +225,7 @@ void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const st
   uint64_t deadline = 0;
   if (timeout_ms > 0) {
     deadline = CallTimer::Process().At(absl::Now() + absl::Milliseconds(timeout_ms), [end_early, task, method, timeout_ms] {
-      end_early(absl::DeadlineExceededError(absl::StrCat("tf_rdma: the ", WorkerMethodName(method), " call to ", task,
+      end_early(absl::DeadlineExceededError(absl::StrCat("tf_rdma: the ", MethodName(method), " call to ", task,
                                                          " took longer than its ", timeout_ms, " ms")));
     });
   }
@@ -216,7 +238,7 @@ void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const st
     });
   }
   std::shared_ptr<OutgoingCall> call = (*client)->Call(
-      static_cast<uint8_t>(method), std::move(request),
+      method, std::move(request),
       [opts, deadline, done = std::move(done)](const absl::Status& status, std::string_view reply) {
         // The timer's entry goes with the reply: at thousands of steps a second, deadlines of
         // minutes would pile up otherwise.

@@ -5,6 +5,7 @@
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
+#include "cc/tf/calls/eager_calls.h"
 #include "cc/tf/calls/rdma_worker_cache.h"
 #include "cc/tf/calls/worker_calls.h"
 #include "cc/tf/collective/rdma_collective.h"
@@ -71,6 +72,15 @@ class RdmaServer : public tensorflow::GrpcServer {
     return absl::OkStatus();
   }
 
+  // Remote functions call back into a client's master context: in gRPC's eager service and in
+  // tf_rdma's, whichever their calls reach.
+  absl::Status AddMasterEagerContextToEagerService(const uint64_t context_id,
+                                                   tensorflow::EagerContext* context) override {
+    absl::Status added = GrpcServer::AddMasterEagerContextToEagerService(context_id, context);
+    if (!added.ok()) return added;
+    return eager_->AddMasterContext(context_id, context);
+  }
+
  protected:
   // Every cluster this server will talk to passes through here (its own, a session's, an eager
   // context's), so the runtime learns where tasks it was not started with listen.
@@ -107,13 +117,22 @@ class RdmaServer : public tensorflow::GrpcServer {
     };
     absl::Status initialized = GrpcServer::Init(options);
     if (!initialized.ok()) return initialized;
-    calls_->Serve(worker_impl(), worker_env()->compute_pool);
+    eager_ = std::make_shared<EagerCalls>(
+        worker_env(), runtime_, [this](tensorflow::core::RefCountPtr<tensorflow::eager::EagerClient>* client) {
+          std::unique_ptr<tensorflow::eager::EagerClientCache> clients;
+          absl::Status found = master_env()->worker_cache->GetEagerClientCache(&clients);
+          return found.ok() ? clients->GetClient(runtime_->local_task(), client) : found;
+        });
+    calls_->Serve(
+        worker_impl(), [eager = eager_](std::shared_ptr<ServedCall> call) { eager->Serve(call); },
+        worker_env()->compute_pool);
     return absl::OkStatus();
   }
 
   const std::shared_ptr<Runtime> runtime_;
-  // Worker-service calls between this task and its peers (cc/tf/calls/).
+  // Worker-service and eager-service calls between this task and its peers (cc/tf/calls/).
   const std::shared_ptr<WorkerCalls> calls_;
+  std::shared_ptr<EagerCalls> eager_;  // set once by Init
 };
 
 class RdmaServerFactory : public tensorflow::ServerFactory {

@@ -1,7 +1,7 @@
 // tf_rdma's TensorFlow server protocol, "grpc+tf_rdma": TensorFlow's gRPC server, with the remote
-// rendezvous, the collective transport and the worker-service calls between tasks replaced by
-// tf_rdma's (cc/tf/rendezvous/, cc/tf/collective/, cc/tf/calls/). gRPC keeps the master service (a
-// client's session calls) and the eager service. Registered
+// rendezvous, the collective transport and the worker- and eager-service calls between tasks
+// replaced by tf_rdma's (cc/tf/rendezvous/, cc/tf/collective/, cc/tf/calls/). gRPC keeps the master
+// service (a client's session calls). Registered
 // with TensorFlow's ServerFactory when the extension loads, so tf.distribute.Server(protocol=...),
 // connect_to_cluster(protocol=...) and a cluster resolver's rpc_layer all reach it.
 #ifndef TF_RDMA_CC_TF_SERVER_RDMA_SERVER_H_

@@ -484,6 +484,45 @@ def steps_with_grpc_blocked_worker(cluster, job, index, transport, output, steps
     os._exit(0)  # closing the session would call the ps's DeregisterGraph: on tf_rdma too, but not needed
 
 
+def coordinator_steps_with_grpc_blocked(cluster, job, index, transport, output, steps=30):
+    """TF2 ParameterServerStrategy: a ClusterCoordinator schedules `steps` embedding steps (rows
+    gathered from a ps table, a loss on the worker, the rows and a counter updated on the ps) and
+    joins, prints "warm" and waits for the test to block TensorFlow's own ports between the tasks,
+    then schedules and joins `steps` more. Saves the counter, the losses and the stats."""
+    import tensorflow as tf
+    strategy = ps_strategy(cluster, transport)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        table = tf.Variable(tf.ones([1000, 16]))
+        counter = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step(ids):
+        def replica(ids):
+            rows = tf.gather(table, ids)
+            table.scatter_sub(tf.IndexedSlices(rows * 0.001, ids))
+            counter.assign_add(1)
+            return tf.reduce_sum(rows * rows)
+        return strategy.run(replica, args=(ids,))
+
+    batches = np.random.default_rng(7).integers(0, 1000, (2 * steps, 32)).astype(np.int32)
+    losses = [coordinator.schedule(step, args=(tf.constant(batch),)) for batch in batches[:steps]]
+    coordinator.join()
+    print("warm", flush=True)
+    sys.stdin.readline()  # the test blocked gRPC
+    started = time.monotonic()
+    losses += [coordinator.schedule(step, args=(tf.constant(batch),)) for batch in batches[steps:]]
+    coordinator.join()
+    seconds = time.monotonic() - started
+    import tf_rdma
+    outcome = {"counter": int(counter.numpy()), "losses": [float(r.fetch()) for r in losses], "seconds": seconds,
+               "stats": tf_rdma.stats()}
+    with open(output, "w") as f:
+        json.dump(outcome, f)
+    print("done", flush=True)
+    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
+
+
 def closed_session_worker(cluster, job, index, transport, output):
     """A step blocked in the ps's dequeue from an empty queue while the session is closed from
     another thread. Records how the step ended and how long after the close, then whether a new
