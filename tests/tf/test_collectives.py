@@ -43,6 +43,9 @@ def test_all_reduce_is_bit_identical_to_grpc_and_carried_by_tf_rdma(tmp_path, ba
         received = sum(p["bytes_received_by_kind"].get("collective", 0) for p in peers.values())
         assert received >= 0.99 * STEPS * (ELEMENTS * 4) * 4 / 3, peers  # chunks split unevenly
         assert all(p["errors"] == 0 for p in peers.values()), peers
+        # Group and instance resolution are worker-service calls on tf_rdma; only device discovery
+        # stays on gRPC.
+        assert all(set(p["calls_on_grpc"]) <= {"GetStatus"} for p in peers.values()), peers
 
 
 @pytest.mark.parametrize("stop, env, within", [

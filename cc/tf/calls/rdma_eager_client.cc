@@ -1,6 +1,8 @@
 #include "cc/tf/calls/rdma_eager_client.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <future>
 #include <utility>
 #include <vector>
@@ -17,6 +19,17 @@ namespace {
 using tensorflow::CallOptions;
 using tensorflow::StatusCallback;
 using namespace tensorflow::eager;  // the request and response types
+
+// TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE, read at each use as gRPC's client reads it:
+// ParameterServerStrategy turns streaming off (one outstanding request per worker, which its
+// failure handling and join rely on), tf.experimental.async_scope turns it on for a while.
+bool StreamingEnabled() {
+  const char* value = std::getenv("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE");
+  if (value == nullptr) return true;
+  std::string lowered(value);
+  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !(lowered == "false" || lowered == "0");
+}
 
 // A task's eager service, reached by calls on tf_rdma.
 class RdmaEagerClient : public EagerClient {
@@ -61,9 +74,9 @@ class RdmaEagerClient : public EagerClient {
   }
   void StreamingEnqueueAsync(bool enable_streaming_enqueue, CallOptions* opts, const EnqueueRequest* request,
                              EnqueueResponse* response, StatusCallback done) override;
-  // The executor may send a context's next streamed request before the last is answered: they are
-  // ordered here (see the top of rdma_eager_client.h).
-  bool allow_multiple_pending_requests() const override { return true; }
+  // When streaming, the executor may send a context's next request before the last is answered:
+  // they are ordered here (see the top of rdma_eager_client.h).
+  bool allow_multiple_pending_requests() const override { return StreamingEnabled(); }
 
  private:
   // One streamed request waiting for its turn.
@@ -127,7 +140,7 @@ void RdmaEagerClient::CreateContextAttempt(std::shared_ptr<const CreateContextRe
 void RdmaEagerClient::StreamingEnqueueAsync(bool enable_streaming_enqueue, CallOptions* opts,
                                             const EnqueueRequest* request, EnqueueResponse* response,
                                             StatusCallback done) {
-  if (!enable_streaming_enqueue) {
+  if (!enable_streaming_enqueue || !StreamingEnabled()) {
     // As gRPC's client: a plain Enqueue, waited for, so that the caller's next request follows it.
     std::promise<absl::Status> enqueued;
     EnqueueAsync(opts, request, response, [&enqueued](const absl::Status& status) { enqueued.set_value(status); });
@@ -205,7 +218,7 @@ absl::Status RdmaEagerClientCache::GetClient(const std::string& target,
   const std::string task = absl::StrCat("/job:", parsed.job, "/replica:", parsed.replica, "/task:", parsed.task);
   if (!calls_->Carries(local_target_, task)) return grpc_->GetClient(target, client);
   std::lock_guard<std::mutex> lock(mu_);
-  tensorflow::core::RefCountPtr<EagerClient>& cached = clients_[task];
+  tensorflow::core::RefCountPtr<EagerClient>& cached = clients_[target];
   if (!cached) cached.reset(new RdmaEagerClient(task, calls_));
   cached->Ref();
   client->reset(cached.get());

@@ -6,6 +6,8 @@
 // task one at a time, in order; those made while one is on its way go together as the next
 // request, their items in order, and its response is split back among them. An error fails every
 // request of the batch it came in, as an error ends gRPC's stream with the requests behind it.
+// With TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE false (ParameterServerStrategy sets it), as in
+// gRPC's client, each is a plain Enqueue that its caller waits for.
 #ifndef TF_RDMA_CC_TF_CALLS_RDMA_EAGER_CLIENT_H_
 #define TF_RDMA_CC_TF_CALLS_RDMA_EAGER_CLIENT_H_
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/tf/calls/call_timer.h"
 #include "cc/tf/calls/served_proto.h"
+#include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/protobuf/worker.pb.h"
 
 namespace tf_rdma {
@@ -181,10 +182,7 @@ void WorkerCalls::Call(const std::string& task, uint8_t method, std::string requ
         if (!connection.ok()) {
           // The code says why (a configuration error, a task without tf_rdma, one unreachable), as
           // a gRPC call that cannot reach its task fails at once.
-          done(absl::Status(connection.status().code(),
-                            absl::StrCat("tf_rdma: no connection to task ", task, " for its ",
-                                         MethodName(method), " call: ", connection.status().message())),
-               {});
+          done(TaskFailure(absl::StrCat("the ", MethodName(method), " call to"), task, connection.status()), {});
           return;
         }
         calls->CallOn(*connection, task, method, std::move(request), opts, std::move(done));
@@ -239,11 +237,18 @@ void WorkerCalls::CallOn(const std::shared_ptr<Connection>& connection, const st
   }
   std::shared_ptr<OutgoingCall> call = (*client)->Call(
       method, std::move(request),
-      [opts, deadline, done = std::move(done)](const absl::Status& status, std::string_view reply) {
+      [opts, deadline, connection, task, method, done = std::move(done)](const absl::Status& status,
+                                                                        std::string_view reply) {
         // The timer's entry goes with the reply: at thousands of steps a second, deadlines of
         // minutes would pile up otherwise.
         if (deadline != 0) CallTimer::Process().Cancel(deadline);
         if (opts != nullptr) opts->ClearCancelCallback();
+        // A call that ended with its connection names the task as gRPC's route does (which
+        // ClusterCoordinator reads to tell a ps's failure from a worker's); an error the task
+        // replied with is its own, passed on as it came.
+        if (!status.ok() && !connection->health().ok()) {
+          return done(TaskFailure(absl::StrCat("the ", MethodName(method), " call to"), task, status), reply);
+        }
         done(status, reply);
       });
   absl::Status early;

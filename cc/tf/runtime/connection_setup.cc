@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "absl/log/log.h"
 #include "absl/strings/str_cat.h"
@@ -207,8 +209,16 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
       dial_asks_made = state.dial_asks;
       const std::optional<TaskAddress> address = addresses_.Find(peer_task);
       if (!address) continue;
+      const bool was_connected = state.was_connected;
       lock.unlock();
-      const PortState rdma_port = Probe(address->host, address->rdma_port, absl::Seconds(1));
+      PortState rdma_port = Probe(address->host, address->rdma_port, absl::Seconds(1));
+      if (rdma_port == PortState::kAnswers && was_connected) {
+        // A killed task's listener closes a moment after its connections reset: asked as its
+        // connection ended, it may still answer. Asked again, it tells, where asking its identity
+        // would wait out a whole connect attempt on a port that refuses.
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        rdma_port = Probe(address->host, address->rdma_port, absl::Seconds(1));
+      }
       absl::Status diagnosis = absl::OkStatus();
       absl::StatusOr<std::string> identity = absl::UnavailableError("its tf_rdma port does not answer");
       if (rdma_port == PortState::kAnswers) identity = IdentityAt(*address);
@@ -231,8 +241,12 @@ absl::StatusOr<std::shared_ptr<Connection>> Connections::AwaitFrom(const std::st
     // Every accepted connection wakes every waiter: the peer is diagnosed (and its identity
     // probed again if it did not answer at first) only once a whole attempt passed without its
     // connection.
-    // The wait ends at the deadline, so a timeout shorter than an attempt is kept.
-    const absl::Duration wait = std::max(std::min(kConnectAttempt, deadline - absl::Now()), absl::ZeroDuration());
+    // The wait ends at the deadline, so a timeout shorter than an attempt is kept. A peer that was
+    // connected and is not back soon is diagnosed soon: its connection just ended, and a peer that
+    // died is told by its port at once (a killed task's listener may still answer the first probe,
+    // made as its connection reset).
+    const absl::Duration attempt = state.was_connected ? kReconnectAttempt : kConnectAttempt;
+    const absl::Duration wait = std::max(std::min(attempt, deadline - absl::Now()), absl::ZeroDuration());
     const bool connected = accepted_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&state, dial_asks_made] {
       return (state.connection && state.connection->health().ok()) || state.dial_asks > dial_asks_made;
     });

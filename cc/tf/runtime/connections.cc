@@ -182,7 +182,9 @@ void Connections::WithConnection(const std::string& peer_task, ConnectionCallbac
     return;
   }
   peer.waiters.push_back(std::move(done));
-  if (waiting == Waiting::kAskPeerToDial) {
+  // A peer whose connection ended is asked at once too: its port tells whether it died (the
+  // wait fails now, naming it) or lives (it dials back now), rather than after a whole attempt.
+  if (waiting == Waiting::kAskPeerToDial || peer.was_connected) {
     ++peer.dial_asks;
     accepted_.notify_all();  // an AwaitFrom waiting already asks now
   }

@@ -18,6 +18,8 @@ namespace tf_rdma {
 
 // One connection attempt lasts this long before the runtime checks why the peer is not there.
 constexpr absl::Duration kConnectAttempt = absl::Seconds(4);
+// How long a task waits for a peer it was connected to to dial back before asking its ports why not.
+constexpr absl::Duration kReconnectAttempt = absl::Milliseconds(250);
 
 class Transports {
  public:

@@ -97,9 +97,9 @@ def trains_again(cluster, job, index, transport, output, steps=20):
 
 def copies_past_a_frozen_worker(cluster, job, index, transport, output):
     """Eager copies from this coordinator: to worker 0 while the test keeps it frozen past the peer
-    timeout (the copy's bytes wait for a grant the frozen worker never sends when the connection
-    ends), then to worker 1, which must arrive: one peer's failed transfer must not stop the
-    coordinator's transfers to the others (its eager rendezvous outlives every step)."""
+    timeout (over tf_rdma the copy's eager call fails when the connection ends), then to worker 1,
+    which must arrive: one peer's failure must not stop the coordinator's transfers to the others
+    (its eager rendezvous outlives every step). Then to worker 0 again, thawed."""
     import threading
     import tensorflow as tf
     ps_strategy(cluster, transport)  # connects this process to the cluster
@@ -132,6 +132,13 @@ def copies_past_a_frozen_worker(cluster, job, index, transport, output):
     # The copy to the thawed worker ends, with its sum or an error, or the bound says it hung.
     copying.join(timeout=90)
     outcome["to_frozen"] = dict(to_frozen, seconds=time.monotonic() - started)
+    # The thawed worker takes copies again.
+    started = time.monotonic()
+    try:
+        outcome["again"] = copy_to(0)
+    except Exception as e:  # the outcome under test, whatever its class
+        outcome["again"] = f"{type(e).__name__}: {str(e)[:2000]}"
+    outcome["again_seconds"] = time.monotonic() - started
     _write(output, outcome)
 
 
