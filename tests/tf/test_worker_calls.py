@@ -5,6 +5,7 @@ RunGraph call, or eager calls, on tf_rdma. And they keep gRPC's semantics: a clo
 its steps on the remote task."""
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -75,6 +76,27 @@ def test_a_coordinators_scheduled_steps_run_on_with_tensorflows_ports_blocked(tm
     worker_calls = outcome["stats"]["peers"][WORKER]["calls_made"]
     assert worker_calls.get("StreamingEnqueue", 0) + worker_calls.get("Enqueue", 0) >= 2 * steps, worker_calls
     assert not outcome["stats"]["fallback"], outcome["stats"]
+
+
+def test_eager_calls_on_a_context_a_client_without_tf_rdma_made_reach_grpcs_eager_service(tmp_path):
+    """The worker's component-function calls to the ps travel on tf_rdma, but the context they
+    name was created over gRPC: the ps's tf_rdma service passes them to its gRPC eager service,
+    counting each, and the steps run."""
+    output = str(tmp_path / "outcome.json")
+    ps_stats = str(tmp_path / "ps-stats.json")
+    steps = 10
+    with Cluster(tmp_path, {"chief": 1, "ps": 1, "worker": 1}, {"TF_RDMA_BACKEND": "tcp"}) as cluster:
+        cluster.start("ps", 0, "serve", transport="rdma", stats_file=ps_stats)
+        cluster.start("worker", 0, "serve", transport="rdma")
+        cluster.start("chief", 0, "coordinator_without_tf_rdma", transport="grpc", output=output, steps=steps)
+        assert cluster.wait("chief", 0, timeout=180) == 0, cluster.log("chief", 0)[-3000:] + cluster.log("worker", 0)[-3000:]
+        on_ps = cluster.stats_dumped_after(ps_stats, time.time())
+    with open(output) as f:
+        assert json.load(f) == {"joined": True}
+    served = on_ps["peers"][WORKER]["calls_served"]
+    assert served.get("RunComponentFunction", 0) >= steps, served
+    forwarded = on_ps["fallback"].get("an eager-service call on a context gRPC's eager service holds", 0)
+    assert forwarded >= served["RunComponentFunction"], on_ps["fallback"]
 
 
 @pytest.mark.parametrize("transport", [("grpc", None), ("rdma", "tcp"), ("rdma", "shm")], ids=lambda t: t[1] or t[0])

@@ -523,6 +523,31 @@ def coordinator_steps_with_grpc_blocked(cluster, job, index, transport, output, 
     os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
 
 
+def coordinator_without_tf_rdma(cluster, job, index, transport, output, steps=10):
+    """TensorFlow's own ParameterServerStrategy over gRPC, its ps and worker running tf_rdma: the
+    coordinator's contexts live in their gRPC eager services, and the worker's component functions
+    on the ps (on tf_rdma) name a context the ps's tf_rdma service does not hold. Schedules `steps`
+    steps that update a ps counter and joins; nothing crosses to this process (it has no
+    tf_rdma)."""
+    import tensorflow as tf
+    strategy = ps_strategy(cluster, "grpc")
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: counter.assign_add(1))
+
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+    with open(output, "w") as f:
+        json.dump({"joined": True}, f)
+    print("done", flush=True)
+    os._exit(0)  # the coordinator's threads keep polling the cluster otherwise
+
+
 def closed_session_worker(cluster, job, index, transport, output):
     """A step blocked in the ps's dequeue from an empty queue while the session is closed from
     another thread. Records how the step ended and how long after the close, then whether a new
