@@ -31,29 +31,37 @@ bool StreamingEnabled() {
   return !(lowered == "false" || lowered == "0");
 }
 
-// A task's eager service, reached by calls on tf_rdma.
+// A task's eager service, reached by calls on tf_rdma; gRPC's client of the same task serves what
+// tf_rdma leaves to gRPC: a task the client's context renamed (ClusterSpec propagation), known
+// before a call or found by its connecting (CreateContext, UpdateContext: the first calls).
 class RdmaEagerClient : public EagerClient {
  public:
-  RdmaEagerClient(std::string task, std::shared_ptr<WorkerCalls> calls)
-      : task_(std::move(task)), calls_(std::move(calls)) {}
+  RdmaEagerClient(std::string task, std::shared_ptr<WorkerCalls> calls, tensorflow::core::RefCountPtr<EagerClient> grpc)
+      : task_(std::move(task)), calls_(std::move(calls)), grpc_(std::move(grpc)) {}
 
   void CreateContextAsync(const CreateContextRequest* request, CreateContextResponse* response,
                           StatusCallback done) override {
-    Call(EagerMethod::kCreateContext, *request, response, nullptr, std::move(done));
+    CreateContextAsync(request, response, std::move(done), /*init_timeout_in_ms=*/0, /*retries=*/0);
   }
   void UpdateContextAsync(const UpdateContextRequest* request, UpdateContextResponse* response,
                           StatusCallback done) override {
-    Call(EagerMethod::kUpdateContext, *request, response, nullptr, std::move(done));
+    if (OnGrpc(EagerMethod::kUpdateContext)) return grpc_->UpdateContextAsync(request, response, std::move(done));
+    auto kept = std::make_shared<const UpdateContextRequest>(*request);
+    Call(EagerMethod::kUpdateContext, *kept, response, nullptr, std::move(done),
+         [this, kept, response](StatusCallback done) { grpc_->UpdateContextAsync(kept.get(), response, std::move(done)); });
   }
   void WaitQueueDoneAsync(const WaitQueueDoneRequest* request, WaitQueueDoneResponse* response,
                           StatusCallback done) override {
+    if (OnGrpc(EagerMethod::kWaitQueueDone)) return grpc_->WaitQueueDoneAsync(request, response, std::move(done));
     Call(EagerMethod::kWaitQueueDone, *request, response, nullptr, std::move(done));
   }
   void KeepAliveAsync(const KeepAliveRequest* request, KeepAliveResponse* response, StatusCallback done) override {
+    if (OnGrpc(EagerMethod::kKeepAlive)) return grpc_->KeepAliveAsync(request, response, std::move(done));
     Call(EagerMethod::kKeepAlive, *request, response, nullptr, std::move(done));
   }
   void CloseContextAsync(const CloseContextRequest* request, CloseContextResponse* response,
                          StatusCallback done) override {
+    if (OnGrpc(EagerMethod::kCloseContext)) return grpc_->CloseContextAsync(request, response, std::move(done));
     Call(EagerMethod::kCloseContext, *request, response, nullptr, std::move(done));
   }
   // A coordinator creates its contexts on tasks that may not serve yet: as gRPC does, an attempt
@@ -61,15 +69,22 @@ class RdmaEagerClient : public EagerClient {
   // `init_timeout_in_ms` if it is positive.
   void CreateContextAsync(const CreateContextRequest* request, CreateContextResponse* response, StatusCallback done,
                           int64_t init_timeout_in_ms, int retries) override {
+    if (OnGrpc(EagerMethod::kCreateContext)) {
+      return grpc_->CreateContextAsync(request, response, std::move(done), init_timeout_in_ms, retries);
+    }
     CreateContextAttempt(std::make_shared<const CreateContextRequest>(*request), response, std::move(done),
                          init_timeout_in_ms, std::max(retries, 0), 0);
   }
   void EnqueueAsync(CallOptions* opts, const EnqueueRequest* request, EnqueueResponse* response,
                     StatusCallback done) override {
+    if (OnGrpc(EagerMethod::kEnqueue)) return grpc_->EnqueueAsync(opts, request, response, std::move(done));
     Call(EagerMethod::kEnqueue, *request, response, opts, std::move(done));
   }
   void RunComponentFunctionAsync(CallOptions* opts, const RunComponentFunctionRequest* request,
                                  RunComponentFunctionResponse* response, StatusCallback done) override {
+    if (OnGrpc(EagerMethod::kRunComponentFunction)) {
+      return grpc_->RunComponentFunctionAsync(opts, request, response, std::move(done));
+    }
     Call(EagerMethod::kRunComponentFunction, *request, response, opts, std::move(done));
   }
   void StreamingEnqueueAsync(bool enable_streaming_enqueue, CallOptions* opts, const EnqueueRequest* request,
@@ -91,14 +106,28 @@ class RdmaEagerClient : public EagerClient {
     std::vector<Streamed> waiting;
   };
 
+  // `on_grpc`, if given, makes the same call on gRPC's client when this one finds the task renamed.
   void Call(EagerMethod method, const google::protobuf::Message& request, google::protobuf::Message* response,
-            CallOptions* opts, StatusCallback done) {
+            CallOptions* opts, StatusCallback done, std::function<void(StatusCallback)> on_grpc = nullptr) {
     Ref();  // the client lives until its calls end, as gRPC's does
     calls_->CallProto(task_, static_cast<uint8_t>(method), request, response, opts,
-                      [this, done = std::move(done)](const absl::Status& status) {
-                        done(status);
+                      [this, method, done = std::move(done), on_grpc = std::move(on_grpc)](const absl::Status& status) {
+                        if (!status.ok() && on_grpc && OnGrpc(method)) {
+                          on_grpc(done);
+                        } else {
+                          done(status);
+                        }
                         Unref();
                       });
+  }
+
+  // Whether task_ is known renamed, counting the call that goes on gRPC for it.
+  bool OnGrpc(EagerMethod method) const {
+    const std::shared_ptr<Runtime>& runtime = calls_->runtime();
+    if (!runtime->task_addresses().Renamed(task_)) return false;
+    runtime->stats().Fallback(kRenamedTaskCall);
+    runtime->stats().Peer(task_, [method](PeerStats& s) { s.calls_on_grpc[MethodName(method)]++; });
+    return true;
   }
 
   void CreateContextAttempt(std::shared_ptr<const CreateContextRequest> request, CreateContextResponse* response,
@@ -108,6 +137,7 @@ class RdmaEagerClient : public EagerClient {
 
   const std::string task_;
   const std::shared_ptr<WorkerCalls> calls_;
+  const tensorflow::core::RefCountPtr<EagerClient> grpc_;
   std::mutex mu_;
   std::map<uint64_t, Stream> streams_;  // by context id
 };
@@ -124,6 +154,13 @@ void RdmaEagerClient::CreateContextAttempt(std::shared_ptr<const CreateContextRe
   calls_->CallProto(
       task_, static_cast<uint8_t>(EagerMethod::kCreateContext), *request, response, opts.get(),
       [this, request, response, done = std::move(done), timeout_ms, retries, attempt, opts](const absl::Status& status) {
+        if (!status.ok() && OnGrpc(EagerMethod::kCreateContext)) {
+          // The task's server answered under another name: the context is gRPC's to make.
+          grpc_->CreateContextAsync(request.get(), response, [request, done](const absl::Status& s) { done(s); },
+                                    timeout_ms, retries - attempt);
+          Unref();
+          return;
+        }
         if (absl::IsUnavailable(status) && attempt < retries) {
           const absl::Duration backoff = std::min(absl::Milliseconds(100) * (1 << std::min(attempt, 5)), absl::Seconds(2));
           CallTimer::Process().At(absl::Now() + backoff, [this, request, response, done, timeout_ms, retries, attempt] {
@@ -140,6 +177,9 @@ void RdmaEagerClient::CreateContextAttempt(std::shared_ptr<const CreateContextRe
 void RdmaEagerClient::StreamingEnqueueAsync(bool enable_streaming_enqueue, CallOptions* opts,
                                             const EnqueueRequest* request, EnqueueResponse* response,
                                             StatusCallback done) {
+  if (OnGrpc(EagerMethod::kStreamingEnqueue)) {
+    return grpc_->StreamingEnqueueAsync(enable_streaming_enqueue, opts, request, response, std::move(done));
+  }
   if (!enable_streaming_enqueue || !StreamingEnabled()) {
     // As gRPC's client: a plain Enqueue, waited for, so that the caller's next request follows it.
     std::promise<absl::Status> enqueued;
@@ -219,7 +259,12 @@ absl::Status RdmaEagerClientCache::GetClient(const std::string& target,
   if (!calls_->Carries(local_target_, task)) return grpc_->GetClient(target, client);
   std::lock_guard<std::mutex> lock(mu_);
   tensorflow::core::RefCountPtr<EagerClient>& cached = clients_[target];
-  if (!cached) cached.reset(new RdmaEagerClient(task, calls_));
+  if (!cached) {
+    tensorflow::core::RefCountPtr<EagerClient> grpc;
+    absl::Status found = grpc_->GetClient(target, &grpc);
+    if (!found.ok()) return found;
+    cached.reset(new RdmaEagerClient(task, calls_, std::move(grpc)));
+  }
   cached->Ref();
   client->reset(cached.get());
   return absl::OkStatus();
