@@ -17,6 +17,20 @@ PS = "/job:ps/replica:0/task:0"
 WORKER = "/job:worker/replica:0/task:0"
 
 
+def run_on_with_tensorflows_ports_blocked(cluster, net, job, process, output, warm_timeout):
+    """Once `job`'s task 0 (`process`) prints "warm", drops every packet of every task's TensorFlow
+    port, tells the task, and returns the outcome it saves once it ran on."""
+    cluster.wait_for_output(job, 0, "warm", timeout=warm_timeout)
+    for addresses in cluster.spec.values():
+        for address in addresses:
+            net.block_port(int(address.rsplit(":", 1)[1]))
+    process.stdin.write(b"blocked\n")
+    process.stdin.flush()
+    assert cluster.wait(job, 0, timeout=120) == 0, cluster.log(job, 0)[-3000:]
+    with open(output) as f:
+        return json.load(f)
+
+
 @pytest.mark.skipif(NO_NAMESPACES is not None, reason=NO_NAMESPACES or "")
 def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
     output = str(tmp_path / "outcome.json")
@@ -26,14 +40,7 @@ def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
         cluster.start("ps", 0, "serve", transport="rdma")
         worker = cluster.start("worker", 0, "steps_with_grpc_blocked_worker", transport="rdma", output=output,
                                steps=steps, stdin=subprocess.PIPE)
-        cluster.wait_for_output("worker", 0, "warm", timeout=120)
-        for job in ("ps", "worker"):
-            net.block_port(int(cluster.spec[job][0].rsplit(":", 1)[1]))
-        worker.stdin.write(b"blocked\n")
-        worker.stdin.flush()
-        assert cluster.wait("worker", 0, timeout=120) == 0, cluster.log("worker", 0)[-3000:]
-    with open(output) as f:
-        outcome = json.load(f)
+        outcome = run_on_with_tensorflows_ports_blocked(cluster, net, "worker", worker, output, warm_timeout=120)
     assert outcome["counter"] == 2 * steps, outcome
     calls = outcome["stats"]["peers"][PS]["calls_made"]
     # A step's partition on the ps runs by one RunGraph call, and is cleaned up by another.
@@ -56,14 +63,7 @@ def test_a_coordinators_scheduled_steps_run_on_with_tensorflows_ports_blocked(tm
         cluster.start("worker", 0, "serve", transport="rdma")
         chief = cluster.start("chief", 0, "coordinator_steps_with_grpc_blocked", transport="rdma", output=output,
                               steps=steps, stdin=subprocess.PIPE)
-        cluster.wait_for_output("chief", 0, "warm", timeout=180)
-        for job in ("chief", "ps", "worker"):
-            net.block_port(int(cluster.spec[job][0].rsplit(":", 1)[1]))
-        chief.stdin.write(b"blocked\n")
-        chief.stdin.flush()
-        assert cluster.wait("chief", 0, timeout=120) == 0, cluster.log("chief", 0)[-3000:]
-    with open(output) as f:
-        outcome = json.load(f)
+        outcome = run_on_with_tensorflows_ports_blocked(cluster, net, "chief", chief, output, warm_timeout=180)
     assert outcome["counter"] == 2 * steps, outcome
     assert len(outcome["losses"]) == 2 * steps, outcome
     for task in (PS, WORKER):

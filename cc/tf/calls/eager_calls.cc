@@ -59,6 +59,19 @@ void EagerCalls::ServeOnContext(const std::shared_ptr<ServedCall>& call, Local l
   });
 }
 
+template <typename Request, typename Response>
+void EagerCalls::ServeSync(const std::shared_ptr<ServedCall>& call,
+                           absl::Status (tensorflow::eager::EagerServiceImpl::*method)(const Request*, Response*),
+                           void (EagerClient::*forward)(const Request*, Response*, StatusCallback)) {
+  ServeOnContext<Request, Response>(
+      call,
+      [service = service_.get(), method](CallOptions*, const Request* request, Response* response,
+                                         StatusCallback done) { done((service->*method)(request, response)); },
+      [forward](EagerClient* grpc, CallOptions*, const Request* request, Response* response, StatusCallback done) {
+        (grpc->*forward)(request, response, std::move(done));
+      });
+}
+
 void EagerCalls::Serve(const std::shared_ptr<ServedCall>& call) {
   using namespace tensorflow::eager;  // the request and response types
   Service* service = service_.get();
@@ -68,14 +81,7 @@ void EagerCalls::Serve(const std::shared_ptr<ServedCall>& call) {
           call, [service](CallOptions*, const CreateContextRequest* request, CreateContextResponse* response,
                           StatusCallback done) { done(service->CreateContext(request, response)); });
     case EagerMethod::kUpdateContext:
-      return ServeOnContext<UpdateContextRequest, UpdateContextResponse>(
-          call,
-          [service](CallOptions*, auto* request, auto* response, StatusCallback done) {
-            done(service->UpdateContext(request, response));
-          },
-          [](EagerClient* grpc, CallOptions*, auto* request, auto* response, StatusCallback done) {
-            grpc->UpdateContextAsync(request, response, std::move(done));
-          });
+      return ServeSync(call, &Service::UpdateContext, &EagerClient::UpdateContextAsync);
     case EagerMethod::kEnqueue:
       return ServeOnContext<EnqueueRequest, EnqueueResponse>(
           call,
@@ -100,14 +106,7 @@ void EagerCalls::Serve(const std::shared_ptr<ServedCall>& call) {
           });
     }
     case EagerMethod::kWaitQueueDone:
-      return ServeOnContext<WaitQueueDoneRequest, WaitQueueDoneResponse>(
-          call,
-          [service](CallOptions*, auto* request, auto* response, StatusCallback done) {
-            done(service->WaitQueueDone(request, response));
-          },
-          [](EagerClient* grpc, CallOptions*, auto* request, auto* response, StatusCallback done) {
-            grpc->WaitQueueDoneAsync(request, response, std::move(done));
-          });
+      return ServeSync(call, &Service::WaitQueueDone, &EagerClient::WaitQueueDoneAsync);
     case EagerMethod::kRunComponentFunction:
       return ServeOnContext<RunComponentFunctionRequest, RunComponentFunctionResponse>(
           call,
@@ -118,23 +117,9 @@ void EagerCalls::Serve(const std::shared_ptr<ServedCall>& call) {
             grpc->RunComponentFunctionAsync(opts, request, response, std::move(done));
           });
     case EagerMethod::kKeepAlive:
-      return ServeOnContext<KeepAliveRequest, KeepAliveResponse>(
-          call,
-          [service](CallOptions*, auto* request, auto* response, StatusCallback done) {
-            done(service->KeepAlive(request, response));
-          },
-          [](EagerClient* grpc, CallOptions*, auto* request, auto* response, StatusCallback done) {
-            grpc->KeepAliveAsync(request, response, std::move(done));
-          });
+      return ServeSync(call, &Service::KeepAlive, &EagerClient::KeepAliveAsync);
     case EagerMethod::kCloseContext:
-      return ServeOnContext<CloseContextRequest, CloseContextResponse>(
-          call,
-          [service](CallOptions*, auto* request, auto* response, StatusCallback done) {
-            done(service->CloseContext(request, response));
-          },
-          [](EagerClient* grpc, CallOptions*, auto* request, auto* response, StatusCallback done) {
-            grpc->CloseContextAsync(request, response, std::move(done));
-          });
+      return ServeSync(call, &Service::CloseContext, &EagerClient::CloseContextAsync);
   }
   call->Reply(absl::UnimplementedError(
                   absl::StrCat("tf_rdma: no eager-service method numbered ", static_cast<int>(call->method()))),

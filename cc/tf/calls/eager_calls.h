@@ -17,6 +17,9 @@
 
 namespace tensorflow {
 class EagerContext;
+namespace eager {
+class EagerServiceImpl;
+}
 }
 
 namespace tf_rdma {
@@ -43,6 +46,12 @@ class EagerCalls {
   // `forward(grpc_client, opts, request, response, done)` to gRPC's.
   template <typename Request, typename Response, typename Local, typename Forward>
   void ServeOnContext(const std::shared_ptr<ServedCall>& call, Local local, Forward forward);
+
+  // A context's method that the service answers at once: tf_rdma's `method`, or gRPC's `forward`.
+  template <typename Request, typename Response>
+  void ServeSync(const std::shared_ptr<ServedCall>& call,
+                 absl::Status (tensorflow::eager::EagerServiceImpl::*method)(const Request*, Response*),
+                 void (tensorflow::eager::EagerClient::*forward)(const Request*, Response*, tensorflow::StatusCallback));
 
   const std::unique_ptr<Service> service_;
   const std::shared_ptr<Runtime> runtime_;

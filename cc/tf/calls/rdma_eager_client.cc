@@ -1,8 +1,10 @@
 #include "cc/tf/calls/rdma_eager_client.h"
 
+#include <strings.h>
+
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <utility>
 #include <vector>
@@ -25,10 +27,7 @@ using namespace tensorflow::eager;  // the request and response types
 // failure handling and join rely on), tf.experimental.async_scope turns it on for a while.
 bool StreamingEnabled() {
   const char* value = std::getenv("TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE");
-  if (value == nullptr) return true;
-  std::string lowered(value);
-  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return !(lowered == "false" || lowered == "0");
+  return value == nullptr || !(strcasecmp(value, "false") == 0 || std::strcmp(value, "0") == 0);
 }
 
 // A task's eager service, reached by calls on tf_rdma; gRPC's client of the same task serves what
