@@ -21,8 +21,8 @@ test-prereqs:
 	tools/install_test_prereqs.sh
 
 # Two lanes at once (tools/run_tests.sh): tests/softroce's guests, and beside them the C++,
-# sanitizer, fuzz and Bazel stages, then every other pytest file. --durations: the log shows where
-# each lane's time went.
+# sanitizer, fuzz and Bazel stages, then every other pytest file in two pytest-xdist workers.
+# --durations: the log shows where each lane's time went.
 test: softroce-prereqs test-prereqs env
 	tools/run_tests.sh
 
@@ -34,6 +34,11 @@ CHECK_TESTS = tests/test_readme.py tests/transport/test_config.py tests/transpor
 check: test-prereqs env cc-tests
 	.venv/bin/python -m pytest -q $(CHECK_TESTS)
 
+# The test programs link against libtensorflow_cc (790 MB): LLVM's lld takes about a second where
+# GNU ld takes 8-12 s, for each of a dozen programs (tools/install_test_prereqs.sh installs lld;
+# without it, GNU ld). The package's own extensions link as pip links them, with the default linker.
+TEST_LINKER = $(if $(shell command -v ld.lld),-fuse-ld=lld)
+
 # C++ unit tests (GoogleTest, Debian's libgtest-dev) of the transport's pure code, against the
 # absl of the TensorFlow in .venv, as the extensions are built.
 TF_FLAGS = $(shell .venv/bin/python -c 'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib())' 2>/dev/null)
@@ -43,7 +48,7 @@ CC_TEST_SOURCES = $(wildcard tests/transport/cc/*_test.cc) cc/transport/grant_bo
 	cc/transport/peer_errors.cc cc/transport/stream/stream_connection.cc cc/transport/stream/socket_io.cc
 build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/transport/stream/*.h) | env
 	mkdir -p build
-	g++ -DNDEBUG -O1 -Wall -I. -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread -ldl $(TF_FLAGS)
+	g++ -DNDEBUG -O1 -Wall -I. $(TEST_LINKER) -o $@ $(CC_TEST_SOURCES) -lgtest -lgtest_main -pthread -ldl $(TF_FLAGS)
 
 # The tf.data element messages (cc/tf/data/, built for the TensorFlow releases setup.py names in
 # DATA_SERVICE_TENSORFLOW) decoded from a hostile peer, a peer's receive pool
@@ -56,7 +61,7 @@ TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_messag
 # The control calls' tests run over real connections: the transport library env built.
 build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/messages/*.h cc/tf/calls/*.h cc/tf/runtime/*.h) | env
 	mkdir -p build
-	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src -o $@ \
+	g++ -DNDEBUG -O1 -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. -I$(TF_INCLUDE)/external/com_google_protobuf/src $(TEST_LINKER) -o $@ \
 		$(TF_CC_TEST_SOURCES) -lgtest -lgtest_main -pthread $(TF_FLAGS) -l:libtensorflow_cc.so.2 \
 		-L$(CURDIR)/tf_rdma -l:libtf_rdma_transport.so -Wl,-rpath,$(CURDIR)/tf_rdma -ldl
 
@@ -122,11 +127,11 @@ build/fuzz/libtf_rdma_fuzz.a: $(FUZZ_OBJECTS)
 # to its own functions would otherwise bind to the BoringSSL functions of the same names that
 # libtensorflow_framework exports (the handshake target died in HMAC's self-test).
 build/fuzz/%_fuzz: tests/fuzz/%_fuzz.cc $(wildcard tests/fuzz/*.h) build/fuzz/libtf_rdma_fuzz.a
-	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
+	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) $(TEST_LINKER) -fsanitize=fuzzer -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
 		-pthread -ldl -Wl,--no-as-needed -l:libcrypto.so.3 $(FUZZ_TF_LDFLAGS) -l:libtensorflow_cc.so.2
 # The seeds made by real encoders (tests/fuzz/write_seeds.cc), to rewrite after a format changed.
 build/fuzz/write_seeds: tests/fuzz/write_seeds.cc build/fuzz/libtf_rdma_fuzz.a
-	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
+	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) $(TEST_LINKER) -fsanitize=fuzzer-no-link -o $@ $< build/fuzz/libtf_rdma_fuzz.a \
 		-pthread -ldl -Wl,--no-as-needed -l:libcrypto.so.3 $(FUZZ_TF_LDFLAGS) -l:libtensorflow_cc.so.2
 fuzz-seeds: build/fuzz/write_seeds
 	build/fuzz/write_seeds tests/fuzz/corpus

@@ -7,6 +7,8 @@
 #   clang, libclang-rt-dev  clang and its sanitizer and libFuzzer runtimes: the sanitizer builds
 #              (`make sanitizers`, tools/sanitizers) and the fuzz targets (tests/fuzz, `make fuzz`)
 #   llvm       llvm-symbolizer: their reports name functions and lines
+#   lld        LLVM's linker for the test programs (C++ unit tests, sanitizer builds, fuzz targets):
+#              about a second against libtensorflow_cc where GNU ld takes 8-12 s
 #   openssl    `openssl rand` (tests/transport/test_config.py: its secrets pass tf_rdma's rule)
 #   iproute2   ip netns and veth pairs (tests/faults puts each task in a network namespace)
 #   nftables   nft: tests/faults cuts and thins those links (this kernel has no sch_netem for tc)
@@ -16,7 +18,7 @@
 #              (tools/bazel/check.sh builds BUILD offline)
 # Run as root (CI is); idempotent: exits at once when everything is there.
 set -euo pipefail
-PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev llvm openssl iproute2 nftables iptables bazel-bootstrap bazel-rules-java)
+PACKAGES=(ccache util-linux libgtest-dev clang libclang-rt-dev llvm lld openssl iproute2 nftables iptables bazel-bootstrap bazel-rules-java)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `make test` after its installs: the Soft-RoCE family (tests/softroce: qemu guests, about 18 minutes
-# that keep roughly one of two cores busy) in one lane, and beside it everything else in a second:
-# the C++ tests, sanitizers, fuzzing and Bazel stages, then the host's pytest files, the least
-# CPU-hungry first (the transport suites, mostly waiting on timeouts and peers) so that the
-# TensorFlow clusters, which want every core, mostly run after the guests are done.
+# `make test` after its installs, in two lanes at once: the Soft-RoCE family (tests/softroce: qemu
+# guests, about 20 minutes that keep roughly one of two cores busy) in one; in the other the C++
+# tests, sanitizers, fuzzing and Bazel stages, then every other pytest file in two pytest-xdist
+# workers. Most of those files wait more than they compute (peer timeouts, frozen and killed tasks,
+# impaired links: one core's worth on average when run one at a time), so two at once keep both
+# cores busy; the slowest files go first, so that the two workers end together.
+# From the start, at the lowest CPU priority, the TensorFlow matrix's venvs are made and built
+# (tests/tensorflow_versions/conftest.py); its tests run last.
 # Either lane failing fails the run; the guests' output is printed whole when they finish.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,30 +14,46 @@ cd "$(dirname "$0")/.."
 LOGS=build/test-logs
 mkdir -p "$LOGS"
 PYTEST=(.venv/bin/python -m pytest)
+HOST_WORKERS=2
 
-# What runs beside the guests first, in this order; every other test file follows, sorted.
-BESIDE_GUESTS=(tests/transport tests/test_readme.py tests/test_info.py tests/deploy
-               tests/tf/test_coordinator_failures.py tests/tf/test_serving_many_workers.py
-               tests/tf/test_server_config.py tests/test_doctor.py tests/test_setup.py)
+# The files with the longest runs (one at a time: 50-220 s each), handed out first; every other
+# test file follows, sorted, and tests/tensorflow_versions last.
+SLOWEST_FIRST=(tests/tf/test_tf1.py tests/tf/test_data_service.py tests/faults/test_wire_faults.py
+               tests/faults/test_chaos.py tests/examples/test_examples.py tests/transport/test_adversarial.py
+               tests/tf/test_fault_tolerance.py tests/tf/coverage/test_grpc_share.py
+               tests/tf/test_serving_many_workers.py tests/tf/test_soak.py tests/tf/test_bench_tf.py
+               tests/faults/test_ps_strategy_faults.py tests/tf/test_collectives.py tests/transport/test_transport.py)
+LAST=(tests/tensorflow_versions)
 
 host_files() {
-  .venv/bin/python - "${BESIDE_GUESTS[@]}" <<'EOF'
+  .venv/bin/python - "${#SLOWEST_FIRST[@]}" "${SLOWEST_FIRST[@]}" "${LAST[@]}" <<'PY'
 import sys
 from pathlib import Path
 
 def files(path):
     path = Path(path)
     if not path.exists():
-        sys.exit(f"tools/run_tests.sh: {path} (in BESIDE_GUESTS) does not exist")
+        sys.exit(f"tools/run_tests.sh: {path} (in SLOWEST_FIRST or LAST) does not exist")
     return sorted(str(p) for p in path.rglob("test_*.py")) if path.is_dir() else [str(path)]
 
-first = [f for entry in sys.argv[1:] for f in files(entry)]
-rest = [f for f in files("tests") if not f.startswith("tests/softroce/") and f not in first]
-print("\n".join(first + rest))
-EOF
+count, named = int(sys.argv[1]), sys.argv[2:]
+first = [f for entry in named[:count] for f in files(entry)]
+last = [f for entry in named[count:] for f in files(entry)]
+rest = [f for f in files("tests") if not f.startswith("tests/softroce/") and f not in first + last]
+print("\n".join(first + rest + last))
+PY
 }
 
 started=$(date +%s)
+# SCHED_IDLE and idle I/O: it only takes what nothing else wants. Its own process group, ended
+# with the run.
+export TFRDMA_TEST_VERSIONS_BUILD_ID
+TFRDMA_TEST_VERSIONS_BUILD_ID=$(.venv/bin/python -c 'import uuid; print(uuid.uuid4().hex)')
+setsid ionice -c 3 chrt --idle 0 .venv/bin/python tools/tensorflow_versions.py prepare \
+  --build-id "$TFRDMA_TEST_VERSIONS_BUILD_ID" >"$LOGS/tensorflow-versions-prepare.log" 2>&1 </dev/null &
+preparation=$!
+trap 'kill -- -"$preparation" 2>/dev/null' EXIT
+
 ( "${PYTEST[@]}" -p no:cacheprovider tests/softroce --durations=15 >"$LOGS/softroce.log" 2>&1
   status=$?
   echo $(( $(date +%s) - started )) >"$LOGS/softroce.seconds"
@@ -48,8 +67,9 @@ if [ "$host" = 0 ]; then
   files=$(host_files) || host=$?
 fi
 if [ "$host" = 0 ]; then
+  echo "tf_rdma: the host's pytest files start $(( $(date +%s) - started )) s in, in $HOST_WORKERS workers"
   # shellcheck disable=SC2086 # one path per line, none with spaces
-  "${PYTEST[@]}" $files --durations=30 || host=$?
+  "${PYTEST[@]}" -n "$HOST_WORKERS" --dist loadfile $files --durations=30 || host=$?
 fi
 host_seconds=$(( $(date +%s) - started ))
 

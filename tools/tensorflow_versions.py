@@ -6,9 +6,10 @@ TensorFlow wheel from the package index).
     tools/tensorflow_versions.py list              the supported wheels, one a line
     tools/tensorflow_versions.py install WHEEL     its venv (made once, then reused) with this tf_rdma
                                                    built into it; prints the venv's python
-    tools/tensorflow_versions.py prepare --build-id ID WHEEL...
-                                                   installs each in turn and marks its build ID: a
-                                                   later `install_tf_rdma(WHEEL, ID)` reuses it
+    tools/tensorflow_versions.py prepare --build-id ID [WHEEL...]
+                                                   installs each (default: BUILT_APART) in turn and
+                                                   marks its build ID: a later
+                                                   `install_tf_rdma(WHEEL, ID)` reuses it
 
 The venvs live in TFRDMA_TEST_VERSIONS_CACHE (default ~/.cache/tf_rdma/tensorflow-versions) and are
 reused between runs on the same machine, as far as the disk allows: before a venv is made, the
@@ -193,13 +194,18 @@ def main(argv=None):
     install.add_argument("wheel", choices=SUPPORTED)
     prepare_parser = commands.add_parser("prepare")
     prepare_parser.add_argument("--build-id", required=True)
-    prepare_parser.add_argument("wheels", nargs="+", choices=SUPPORTED)
+    # No `choices`: argparse checks them against the default list of a `*` argument as one value.
+    prepare_parser.add_argument("wheels", nargs="*", help="of SUPPORTED; default: those "
+                                "tests/tensorflow_versions runs (BUILT_APART)")
     args = parser.parse_args(argv)
     if args.command == "list":
         print("\n".join(SUPPORTED))
         return 0
     if args.command == "prepare":
-        return prepare(args.wheels, args.build_id)
+        unknown = [wheel for wheel in args.wheels if wheel not in SUPPORTED]
+        if unknown:
+            parser.error(f"not supported: {', '.join(unknown)} (supported: {', '.join(SUPPORTED)})")
+        return prepare(args.wheels or BUILT_APART, args.build_id)
     try:
         print(install_tf_rdma(args.wheel))
     except VersionsError as e:

@@ -240,8 +240,9 @@ WEAK_SECRETS = [
     ("8f2a1c9e7b3d5f60", "writes 8 bytes in hex, fewer than 16"),  # `openssl rand -hex 8`: 64 bits
     ("8f2a1c9e7b3d5f6", "is an odd number of hex digits"),
     ("k3Jd9QzLp2Xv8WmN4tRb7", "has a length (4n+1 characters) that no base64 text has"),
-    (str(uuid.uuid4()), "is a UUID, at most 122 random bits"),
-    (str(uuid.uuid1()), "is a UUID"),
+    # Fresh each run, under names that are not (pytest-xdist's workers must collect the same tests).
+    pytest.param(str(uuid.uuid4()), "is a UUID, at most 122 random bits", id="a fresh uuid4"),
+    pytest.param(str(uuid.uuid1()), "is a UUID", id="a fresh uuid1"),
     ("a" * 200, "holds a run of 10 characters"),
 ]
 

@@ -63,10 +63,16 @@ def compiler():
     return ["ccache", COMPILER] if shutil.which("ccache") else [COMPILER]
 
 
+def linker_flags():
+    """LLVM's lld where installed: it links against libtensorflow_framework in a second where GNU ld
+    takes several (tools/install_test_prereqs.sh installs it)."""
+    return ["-fuse-ld=lld"] if shutil.which("ld.lld") else []
+
+
 def shared_runtime_link_flags(sanitizer):
     """For the bindings, the runtime preloaded into Python; the unit tests link clang's own static one."""
     runtime = runtime_library(sanitizer)
-    return [*SANITIZERS[sanitizer]["flags"], str(runtime), f"-Wl,-rpath,{runtime.parent}"]
+    return [*SANITIZERS[sanitizer]["flags"], *linker_flags(), str(runtime), f"-Wl,-rpath,{runtime.parent}"]
 
 
 def build_bindings(setup_py, sanitizer):
@@ -93,7 +99,7 @@ def build_unit_tests(setup_py, sanitizer, sources):
     # functions through the first library of the program that defines them; TensorFlow's BoringSSL
     # defines many under the same names, and OpenSSL's HMAC crashed in them.
     openssl_first = ["-Wl,--no-as-needed", "-l:libcrypto.so.3", "-Wl,--as-needed"]
-    subprocess.run([*compiler(), *SANITIZERS[sanitizer]["flags"], "-o", str(output), *map(str, objects), "-lgtest",
+    subprocess.run([*compiler(), *SANITIZERS[sanitizer]["flags"], *linker_flags(), "-o", str(output), *map(str, objects), "-lgtest",
                     "-lgtest_main", "-pthread", "-ldl", *openssl_first, *tensorflow["lflags"],
                     f"-Wl,-rpath,{tensorflow['lib']}"], check=True)
 
