@@ -19,9 +19,9 @@ the matrix failed every test after it, not just the matrix); tf_rdma is rebuilt 
 time, through ccache
 when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuilds in seconds.
 tests/tensorflow_versions/ runs the matrix (BUILT_APART: SUPPORTED but the test suite's own
-environment); the README's support table lists exactly SUPPORTED. It starts `prepare` in the
-background as the session starts (tests/tensorflow_versions/conftest.py), so processes may share a
-venv: each venv is locked while it is made, filled or built into, and skipped by make_room while
+environment); the README's support table lists exactly SUPPORTED. `prepare` runs in the background
+from the start of `make test` (tools/run_tests.sh), or of a pytest session that runs the matrix
+(tests/tensorflow_versions/conftest.py), so processes may share a venv: each venv is locked while it is made, filled or built into, and skipped by make_room while
 locked; tf_rdma is built into one venv at a time (they share the checkout's build/).
 """
 import argparse
