@@ -10,7 +10,9 @@ every transport runs the same graph):
 - hops: a chain of dependent small (8-float) hops ps -> worker -> ps ... in one step: time per hop.
 - step: what a step costs beside its bytes: a no-op on the ps; a ps counter's increment, fetched;
   an embedding step (rows gathered from a ps table onto the worker, a loss there, the rows updated
-  on the ps). Steps per second.
+  on the ps). Steps per second. Every transport's cluster is up at once and they take turns in
+  short windows, round after round: each figure is the median over the rounds, each ratio the
+  median of the rounds' ratios (a round's figures come from the same minute of the host's time).
 - ps-train: 1 ps + 2 workers training asynchronously, each in its own session: an embedding model
   (sparse lookups and sparse updates of a wide table) and a dense model (>= 50 M parameters; fewer
   with --quick); steps per second summed over the workers. Beside them, the same steps with nothing
@@ -22,16 +24,18 @@ every transport runs the same graph):
   rows and a head updated on the ps) and joins; scheduled steps per second. Beside it, in the same
   cluster, the same step function with its ops on the ps: what the coordinator's dispatch and the
   workers' function calls cost with no tensor to move. The fastest of a few clusters per transport.
-Every figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios are
-gRPC's step time over tf_rdma's (higher is better).
+Every other figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios
+are gRPC's step time over tf_rdma's (higher is better).
 """
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 
-from tf_rdma.bench._common import (RESULT_PREFIX, coordinated_strategy, local_cluster, open_session, ratios,
-                                   start_server, start_task, task_result, timed)
+from tf_rdma.bench._common import (RESULT_PREFIX, coordinated_strategy, line_within, local_cluster, open_session,
+                                   ratios, start_server, start_task, task_result, timed)
 from tf_rdma.bench.transport import limits
 from tf_rdma.sizes import format_size
 from tf_rdma.transport import available_backends
@@ -45,7 +49,8 @@ FULL = {
     "transfer_sizes": [4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20],
     "many": [[200, 4 << 10], [1000, 256]],
     "hops": 50,
-    "step": {"vocab": 200_000, "dim": 64, "rows": 512},
+    # rounds: each transport's cluster in turn, a window of `window` seconds per step kind each.
+    "step": {"vocab": 200_000, "dim": 64, "rows": 512, "rounds": 7, "window": 0.5},
     "embedding": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8},
     "dense": {"inputs": 4096, "outputs": 12288, "batch": 32},  # 50.3 M parameters
     # per_join: steps the coordinator schedules before it joins, timed together; budget: seconds
@@ -59,7 +64,7 @@ QUICK = {
     "transfer_sizes": [4 << 10, 4 << 20, 64 << 20],
     "many": [[200, 4 << 10]],
     "hops": 50,
-    "step": {"vocab": 50_000, "dim": 64, "rows": 512},
+    "step": {"vocab": 50_000, "dim": 64, "rows": 512, "rounds": 3, "window": 0.2},
     "embedding": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8},
     "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
     "pss": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8, "per_join": 10, "budget": 0.4,
@@ -111,7 +116,14 @@ def _hops(tf, session, params, budget):
     return [{"hops": hops, "seconds": seconds, "steps": steps}]
 
 
-def _step(tf, session, params, budget):
+STEPS = ("no-op", "counter", "embedding")
+# Starts the line on which a step cluster's worker says it is ready, and each of its windows' lines.
+STEP_READY = "@@ready"
+STEP_WINDOW = "@@window "
+
+
+def _step_fetches(tf, session, params):
+    """{kind: what session.run runs} of the step workload, its variables initialized."""
     p = params["step"]
     with tf.device("/job:ps/task:0"):
         nothing = tf.no_op()
@@ -125,13 +137,29 @@ def _step(tf, session, params, budget):
         gradient = 2.0 * rows * 1e-6
     with tf.device("/job:ps/task:0"):
         update = table.scatter_sub(tf.IndexedSlices(gradient, ids))
-    embedding = tf.group(loss, update)
     session.run([counter.initializer, table.initializer])
-    rows_out = []
-    for name, fetch in (("no-op", nothing), ("counter", increment), ("embedding", embedding)):
-        seconds, steps = timed(lambda: session.run(fetch), budget)
-        rows_out.append({"step": name, "seconds": seconds, "steps": steps})
-    return rows_out
+    return dict(zip(STEPS, (nothing, increment, tf.group(loss, update))))
+
+
+def _serve_step_windows(tf, session, params, commands):
+    """A step cluster's worker: warms each step kind up, says it is ready, then for each line
+    `KIND SECONDS` of `commands` runs that step for SECONDS and prints how many it ran in how long."""
+    fetches = _step_fetches(tf, session, params)
+    for fetch in fetches.values():
+        for _ in range(20):
+            session.run(fetch)
+    print(STEP_READY, flush=True)
+    for command in commands:
+        kind, seconds = command.split()
+        fetch, steps = fetches[kind], 0
+        start = time.perf_counter()
+        deadline = start + float(seconds)
+        while True:
+            session.run(fetch)
+            steps += 1
+            if time.perf_counter() >= deadline:
+                break
+        print(STEP_WINDOW + json.dumps({"steps": steps, "seconds": time.perf_counter() - start}), flush=True)
 
 
 def _train_step(tf, model, params, index, nothing_crosses=False):
@@ -233,13 +261,15 @@ def task(spec):
     if spec["job"] == "ps" or pss:
         server.join()
     params, budget = spec["params"], spec["params"]["budget"]
-    one_worker = {"transfer": _transfer, "many": _many, "hops": _hops, "step": _step}
+    one_worker = {"transfer": _transfer, "many": _many, "hops": _hops}
     result = {"workloads": {}}
     with open_session(server) as session:
+        if spec["workloads"] == ["step"]:
+            _serve_step_windows(tf, session, params, sys.stdin)
         for workload in spec["workloads"]:
             if workload == "ps-train":
                 result["workloads"][workload] = _ps_train(tf, session, spec, params, budget)
-            elif spec["index"] == 0:
+            elif workload in one_worker and spec["index"] == 0:
                 result["workloads"][workload] = one_worker[workload](tf, session, params, budget)
         if spec["transport"] != "grpc":
             import tf_rdma
@@ -292,6 +322,67 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
     return measured
 
 
+def run_step_rounds(transports, params, timeout=600):
+    """The step workload's steps per second, {transport: {kind: [one per round]}}: a cluster (a ps
+    and a worker) per transport, all started first, then in each round every kind of step on each
+    cluster in turn for a window, the order of the clusters rotating from round to round. A host
+    whose speed drifts (another tenant's load, frequency) then moves every transport's figures of a
+    round alike, where clusters measured one after the other would each see another speed."""
+    p = params["step"]
+    clusters = {}
+    # Their ports picked at once: none is bound before all are started.
+    ports = local_cluster({"ps": len(transports), "worker": len(transports)})
+    try:
+        for i, transport in enumerate(transports):
+            cluster = {job: [addresses[i]] for job, addresses in ports.items()}
+
+            def start(job, stdin=None):
+                return start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": job, "index": 0,
+                                                       "transport": transport, "workloads": ["step"],
+                                                       "params": params}, stdin=stdin)
+            clusters[transport] = (start("ps"), start("worker", stdin=subprocess.PIPE))
+        for transport, (ps, worker) in clusters.items():
+            line_within(worker, STEP_READY, timeout, f"bench tf step over {transport}: the worker",
+                        needed=(ps, "its ps"))
+        rates = {transport: {kind: [] for kind in STEPS} for transport in transports}
+        for turn in range(p["rounds"]):
+            order = transports[turn % len(transports):] + transports[:turn % len(transports)]
+            for kind in STEPS:
+                for transport in order:
+                    ps, worker = clusters[transport]
+                    worker.stdin.write(f"{kind} {p['window']}\n")
+                    worker.stdin.flush()
+                    window = json.loads(line_within(worker, STEP_WINDOW, timeout,
+                                                    f"bench tf step over {transport}: the worker",
+                                                    needed=(ps, "its ps")))
+                    rates[transport][kind].append(window["steps"] / window["seconds"])
+        for transport, (ps, worker) in clusters.items():
+            out, err = worker.communicate(input="", timeout=timeout)
+            task_result(worker, out, err, f"bench tf step over {transport}: the worker")
+    finally:
+        for ps, worker in clusters.values():
+            for process in (ps, worker):
+                process.kill()
+                process.wait()
+    return rates
+
+
+def step_rows(rates, carried):
+    """The step workload's rows from run_step_rounds' rates: each transport's median steps per
+    second, and each backend's median over the rounds of its rate over gRPC's in the same round."""
+    rows = []
+    for kind in STEPS:
+        row = {"step": kind, "rounds": len(rates["grpc"][kind])}
+        for transport in ["grpc", *carried]:
+            row[f"{transport}_steps_per_second"] = statistics.median(rates[transport][kind])
+        for backend in carried:
+            per_round = [mine / grpc for mine, grpc in zip(rates[backend][kind], rates["grpc"][kind])]
+            row[f"vs_grpc_{backend}_rounds"] = per_round
+            row[f"vs_grpc_{backend}"] = statistics.median(per_round)
+        rows.append(row)
+    return rows
+
+
 def _nothing_crosses(transport):
     """The measurements' key of ps-train with nothing to move over `transport`."""
     return "nothing_crosses" if transport == "grpc" else f"nothing_crosses_{transport}"
@@ -331,9 +422,6 @@ def combine(workload, measured, carried, machine=None):
         if workload == "hops":
             for transport in ["grpc", *carried]:
                 row[f"{transport}_us_per_hop"] = row[f"{transport}_seconds"] / row["hops"] * 1e6
-        if workload == "step":
-            for transport in ["grpc", *carried]:
-                row[f"{transport}_steps_per_second"] = 1 / row[f"{transport}_seconds"]
         rows.append(row)
     return rows
 
@@ -351,8 +439,12 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
         if progress:
             progress("machine limits (memcpy, TCP socket)")
         machine = limits(params["transfer_sizes"])
+    if "step" in workloads:
+        if progress:
+            progress(f"step over {', '.join(['grpc', *carried])}, their clusters in turn")
+        report["workloads"]["step"] = step_rows(run_step_rounds(["grpc", *carried], params), carried)
     measured = {transport: {} for transport in ["grpc", *carried]}
-    tf1 = [w for w in workloads if w != "pss"]
+    tf1 = [w for w in workloads if w not in ("pss", "step")]
     for transport in ["grpc", *carried]:
         if tf1:
             if progress:
@@ -372,7 +464,7 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
                 progress(f"ps-train with nothing to move (the workers' ops on the ps), over {transport}")
             measured.setdefault(_nothing_crosses(transport), {}).update(
                 run_cluster(transport, ["ps-train"], params, nothing_crosses=True))
-    for workload in workloads:
+    for workload in (w for w in workloads if w != "step"):
         report["workloads"][workload] = combine(
             workload, {transport: m[workload] for transport, m in measured.items() if workload in m},
             carried, machine)
