@@ -9,12 +9,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 namespace tf_rdma {
@@ -23,6 +25,7 @@ namespace {
 constexpr uint8_t kEcho = 1;      // replies with the request twice
 constexpr uint8_t kFail = 2;      // replies NOT_FOUND with the request as the message
 constexpr uint8_t kHold = 3;      // replies when the test says so
+constexpr uint8_t kCounted = 4;   // counts the request, echoes it from another thread (as a pool)
 
 // A call's outcome, once it came.
 struct Outcome {
@@ -97,6 +100,13 @@ class CallChannelTest : public ::testing::TestWithParam<Backend> {
   }
 
   void Serve(std::shared_ptr<ServedCall> call) {
+    if (call->method() == kCounted) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++served_[call->request()];
+      queued_.push_back(std::move(call));
+      held_changed_.notify_all();
+      return;
+    }
     if (call->method() == kEcho) {
       call->Reply(absl::OkStatus(), call->request() + call->request());
     } else if (call->method() == kFail) {
@@ -117,6 +127,19 @@ class CallChannelTest : public ::testing::TestWithParam<Backend> {
     return held_.size() > index ? held_[index] : nullptr;
   }
 
+  // Replies to the kCounted calls queued, on a thread of its own, until `stop`.
+  void ReplyToQueued(const std::atomic<bool>& stop) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop.load()) {
+      held_changed_.wait_for(lock, std::chrono::milliseconds(10), [&] { return !queued_.empty(); });
+      std::vector<std::shared_ptr<ServedCall>> due;
+      due.swap(queued_);
+      lock.unlock();
+      for (auto& call : due) call->Reply(absl::OkStatus(), call->request());
+      lock.lock();
+    }
+  }
+
   std::unique_ptr<Transport> serving_;
   std::unique_ptr<Transport> calling_;
   std::unique_ptr<Listener> listener_;
@@ -126,6 +149,8 @@ class CallChannelTest : public ::testing::TestWithParam<Backend> {
   std::mutex mu_;
   std::condition_variable held_changed_;
   std::vector<std::shared_ptr<ServedCall>> held_;
+  std::vector<std::shared_ptr<ServedCall>> queued_;
+  std::map<std::string, int> served_;  // how often each kCounted request was served
 };
 
 TEST_P(CallChannelTest, RequestsAndRepliesOfEverySizeArriveWhole) {
@@ -155,6 +180,38 @@ TEST_P(CallChannelTest, ManyCallsInFlightEachGetTheirOwnReply) {
     const std::string request = Pattern(i * 61, static_cast<char>(i));
     EXPECT_EQ(outcomes[i]->reply, request + request) << i;
   }
+}
+
+TEST_P(CallChannelTest, CallsFromSeveralThreadsRepliedFromAnotherAreEachServedOnce) {
+  // As a master's steps and their cleanups call a ps: callers on several threads, each waiting for
+  // its reply, the replies written from another thread than the one that read the requests.
+  constexpr int kThreads = 3;
+  constexpr int kCallsEach = 1500;
+  std::atomic<bool> stop{false};
+  std::thread replier([&] { ReplyToQueued(stop); });
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int n = 0; n < kCallsEach; ++n) {
+        // Sizes either side of what a request slot holds, so that some bodies travel apart.
+        const std::string request = absl::StrCat("caller ", t, " call ", n, " ",
+                                                 std::string(n % 7 == 0 ? kCallRequestSlotBytes : n % 97, 'x'));
+        Outcome outcome;
+        client_->Call(kCounted, request, Into(outcome));
+        if (!Await(outcome) || !outcome.status.ok() || outcome.reply != request || outcome.times.load() != 1) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& caller : callers) caller.join();
+  stop = true;
+  replier.join();
+  EXPECT_EQ(wrong.load(), 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_EQ(served_.size(), size_t{kThreads * kCallsEach});
+  for (const auto& [request, times] : served_) EXPECT_EQ(times, 1) << request.substr(0, 30);
 }
 
 TEST_P(CallChannelTest, AnErrorKeepsItsCodeMessageAndPayloads) {
