@@ -25,7 +25,7 @@ def test_verbs_bench_compares_with_perftest_on_the_same_device(softroce):
         [PYTHON, "-m", "tf_rdma", "bench", "transport", "--backend", "verbs", "--host", softroce.GUEST_IP,
          "--json", "--sizes", "64K,1M", "--bytes-per-size", str(4 << 20), "--latency-sizes", "8,4K",
          "--round-trips", "50", "--rounds", "2", "--verbs-poll-us", "0,1000"],
-        timeout=150, cwd=str(REPO))
+        timeout=300, cwd=str(REPO))
     assert res.returncode == 0, res.output
     # The JSON is the last thing printed; anything before it is logging.
     start = re.search(r"^\{$", res.output, re.M)

@@ -530,9 +530,9 @@ def test_an_idle_connection_costs_no_cpu(backend):
         peer.wait()
 
 
-def cpu_after_one_message(backend, poll_us, monkeypatch):
-    """This process's CPU time (all threads) in the 0.25 s after one message crossed a connection
-    of its own, its transports made with TF_RDMA_STREAM_POLL_US=`poll_us`."""
+def cpu_after_one_message(backend, poll_us, monkeypatch, seconds):
+    """This process's CPU time (all threads) in the `seconds` after one message crossed a
+    connection of its own, its transports made with TF_RDMA_STREAM_POLL_US=`poll_us`."""
     monkeypatch.setenv("TF_RDMA_STREAM_POLL_US", str(poll_us))
     with connected_pair(backend) as (receiver, from_sender, to_receiver):
         region = receiver.allocate_region(64)
@@ -540,7 +540,7 @@ def cpu_after_one_message(backend, poll_us, monkeypatch):
         to_receiver.write(1, b"x" * 64).wait(10)
         assert landed.wait(10) == 64
         before = time.process_time()
-        time.sleep(0.25)
+        time.sleep(seconds)
         return time.process_time() - before
 
 
@@ -551,8 +551,10 @@ def test_the_stream_poll_window_keeps_the_io_threads_polling_after_a_message(bac
     (The loops' own rules are io_loops_test.cc's; this is the setting's way to them.)"""
     if len(os.sched_getaffinity(0)) == 1:
         pytest.skip("confined to one core, where the loops do not poll (taskset)")
-    assert cpu_after_one_message(backend, 0, monkeypatch) < 0.05
-    assert cpu_after_one_message(backend, 1_000_000, monkeypatch) > 0.1
+    assert cpu_after_one_message(backend, 0, monkeypatch, 0.25) < 0.05
+    # Most of the longest window: a polling thread given a tenth of a core by a loaded host (the
+    # suite's other worker, the guests) still passes; a sleeping one has nothing to add.
+    assert cpu_after_one_message(backend, 1_000_000, monkeypatch, 0.9) > 0.1
 
 
 def test_a_forked_child_that_lets_go_of_what_it_inherited_leaves_the_parent_working(backend):
