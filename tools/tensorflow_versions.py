@@ -21,8 +21,9 @@ when it is installed (tools/dev_env.sh installs it), so an unchanged tree rebuil
 tests/tensorflow_versions/ runs the matrix (BUILT_APART: SUPPORTED but the test suite's own
 environment); the README's support table lists exactly SUPPORTED. `prepare` runs in the background
 from the start of `make test` (tools/run_tests.sh), or of a pytest session that runs the matrix
-(tests/tensorflow_versions/conftest.py), so processes may share a venv: each venv is locked while it is made, filled or built into, and skipped by make_room while
-locked; tf_rdma is built into one venv at a time (they share the checkout's build/).
+(tests/tensorflow_versions/conftest.py), so processes may share a venv: each venv is locked while
+it is made, filled or built into, and skipped by make_room while locked; tf_rdma is built into one
+venv at a time (they share the checkout's build/).
 """
 import argparse
 import contextlib

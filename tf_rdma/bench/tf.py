@@ -350,8 +350,11 @@ def run_step_rounds(transports, params, timeout=600):
             for kind in STEPS:
                 for transport in order:
                     ps, worker = clusters[transport]
-                    worker.stdin.write(f"{kind} {p['window']}\n")
-                    worker.stdin.flush()
+                    try:
+                        worker.stdin.write(f"{kind} {p['window']}\n")
+                        worker.stdin.flush()
+                    except BrokenPipeError:
+                        pass  # the worker exited: line_within says so, with its log's tail
                     window = json.loads(line_within(worker, STEP_WINDOW, timeout,
                                                     f"bench tf step over {transport}: the worker",
                                                     needed=(ps, "its ps")))
