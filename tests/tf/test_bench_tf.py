@@ -17,13 +17,15 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     assert report["backends"] == ["shm"] and report["unavailable"] == {}
     assert set(report["workloads"]) == set(bench_tf.WORKLOADS)
     assert [r["step"] for r in report["workloads"]["step"]] == ["no-op", "counter", "embedding"]
-    for row in report["workloads"]["step"]:
-        # Each round's clusters ran in turn: the ratio is the median of the rounds' ratios.
-        assert row["rounds"] == bench_tf.QUICK["step"]["rounds"] == len(row["vs_grpc_shm_rounds"]), row
-        assert row["vs_grpc_shm"] == pytest.approx(statistics.median(row["vs_grpc_shm_rounds"])), row
-        assert row["grpc_steps_per_second"] > 0 and row["shm_steps_per_second"] > 0, row
+    for workload in ("step", "pss"):
+        for row in report["workloads"][workload]:
+            # Each round's clusters ran in turn: a ratio is the median of the rounds' ratios.
+            assert row["rounds"] == bench_tf.QUICK[workload]["rounds"] == len(row["vs_grpc_shm_rounds"]), row
+            for key in [k for k in row if k.startswith("vs_grpc_") and not k.endswith("_rounds")]:
+                assert row[key] == pytest.approx(statistics.median(row[key + "_rounds"])), (key, row)
+            assert row["grpc_steps_per_second"] > 0 and row["shm_steps_per_second"] > 0, row
     for workload, rows in report["workloads"].items():
-        for row in rows if workload != "step" else []:
+        for row in rows if workload not in ("step", "pss") else []:
             if workload in bench_tf.TRAINING:
                 expected = row["shm_steps_per_second"] / row["grpc_steps_per_second"]
             else:
@@ -37,11 +39,12 @@ def test_a_quick_run_measures_every_workload_over_grpc_and_tf_rdma(tmp_path):
     assert [r["model"] for r in report["workloads"]["pss"]] == ["embedding"]
     for row in report["workloads"]["ps-train"] + report["workloads"]["pss"]:
         assert row["nothing_crosses_steps_per_second"] > 0 and row["nothing_crosses_shm_steps_per_second"] > 0, row
+    for row in report["workloads"]["ps-train"]:
         assert row["vs_grpc_nothing_crosses"] == pytest.approx(
             row["nothing_crosses_steps_per_second"] / row["grpc_steps_per_second"])
     assert "over grpc" in progress and "over shm" in progress  # the progress lines
     assert "ps-train with nothing to move" in progress
-    assert "pss (TF2 ParameterServerStrategy), and with nothing to move, over shm" in progress
+    assert "pss (TF2 ParameterServerStrategy), and with nothing to move, over grpc, shm" in progress
     check_png(plot)
 
 
@@ -84,20 +87,16 @@ MEASURED = {
              "many": [[{"tensors": 200, "size": 4096, "seconds": 0.008, "steps": 9}]],
              "hops": [[{"hops": 50, "seconds": 0.010, "steps": 9}]],
              "ps-train": [[{"model": "dense", "seconds": 0.5, "steps": 9}],
-                          [{"model": "dense", "seconds": 0.25, "steps": 9}]],
-             "pss": [[{"model": "embedding", "seconds": 0.02, "steps": 40}]]},
+                          [{"model": "dense", "seconds": 0.25, "steps": 9}]]},
     "shm": {"transfer": [[{"size": 1 << 20, "seconds": 0.001, "steps": 9}]],
             "many": [[{"tensors": 200, "size": 4096, "seconds": 0.002, "steps": 9}]],
             "hops": [[{"hops": 50, "seconds": 0.004, "steps": 9}]],
             "ps-train": [[{"model": "dense", "seconds": 0.25, "steps": 9}],
-                         [{"model": "dense", "seconds": 0.125, "steps": 9}]],
-            "pss": [[{"model": "embedding", "seconds": 0.01, "steps": 40}]]},
+                         [{"model": "dense", "seconds": 0.125, "steps": 9}]]},
     "nothing_crosses": {"ps-train": [[{"model": "dense", "seconds": 0.1, "steps": 9}],
-                                     [{"model": "dense", "seconds": 0.1, "steps": 9}]],
-                        "pss": [[{"model": "embedding", "seconds": 0.005, "steps": 40}]]},
+                                     [{"model": "dense", "seconds": 0.1, "steps": 9}]]},
     "nothing_crosses_shm": {"ps-train": [[{"model": "dense", "seconds": 0.05, "steps": 9}],
-                                         [{"model": "dense", "seconds": 0.05, "steps": 9}]],
-                            "pss": [[{"model": "embedding", "seconds": 0.004, "steps": 40}]]},
+                                         [{"model": "dense", "seconds": 0.05, "steps": 9}]]},
 }
 MACHINE = {1 << 20: {"memcpy_gbps": 10.0, "tcp_socket_gbps": 3.0}}
 
@@ -126,11 +125,6 @@ def test_ratios_are_grpc_time_over_tf_rdma_time_with_each_workloads_unit():
     assert train["vs_grpc_nothing_crosses"] == pytest.approx(20.0 / 6.0)
     assert train["nothing_crosses_shm_steps_per_second"] == pytest.approx(40.0)
     assert train["vs_grpc_nothing_crosses_shm"] == pytest.approx(40.0 / 6.0)
-    # pss's one reporter is the coordinator.
-    [pss] = combined("pss")
-    assert pss["grpc_steps_per_second"] == pytest.approx(50.0) and pss["vs_grpc_shm"] == pytest.approx(2.0)
-    assert pss["vs_grpc_nothing_crosses"] == pytest.approx(4.0)
-    assert pss["nothing_crosses_shm_steps_per_second"] == pytest.approx(250.0)
 
 
 # Steps per second of each round, the host slowing down in the third.
@@ -149,10 +143,28 @@ def test_a_step_figure_is_the_median_of_its_rounds_each_against_grpc_in_the_same
     assert rows["counter"]["vs_grpc_shm"] == pytest.approx(2.0)
 
 
+# The coordinator's scheduled steps per second of each round: the embedding step, and with nothing to
+# move.
+PSS_RATES = {"grpc": {"embedding": [50, 60, 20], "nothing_crosses": [200, 150, 90]},
+             "shm": {"embedding": [100, 90, 50], "nothing_crosses": [250, 300, 100]}}
+
+
+def test_a_pss_figure_is_the_median_of_its_rounds_each_against_grpcs_embedding_step_in_the_same_round():
+    [pss] = bench_tf.pss_rows(PSS_RATES, ["shm"])
+    assert pss["model"] == "embedding" and pss["rounds"] == 3
+    assert pss["grpc_steps_per_second"] == 50 and pss["shm_steps_per_second"] == 90
+    assert pss["nothing_crosses_steps_per_second"] == 150 and pss["nothing_crosses_shm_steps_per_second"] == 250
+    assert pss["vs_grpc_shm_rounds"] == pytest.approx([2.0, 1.5, 2.5]) and pss["vs_grpc_shm"] == pytest.approx(2.0)
+    assert pss["vs_grpc_nothing_crosses_rounds"] == pytest.approx([4.0, 2.5, 4.5])
+    assert pss["vs_grpc_nothing_crosses"] == pytest.approx(4.0)
+    assert pss["vs_grpc_nothing_crosses_shm"] == pytest.approx(5.0)
+
+
 def test_the_table_and_the_plot_from_canned_figures(tmp_path):
     report = {"backends": ["shm"], "unavailable": {"verbs": "no RDMA device"},
-              "workloads": {w: combined(w) for w in bench_tf.WORKLOADS if w != "step"}}
+              "workloads": {w: combined(w) for w in bench_tf.WORKLOADS if w not in ("step", "pss")}}
     report["workloads"]["step"] = bench_tf.step_rows(STEP_RATES, ["shm"])
+    report["workloads"]["pss"] = bench_tf.pss_rows(PSS_RATES, ["shm"])
     check_table_and_plot(bench_tf, report, ["verbs: unavailable: no RDMA device",
                                             "     200 x 4 KiB      8.00      2.00     4.00",
                                             "         50 hops     200.0      80.0     2.50",
@@ -160,7 +172,7 @@ def test_the_table_and_the_plot_from_canned_figures(tmp_path):
                                             "           no-op      1000      2000     2.50",
                                             "nothing to move over grpc (the workers' ops on the ps): dense 20.0 (3.33x)",
                                             "nothing to move over shm (the workers' ops on the ps): dense 40.0 (6.67x)",
-                                            "       embedding      50.0     100.0     2.00",
+                                            "       embedding      50.0      90.0     2.00",
                                             "nothing to move over grpc (the step function's ops on the ps): "
-                                            "embedding 200.0 (4.00x)"],
+                                            "embedding 150.0 (4.00x)"],
                          tmp_path / "plot.png")

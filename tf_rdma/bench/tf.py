@@ -23,10 +23,12 @@ every transport runs the same graph):
   coordinator schedules an embedding step (rows gathered from a ps table, a loss on the worker, the
   rows and a head updated on the ps) and joins; scheduled steps per second. Beside it, in the same
   cluster, the same step function with its ops on the ps: what the coordinator's dispatch and the
-  workers' function calls cost with no tensor to move. The fastest of a few clusters per transport.
+  workers' function calls cost with no tensor to move. Its clusters take turns as step's do; the
+  nothing-to-move ratios are over gRPC's embedding step in the same round.
 Every other figure is a median over timed steps after warm-up, as many as fit a time budget. Ratios
 are gRPC's step time over tf_rdma's (higher is better).
 """
+import functools
 import json
 import os
 import statistics
@@ -53,11 +55,10 @@ FULL = {
     "step": {"vocab": 200_000, "dim": 64, "rows": 512, "rounds": 7, "window": 0.5},
     "embedding": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8},
     "dense": {"inputs": 4096, "outputs": 12288, "batch": 32},  # 50.3 M parameters
-    # per_join: steps the coordinator schedules before it joins, timed together; budget: seconds
-    # of joins per figure; clusters: fresh clusters per transport, the fastest kept (a cluster of
-    # four processes on a small host can run at half speed throughout, whatever the transport).
-    "pss": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8, "per_join": 20, "budget": 3,
-            "clusters": 3},
+    # per_join: steps the coordinator schedules before it joins, timed together; rounds and window
+    # as the step workload's.
+    "pss": {"vocab": 200_000, "dim": 64, "batch": 1024, "ids_per_example": 8, "per_join": 20, "rounds": 5,
+            "window": 1.5},
     "budget": 1.5,
 }
 QUICK = {
@@ -67,8 +68,8 @@ QUICK = {
     "step": {"vocab": 50_000, "dim": 64, "rows": 512, "rounds": 3, "window": 0.2},
     "embedding": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8},
     "dense": {"inputs": 1024, "outputs": 4096, "batch": 32},
-    "pss": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8, "per_join": 10, "budget": 0.4,
-            "clusters": 1},
+    "pss": {"vocab": 50_000, "dim": 64, "batch": 512, "ids_per_example": 8, "per_join": 10, "rounds": 2,
+            "window": 0.4},
     "budget": 0.4,
 }
 
@@ -117,9 +118,10 @@ def _hops(tf, session, params, budget):
 
 
 STEPS = ("no-op", "counter", "embedding")
-# Starts the line on which a step cluster's worker says it is ready, and each of its windows' lines.
-STEP_READY = "@@ready"
-STEP_WINDOW = "@@window "
+PSS_STEPS = ("embedding", "nothing_crosses")
+# Start the line on which a cluster's measuring task says it is ready, and each of its windows' lines.
+READY = "@@ready"
+WINDOW = "@@window "
 
 
 def _step_fetches(tf, session, params):
@@ -141,25 +143,33 @@ def _step_fetches(tf, session, params):
     return dict(zip(STEPS, (nothing, increment, tf.group(loss, update))))
 
 
-def _serve_step_windows(tf, session, params, commands):
-    """A step cluster's worker: warms each step kind up, says it is ready, then for each line
-    `KIND SECONDS` of `commands` runs that step for SECONDS and prints how many it ran in how long."""
-    fetches = _step_fetches(tf, session, params)
-    for fetch in fetches.values():
-        for _ in range(20):
-            session.run(fetch)
-    print(STEP_READY, flush=True)
+def _serve_windows(runs, commands):
+    """A cluster's measuring task, warm: says it is ready, then for each line `KIND SECONDS` of
+    `commands` calls `runs[KIND]()` (which returns the steps it ran) for SECONDS and prints how many
+    steps it ran in how long."""
+    print(READY, flush=True)
     for command in commands:
         kind, seconds = command.split()
-        fetch, steps = fetches[kind], 0
+        run, steps = runs[kind], 0
         start = time.perf_counter()
         deadline = start + float(seconds)
         while True:
-            session.run(fetch)
-            steps += 1
+            steps += run()
             if time.perf_counter() >= deadline:
                 break
-        print(STEP_WINDOW + json.dumps({"steps": steps, "seconds": time.perf_counter() - start}), flush=True)
+        print(WINDOW + json.dumps({"steps": steps, "seconds": time.perf_counter() - start}), flush=True)
+
+
+def _step_runs(tf, session, params):
+    """{kind: one step, returning 1} of the step workload, each warmed up."""
+    def run(fetch):
+        session.run(fetch)
+        return 1
+    runs = {kind: functools.partial(run, fetch) for kind, fetch in _step_fetches(tf, session, params).items()}
+    for one in runs.values():
+        for _ in range(20):
+            one()
+    return runs
 
 
 def _train_step(tf, model, params, index, nothing_crosses=False):
@@ -208,9 +218,9 @@ def _ps_train(tf, session, spec, params, budget):
     return rows
 
 
-def _pss(tf, spec):
-    """The coordinator's figures: {"embedding": row, "nothing_crosses": row}, each step's seconds
-    (a join's median over the steps scheduled before it)."""
+def _pss_runs(tf, spec):
+    """The coordinator's {kind: steps scheduled and joined, returning how many}: the embedding step,
+    and the same with its ops on the ps (nothing to move), each warmed up."""
     p = spec["params"]["pss"]
     strategy, coordinator = coordinated_strategy(spec)
     with strategy.scope():
@@ -231,15 +241,18 @@ def _pss(tf, spec):
         with tf.device("/job:ps/replica:0/task:0"):
             return train_step()
 
-    figures = {}
-    for name, function in (("embedding", tf.function(train_step)), ("nothing_crosses", tf.function(on_ps))):
-        def scheduled_and_joined():
-            for _ in range(p["per_join"]):
-                coordinator.schedule(function)
-            coordinator.join()
-        seconds, joins = timed(scheduled_and_joined, p["budget"], warmup=2)
-        figures[name] = {"model": "embedding", "seconds": seconds / p["per_join"], "steps": joins * p["per_join"]}
-    return figures
+    def scheduled_and_joined(function):
+        for _ in range(p["per_join"]):
+            coordinator.schedule(function)
+        coordinator.join()
+        return p["per_join"]
+
+    runs = {kind: functools.partial(scheduled_and_joined, tf.function(step))
+            for kind, step in zip(PSS_STEPS, (train_step, on_ps))}
+    for one in runs.values():
+        for _ in range(2):
+            one()
+    return runs
 
 
 def task(spec):
@@ -249,7 +262,8 @@ def task(spec):
     import tensorflow as tf
     pss = spec.get("workloads") == ["pss"]  # bench scale starts a ps with no workloads
     if spec["job"] == "chief":
-        result = {"workloads": {"pss": _pss(tf, spec)}}
+        _serve_windows(_pss_runs(tf, spec), sys.stdin)
+        result = {}
         if spec["transport"] != "grpc":
             import tf_rdma
             result["fallback"] = tf_rdma.stats().get("fallback", {})
@@ -265,7 +279,7 @@ def task(spec):
     result = {"workloads": {}}
     with open_session(server) as session:
         if spec["workloads"] == ["step"]:
-            _serve_step_windows(tf, session, params, sys.stdin)
+            _serve_windows(_step_runs(tf, session, params), sys.stdin)
         for workload in spec["workloads"]:
             if workload == "ps-train":
                 result["workloads"][workload] = _ps_train(tf, session, spec, params, budget)
@@ -276,24 +290,6 @@ def task(spec):
             result["fallback"] = tf_rdma.stats().get("fallback", {})
         print(RESULT_PREFIX + json.dumps(result), flush=True)
     os._exit(0)  # closing would wait for the ps to deregister the graphs
-
-
-def run_pss_cluster(transport, params, timeout=900):
-    """The pss figures of one fresh cluster: {"embedding": row, "nothing_crosses": row}."""
-    cluster = local_cluster({"chief": 1, "ps": 1, "worker": 2})
-
-    def start(job, index):
-        return start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": job, "index": index,
-                                               "transport": transport, "workloads": ["pss"], "params": params})
-    servers = [start("ps", 0), start("worker", 0), start("worker", 1)]
-    chief = start("chief", 0)
-    try:
-        out, err = chief.communicate(timeout=timeout)
-    finally:
-        for p in [chief, *servers]:
-            p.kill()
-            p.wait()
-    return task_result(chief, out, err, f"bench tf pss over {transport}: the coordinator")["workloads"]["pss"]
 
 
 def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False):
@@ -322,56 +318,70 @@ def run_cluster(transport, workloads, params, timeout=900, nothing_crosses=False
     return measured
 
 
-def run_step_rounds(transports, params, timeout=600):
-    """The step workload's steps per second, {transport: {kind: [one per round]}}: a cluster (a ps
-    and a worker) per transport, all started first, then in each round every kind of step on each
+def run_in_rounds(workload, transports, params, timeout=600):
+    """Steps per second of `workload` ("step" or "pss"), {transport: {kind: [one per round]}}: a
+    cluster per transport, all started first, then in each round every kind of step on each
     cluster in turn for a window, the order of the clusters rotating from round to round. A host
     whose speed drifts (another tenant's load, frequency) then moves every transport's figures of a
     round alike, where clusters measured one after the other would each see another speed."""
-    p = params["step"]
-    clusters = {}
+    p = params[workload]
+    kinds, jobs = {"step": (STEPS, {"ps": 1, "worker": 1}),
+                   "pss": (PSS_STEPS, {"chief": 1, "ps": 1, "worker": 2})}[workload]
+    measuring = "worker" if workload == "step" else "chief"
     # Their ports picked at once: none is bound before all are started.
-    ports = local_cluster({"ps": len(transports), "worker": len(transports)})
+    ports = local_cluster({job: count * len(transports) for job, count in jobs.items()})
+    clusters = {}
     try:
         for i, transport in enumerate(transports):
-            cluster = {job: [addresses[i]] for job, addresses in ports.items()}
-
-            def start(job, stdin=None):
-                return start_task("tf_rdma.bench.tf", {"cluster": cluster, "job": job, "index": 0,
-                                                       "transport": transport, "workloads": ["step"],
-                                                       "params": params}, stdin=stdin)
-            clusters[transport] = (start("ps"), start("worker", stdin=subprocess.PIPE))
-        for transport, (ps, worker) in clusters.items():
-            line_within(worker, STEP_READY, timeout, f"bench tf step over {transport}: the worker",
-                        needed=(ps, "its ps"))
-        rates = {transport: {kind: [] for kind in STEPS} for transport in transports}
+            cluster = {job: ports[job][i * count:(i + 1) * count] for job, count in jobs.items()}
+            processes = {}
+            for job, count in jobs.items():
+                for index in range(count):
+                    spec = {"cluster": cluster, "job": job, "index": index, "transport": transport,
+                            "workloads": [workload], "params": params}
+                    processes[job, index] = start_task("tf_rdma.bench.tf", spec,
+                                                       stdin=subprocess.PIPE if job == measuring else None)
+            clusters[transport] = processes
+        def line(transport, prefix):
+            processes = clusters[transport]
+            return line_within(processes[measuring, 0], prefix, timeout,
+                               f"bench tf {workload} over {transport}: the {measuring}",
+                               needed=(processes["ps", 0], "its ps"))
+        for transport in transports:
+            line(transport, READY)
+        rates = {transport: {kind: [] for kind in kinds} for transport in transports}
         for turn in range(p["rounds"]):
             order = transports[turn % len(transports):] + transports[:turn % len(transports)]
-            for kind in STEPS:
+            for kind in kinds:
                 for transport in order:
-                    ps, worker = clusters[transport]
+                    commands = clusters[transport][measuring, 0].stdin
                     try:
-                        worker.stdin.write(f"{kind} {p['window']}\n")
-                        worker.stdin.flush()
+                        commands.write(f"{kind} {p['window']}\n")
+                        commands.flush()
                     except BrokenPipeError:
-                        pass  # the worker exited: line_within says so, with its log's tail
-                    window = json.loads(line_within(worker, STEP_WINDOW, timeout,
-                                                    f"bench tf step over {transport}: the worker",
-                                                    needed=(ps, "its ps")))
+                        pass  # the process exited: line_within says so, with its log's tail
+                    window = json.loads(line(transport, WINDOW))
                     rates[transport][kind].append(window["steps"] / window["seconds"])
-        for transport, (ps, worker) in clusters.items():
-            out, err = worker.communicate(input="", timeout=timeout)
-            task_result(worker, out, err, f"bench tf step over {transport}: the worker")
+        for transport in transports:
+            reporter = clusters[transport][measuring, 0]
+            out, err = reporter.communicate(input="", timeout=timeout)
+            task_result(reporter, out, err, f"bench tf {workload} over {transport}: the {measuring}")
     finally:
-        for ps, worker in clusters.values():
-            for process in (ps, worker):
+        for processes in clusters.values():
+            for process in processes.values():
                 process.kill()
                 process.wait()
     return rates
 
 
+def _per_round(mine, grpc):
+    """The median over the rounds of `mine` over gRPC's in the same round, and those ratios."""
+    per_round = [m / g for m, g in zip(mine, grpc)]
+    return statistics.median(per_round), per_round
+
+
 def step_rows(rates, carried):
-    """The step workload's rows from run_step_rounds' rates: each transport's median steps per
+    """The step workload's rows from run_in_rounds' rates: each transport's median steps per
     second, and each backend's median over the rounds of its rate over gRPC's in the same round."""
     rows = []
     for kind in STEPS:
@@ -379,11 +389,25 @@ def step_rows(rates, carried):
         for transport in ["grpc", *carried]:
             row[f"{transport}_steps_per_second"] = statistics.median(rates[transport][kind])
         for backend in carried:
-            per_round = [mine / grpc for mine, grpc in zip(rates[backend][kind], rates["grpc"][kind])]
-            row[f"vs_grpc_{backend}_rounds"] = per_round
-            row[f"vs_grpc_{backend}"] = statistics.median(per_round)
+            row[f"vs_grpc_{backend}"], row[f"vs_grpc_{backend}_rounds"] = _per_round(
+                rates[backend][kind], rates["grpc"][kind])
         rows.append(row)
     return rows
+
+
+def pss_rows(rates, carried):
+    """The pss workload's row from run_in_rounds' rates, as ps-train's: each transport's median
+    steps per second for the embedding step and with nothing to move ("nothing_crosses" over gRPC,
+    "nothing_crosses_<backend>"), and their medians over the rounds of the rate over gRPC's
+    embedding step in the same round."""
+    row = {"model": "embedding", "rounds": len(rates["grpc"]["embedding"])}
+    grpc = rates["grpc"]["embedding"]
+    for transport in ["grpc", *carried]:
+        for kind, key in (("embedding", transport), ("nothing_crosses", _nothing_crosses(transport))):
+            row[f"{key}_steps_per_second"] = statistics.median(rates[transport][kind])
+            if key != "grpc":
+                row[f"vs_grpc_{key}"], row[f"vs_grpc_{key}_rounds"] = _per_round(rates[transport][kind], grpc)
+    return [row]
 
 
 def _nothing_crosses(transport):
@@ -395,7 +419,7 @@ def combine(workload, measured, carried, machine=None):
     """Rows of one workload from each transport's measurements ({transport: rows of worker 0, or
     of every worker for ps-train}), with gRPC's time over each backend's. ps-train's come with
     "nothing_crosses" and "nothing_crosses_<backend>": its steps with the workers' ops on the ps,
-    over gRPC and over the backend; so do pss's (one reporter, the coordinator)."""
+    over gRPC and over the backend."""
     rows = []
     if workload in TRAINING:
         bounds = [_nothing_crosses(t) for t in ["grpc", *carried]]
@@ -442,32 +466,27 @@ def run(backends, workloads=WORKLOADS, quick=False, progress=None):
         if progress:
             progress("machine limits (memcpy, TCP socket)")
         machine = limits(params["transfer_sizes"])
-    if "step" in workloads:
-        if progress:
-            progress(f"step over {', '.join(['grpc', *carried])}, their clusters in turn")
-        report["workloads"]["step"] = step_rows(run_step_rounds(["grpc", *carried], params), carried)
+    in_rounds = {"step": ("step", step_rows),
+                 "pss": ("pss (TF2 ParameterServerStrategy), and with nothing to move,", pss_rows)}
+    for workload, (what, rows) in in_rounds.items():
+        if workload in workloads:
+            if progress:
+                progress(f"{what} over {', '.join(['grpc', *carried])}, their clusters in turn")
+            report["workloads"][workload] = rows(run_in_rounds(workload, ["grpc", *carried], params), carried)
     measured = {transport: {} for transport in ["grpc", *carried]}
-    tf1 = [w for w in workloads if w not in ("pss", "step")]
+    tf1 = [w for w in workloads if w not in in_rounds]
     for transport in ["grpc", *carried]:
         if tf1:
             if progress:
                 progress(f"{', '.join(tf1)} over {transport}")
             measured[transport] = run_cluster(transport, tf1, params)
-        if "pss" in workloads:
-            if progress:
-                progress(f"pss (TF2 ParameterServerStrategy), and with nothing to move, over {transport}")
-            runs = [run_pss_cluster(transport, params) for _ in range(params["pss"]["clusters"])]
-            pss = {figure: min((run[figure] for run in runs), key=lambda row: row["seconds"])
-                   for figure in ("embedding", "nothing_crosses")}
-            measured[transport]["pss"] = [[pss["embedding"]]]
-            measured.setdefault(_nothing_crosses(transport), {})["pss"] = [[pss["nothing_crosses"]]]
     if "ps-train" in workloads:
         for transport in ["grpc", *carried]:
             if progress:
                 progress(f"ps-train with nothing to move (the workers' ops on the ps), over {transport}")
             measured.setdefault(_nothing_crosses(transport), {}).update(
                 run_cluster(transport, ["ps-train"], params, nothing_crosses=True))
-    for workload in (w for w in workloads if w != "step"):
+    for workload in tf1:
         report["workloads"][workload] = combine(
             workload, {transport: m[workload] for transport, m in measured.items() if workload in m},
             carried, machine)
