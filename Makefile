@@ -111,15 +111,22 @@ FUZZ_TF_LDFLAGS = $(eval FUZZ_TF_LDFLAGS := $$(shell .venv/bin/python -c 'import
 FUZZ_TARGETS = $(patsubst tests/fuzz/%_fuzz.cc,%,$(wildcard tests/fuzz/*_fuzz.cc))
 FUZZ_CFLAGS = -g -O1 -DNDEBUG -Wall -Wno-sign-compare -Wno-deprecated-declarations -I. \
 	-fsanitize=address,undefined -fno-sanitize-recover=all
-# The transport core and the TensorFlow-side code the targets reach, instrumented for coverage.
-FUZZ_LIBRARY_SOURCES = $(wildcard cc/transport/*.cc cc/transport/stream/*.cc cc/transport/tcp/*.cc \
-	cc/transport/shm/*.cc) cc/tf/messages/tensor_message.cc cc/tf/data/element_message.cc \
-	cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc cc/tf/planning/fusion.cc $(wildcard cc/tf/runtime/*.cc)
-FUZZ_OBJECTS = $(patsubst %.cc,build/fuzz/obj/%.o,$(FUZZ_LIBRARY_SOURCES))
-build/fuzz/obj/%.o: %.cc $(wildcard cc/*/*.h cc/*/*/*.h) | env
+# The transport core and the TensorFlow-side code the targets reach, instrumented for coverage; each
+# compiled as one unity unit, as setup.py compiles the extensions: the headers (TensorFlow's above
+# all) are most of each file's compile time, and a unit pays for them once (the two side by side).
+FUZZ_TRANSPORT_SOURCES = $(sort $(wildcard cc/transport/*.cc cc/transport/stream/*.cc cc/transport/tcp/*.cc \
+	cc/transport/shm/*.cc))
+FUZZ_TENSORFLOW_SOURCES = cc/tf/messages/tensor_message.cc cc/tf/data/element_message.cc \
+	cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc cc/tf/planning/fusion.cc $(sort $(wildcard cc/tf/runtime/*.cc))
+build/fuzz/units/transport.cc: $(FUZZ_TRANSPORT_SOURCES)
+build/fuzz/units/tensorflow_side.cc: $(FUZZ_TENSORFLOW_SOURCES)
+build/fuzz/units/%.cc:
+	@mkdir -p $(dir $@)
+	printf '#include "%s"\n' $^ > $@
+build/fuzz/obj/%.o: build/fuzz/units/%.cc $(wildcard cc/*/*.h cc/*/*/*.h) | env
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
-build/fuzz/libtf_rdma_fuzz.a: $(FUZZ_OBJECTS)
+build/fuzz/libtf_rdma_fuzz.a: build/fuzz/obj/transport.o build/fuzz/obj/tensorflow_side.o
 	rm -f $@ && ar rcs $@ $^
 # libtensorflow_cc is linked even where no symbol of it is named: it registers the protos the
 # tf.data messages parse (tensorflow.data.GetElementRequest). libcrypto comes before TensorFlow's

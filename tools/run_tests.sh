@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # `make test` after its installs, in two lanes at once: the Soft-RoCE family (tests/softroce: qemu
-# guests, about 20 minutes that keep roughly one of two cores busy) in one; in the other the C++
-# tests, sanitizers, fuzzing and Bazel stages, then every other pytest file in two pytest-xdist
-# workers. Most of those files wait more than they compute (peer timeouts, frozen and killed tasks,
-# impaired links: one core's worth on average when run one at a time), so two at once keep both
-# cores busy; the slowest files go first, so that the two workers end together.
+# guests, about 20 minutes that keep roughly one of two cores busy) in one; in the other the
+# sanitizer, fuzzing and Bazel stages, then every other pytest file in two pytest-xdist workers. The
+# C++ unit tests run in the Bazel stage, built from the same sources as `make cc-tests` builds them
+# for `make check`: built a second time here, they would only take the cores from the rest. Most
+# of the pytest files wait more than they compute (peer timeouts, frozen and killed tasks, impaired
+# links: one core's worth on average when run one at a time), so two at once keep both cores busy;
+# the slowest files go first, so that the two workers end together.
 # From the start, at the lowest CPU priority, the TensorFlow matrix's venvs are made and built
 # (tests/tensorflow_versions/conftest.py); its tests run last.
 # Either lane failing fails the run; the guests' output is printed whole when they finish.
@@ -62,7 +64,7 @@ guests=$!
 echo "tf_rdma: tests/softroce runs beside the rest (its output: $LOGS/softroce.log, printed when it ends)"
 
 host=0
-make --no-print-directory -o env -o test-prereqs cc-tests sanitizers fuzz bazel || host=$?
+make --no-print-directory -o env -o test-prereqs sanitizers fuzz bazel || host=$?
 if [ "$host" = 0 ]; then
   files=$(host_files) || host=$?
 fi
