@@ -118,11 +118,17 @@ FUZZ_TRANSPORT_SOURCES = $(sort $(wildcard cc/transport/*.cc cc/transport/stream
 	cc/transport/shm/*.cc))
 FUZZ_TENSORFLOW_SOURCES = cc/tf/messages/tensor_message.cc cc/tf/data/element_message.cc \
 	cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc cc/tf/planning/fusion.cc $(sort $(wildcard cc/tf/runtime/*.cc))
-build/fuzz/units/transport.cc: $(FUZZ_TRANSPORT_SOURCES)
-build/fuzz/units/tensorflow_side.cc: $(FUZZ_TENSORFLOW_SOURCES)
-build/fuzz/units/%.cc:
+# A unit is written again only when its list of files changed (one removed too); its object is
+# compiled again when the unit or any file it includes changed.
+build/fuzz/obj/transport.o: $(FUZZ_TRANSPORT_SOURCES)
+build/fuzz/obj/tensorflow_side.o: $(FUZZ_TENSORFLOW_SOURCES)
+build/fuzz/units/%.cc: FORCE
 	@mkdir -p $(dir $@)
-	printf '#include "%s"\n' $^ > $@
+	@printf '#include "%s"\n' $(filter %.cc,$(FUZZ_$*_SOURCES)) > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+.PHONY: FORCE
+FUZZ_transport_SOURCES = $(FUZZ_TRANSPORT_SOURCES)
+FUZZ_tensorflow_side_SOURCES = $(FUZZ_TENSORFLOW_SOURCES)
 build/fuzz/obj/%.o: build/fuzz/units/%.cc $(wildcard cc/*/*.h cc/*/*/*.h) | env
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_CFLAGS) $(FUZZ_TF_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
