@@ -57,6 +57,7 @@ build/transport_unit_tests: $(CC_TEST_SOURCES) $(wildcard cc/transport/*.h cc/tr
 TF_INCLUDE = $(shell .venv/bin/python -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
 TF_CC_TEST_SOURCES = $(wildcard tests/tf/cc/*_test.cc) cc/tf/data/element_message.cc \
 	cc/tf/messages/tensor_message.cc cc/tf/messages/call_message.cc cc/tf/calls/call_channel.cc cc/tf/calls/call_timer.cc \
+	cc/tf/calls/run_graph_ids.cc \
 	cc/tf/runtime/buffer_pool.cc
 # The control calls' tests run over real connections: the transport library env built.
 build/tf_unit_tests: $(TF_CC_TEST_SOURCES) $(wildcard cc/tf/data/*.h cc/tf/messages/*.h cc/tf/calls/*.h cc/tf/runtime/*.h) | env

@@ -132,6 +132,28 @@ STEP_RATES = {"grpc": {"no-op": [1000, 1100, 400], "counter": [800, 700, 300], "
               "shm": {"no-op": [2500, 2000, 1200], "counter": [1600, 1400, 900], "embedding": [600, 800, 200]}}
 
 
+class _AbortingSession:
+    """A session whose runs raise `error` (or return)."""
+    def __init__(self, error=None):
+        self.error, self.runs = error, 0
+
+    def run(self, fetch):
+        self.runs += 1
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_step_aborted_for_a_repeated_request_id_counts_as_none_and_any_other_abort_fails(capsys):
+    import tensorflow as tf
+    repeated = tf.errors.AbortedError(None, None, "From /job:ps/replica:0/task:0:\nThe same RunGraph (Worker) "
+                                      "request was received twice. graph_handle: \"4\" step_id: 8")
+    assert bench_tf.run_step(tf, _AbortingSession(), "step") == 1
+    assert bench_tf.run_step(tf, _AbortingSession(repeated), "step") == 0
+    assert "a step aborted for a repeated RunGraph request id" in capsys.readouterr().err
+    with pytest.raises(tf.errors.AbortedError, match="Session .* is not found"):
+        bench_tf.run_step(tf, _AbortingSession(tf.errors.AbortedError(None, None, "Session 8cc5 is not found.")), "step")
+
+
 def test_a_step_figure_is_the_median_of_its_rounds_each_against_grpc_in_the_same_round():
     rows = {row["step"]: row for row in bench_tf.step_rows(STEP_RATES, ["shm"])}
     assert list(rows) == list(bench_tf.STEPS)

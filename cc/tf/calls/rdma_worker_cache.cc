@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/tf/calls/rdma_eager_client.h"
+#include "cc/tf/calls/run_graph_ids.h"
 #include "tensorflow/core/protobuf/worker.pb.h"
 
 namespace tf_rdma {
@@ -50,6 +51,9 @@ class RdmaWorker : public WorkerInterface {
                             tensorflow::DeregisterGraphResponse* response, StatusCallback done) override {
     Forward(WorkerMethod::kDeregisterGraph, &WorkerInterface::DeregisterGraphAsync, request, response,
             std::move(done));
+  }
+  tensorflow::MutableRunGraphRequestWrapper* CreateRunGraphRequest() override {
+    return new RunGraphRequestWithOwnId<tensorflow::MutableProtoRunGraphRequest>;
   }
   // The response is proto-backed: the default CreateRunGraphResponse made it.
   void RunGraphAsync(CallOptions* opts, tensorflow::RunGraphRequestWrapper* request,
@@ -168,7 +172,8 @@ void RdmaWorkerCache::ListWorkersInJob(const std::string& job_name, std::vector<
 
 WorkerInterface* RdmaWorkerCache::GetOrCreateWorker(const std::string& target) {
   WorkerInterface* grpc = grpc_->GetOrCreateWorker(target);
-  if (grpc == nullptr || !calls_->Carries(local_target_, target)) return grpc;
+  if (grpc == nullptr) return nullptr;
+  if (!calls_->Carries(local_target_, target)) return new WorkerWithOwnRunGraphIds(grpc);
   return new RdmaWorker(target, grpc, calls_);
 }
 
@@ -177,9 +182,12 @@ void RdmaWorkerCache::ReleaseWorker(const std::string& target, WorkerInterface* 
   if (auto* rdma = dynamic_cast<RdmaWorker*>(worker)) {
     grpc_->ReleaseWorker(target, rdma->grpc());
     delete rdma;
-    return;
+  } else if (auto* own_ids = dynamic_cast<WorkerWithOwnRunGraphIds*>(worker)) {
+    grpc_->ReleaseWorker(target, own_ids->worker());
+    delete own_ids;
+  } else {
+    grpc_->ReleaseWorker(target, worker);
   }
-  grpc_->ReleaseWorker(target, worker);
 }
 
 bool RdmaWorkerCache::GetDeviceLocalityNonBlocking(const std::string& device, tensorflow::DeviceLocality* locality) {

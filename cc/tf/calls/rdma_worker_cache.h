@@ -3,7 +3,8 @@
 // calls on tf_rdma (worker_calls.h), and its eager service by eager-service calls
 // (rdma_eager_client.h). What tf_rdma leaves to gRPC stays there: a task its session
 // renamed (counted in stats()['fallback']), and the tensor fetches gRPC's own rendezvous and
-// collectives make (RecvTensor, RecvBuf) when tf_rdma does not carry a tensor (a GPU end).
+// collectives make (RecvTensor, RecvBuf) when tf_rdma does not carry a tensor (a GPU end). Every
+// worker it hands out names RunGraph requests with ids of tf_rdma's own (run_graph_ids.h).
 #ifndef TF_RDMA_CC_TF_CALLS_RDMA_WORKER_CACHE_H_
 #define TF_RDMA_CC_TF_CALLS_RDMA_WORKER_CACHE_H_
 

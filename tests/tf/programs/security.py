@@ -28,12 +28,6 @@ def steps_for(cluster, job, index, output, seconds):
             while time.monotonic() < deadline:
                 assert session.run(total) == 999000.0
                 outcome["steps"] += 1
-                # Paced: TensorFlow's master draws each step's RunGraph request id on a new thread
-                # seeded with 32 random bits, so at ~1,000 steps/s a few thousand steps repeat an
-                # id with a chance of a few in a thousand, which its worker refuses as a retry
-                # (AbortedError "The same RunGraph (Worker) request was received twice"), over
-                # gRPC as well; a few hundred steps make that one in tens of thousands.
-                time.sleep(0.01)
         except Exception as e:  # the outcome under test, whatever its class
             outcome["error"] = f"{type(e).__name__}: {e}"[:2000]
     with open(output, "w") as f:
