@@ -18,8 +18,9 @@
 
 namespace tf_rdma::wire {
 
-// Bumped whenever a frame's layout or meaning changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 7;
+// Bumped whenever a frame's layout or meaning changes, or what the messages above them say (a
+// control call's methods: cc/tf/calls/call_methods.h); peers must agree exactly.
+constexpr uint32_t kProtocolVersion = 8;
 constexpr size_t kHeaderLength = 8;
 constexpr uint32_t kMaxBodyLength = 4096;
 constexpr size_t kMaxNameLength = 512;

@@ -1,8 +1,10 @@
 // A control call's messages (cc/tf/messages/call_message.h) as a peer may send them: its first
-// byte picks the request slot's decoder (0) or the reply's (1). What decodes must encode back to
-// the same bytes: a request as the caller wrote it, a reply with its status and payload.
+// byte picks the request slot's decoder (0), the reply's (1) or a CleanupGraphs request's (2). What
+// decodes must encode back to the same bytes: a request as the caller wrote it, a reply with its
+// status and payload, the step ids.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/tf/messages/call_message.h"
 #include "tests/fuzz/tensor_from_peer.h"
@@ -35,15 +37,24 @@ void Reply(const char* bytes, size_t size) {
   }
 }
 
+void CleanupSteps(const char* bytes, size_t size) {
+  absl::StatusOr<std::vector<int64_t>> step_ids = tf_rdma::DecodeCleanupSteps(std::string_view(bytes, size));
+  if (!step_ids.ok()) return;
+  if (step_ids->empty() || step_ids->size() > tf_rdma::kMaxCleanupSteps ||
+      tf_rdma::EncodeCleanupSteps(*step_ids) != std::string_view(bytes, size)) {
+    tf_rdma::fuzz::Fail(kTarget, "decoded step ids are out of bounds or do not encode back to their request");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const char* bytes = reinterpret_cast<const char*>(data) + 1;
-  if (data[0] % 2 == 0) {
-    Request(bytes, size - 1);
-  } else {
-    Reply(bytes, size - 1);
+  switch (data[0] % 3) {
+    case 0: Request(bytes, size - 1); break;
+    case 1: Reply(bytes, size - 1); break;
+    default: CleanupSteps(bytes, size - 1);
   }
   return 0;
 }

@@ -9,7 +9,7 @@ import struct
 (HELLO, CHALLENGE, PROOF, ACCEPT, REJECT, GRANT, DATA, TOO_SMALL, REVOKE, REVOKED, PING, SHM_REGION, DISCARD,
  SHM_REGION_GONE, WITHDRAWN) = range(1, 16)
 BACKEND_IDS = {"tcp": 0, "shm": 1, "verbs": 2}
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 def frame(kind, body=b"", reserved=b"\0\0\0", length=None):

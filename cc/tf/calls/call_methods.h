@@ -21,6 +21,8 @@ enum class WorkerMethod : uint8_t {
   kCompleteGroup,
   kCompleteInstance,
   kGetStepSequence,
+  // tf_rdma's own: the CleanupGraph calls of several steps as one (WorkerCalls::CleanupGraph).
+  kCleanupGraphs,
 };
 
 // Numbered apart from the worker's, so that either service can grow.

@@ -61,9 +61,14 @@ class RdmaWorker : public WorkerInterface {
     Call(WorkerMethod::kRunGraph, request->ToProto(), get_proto_from_wrapper(response), opts, std::move(done),
          [=](StatusCallback d) { grpc_->RunGraphAsync(opts, request, response, std::move(d)); });
   }
+  // Gathered with other steps' into one call (WorkerCalls::CleanupGraph); the response is empty.
   void CleanupGraphAsync(const tensorflow::CleanupGraphRequest* request, tensorflow::CleanupGraphResponse* response,
                          StatusCallback done) override {
-    Forward(WorkerMethod::kCleanupGraph, &WorkerInterface::CleanupGraphAsync, request, response, std::move(done));
+    if (RenamedCounted(WorkerMethod::kCleanupGraph)) {
+      grpc_->CleanupGraphAsync(request, response, std::move(done));
+      return;
+    }
+    calls_->CleanupGraph(task_, request->step_id(), std::move(done));
   }
   void CleanupAllAsync(const tensorflow::CleanupAllRequest* request, tensorflow::CleanupAllResponse* response,
                        StatusCallback done) override {

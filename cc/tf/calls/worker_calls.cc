@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/tf/calls/call_timer.h"
 #include "cc/tf/calls/served_proto.h"
+#include "cc/tf/messages/call_message.h"
 #include "cc/tf/runtime/task_names.h"
 #include "tensorflow/core/protobuf/worker.pb.h"
 
@@ -39,6 +40,36 @@ void ServeWith(const std::shared_ptr<ServedCall>& call, WorkerInterface* worker,
   });
 }
 
+// CleanupGraphs: each step cleaned up as the worker's CleanupGraph would, one reply for them all.
+void ServeCleanups(const std::shared_ptr<ServedCall>& call, WorkerInterface* worker) {
+  absl::StatusOr<std::vector<int64_t>> step_ids = DecodeCleanupSteps(call->request());
+  if (!step_ids.ok()) return call->Reply(step_ids.status(), {});
+  struct Batch {
+    std::mutex mu;
+    size_t left;
+    absl::Status status;
+    std::vector<tensorflow::CleanupGraphRequest> requests;
+    std::vector<tensorflow::CleanupGraphResponse> responses;
+  };
+  auto batch = std::make_shared<Batch>();
+  batch->left = step_ids->size();
+  batch->requests.resize(step_ids->size());
+  batch->responses.resize(step_ids->size());
+  for (size_t i = 0; i < step_ids->size(); ++i) batch->requests[i].set_step_id((*step_ids)[i]);
+  for (size_t i = 0; i < step_ids->size(); ++i) {
+    worker->CleanupGraphAsync(&batch->requests[i], &batch->responses[i], [call, batch](const absl::Status& status) {
+      absl::Status all;
+      {
+        std::lock_guard<std::mutex> lock(batch->mu);
+        batch->status.Update(status);
+        if (--batch->left > 0) return;
+        all = batch->status;
+      }
+      call->Reply(all, {});
+    });
+  }
+}
+
 }  // namespace
 
 const char* MethodName(uint8_t number) {
@@ -56,6 +87,7 @@ const char* MethodName(uint8_t number) {
     case static_cast<uint8_t>(WorkerMethod::kCompleteGroup): return "CompleteGroup";
     case static_cast<uint8_t>(WorkerMethod::kCompleteInstance): return "CompleteInstance";
     case static_cast<uint8_t>(WorkerMethod::kGetStepSequence): return "GetStepSequence";
+    case static_cast<uint8_t>(WorkerMethod::kCleanupGraphs): return "CleanupGraphs";
     case static_cast<uint8_t>(EagerMethod::kCreateContext): return "CreateContext";
     case static_cast<uint8_t>(EagerMethod::kUpdateContext): return "UpdateContext";
     case static_cast<uint8_t>(EagerMethod::kEnqueue): return "Enqueue";
@@ -138,6 +170,8 @@ void WorkerCalls::Dispatch(std::shared_ptr<ServedCall> call) {
       return ServeWith(call, worker, &WorkerInterface::CompleteInstanceAsync);
     case WorkerMethod::kGetStepSequence:
       return ServeWith(call, worker, &WorkerInterface::GetStepSequenceAsync);
+    case WorkerMethod::kCleanupGraphs:
+      return ServeCleanups(call, worker);
   }
   call->Reply(absl::UnimplementedError(absl::StrCat("tf_rdma: no method numbered ",
                                                     static_cast<int>(call->method()))),
@@ -153,6 +187,39 @@ bool WorkerCalls::Carries(const std::string& local_target, const std::string& ta
     return false;
   }
   return true;
+}
+
+void WorkerCalls::CleanupGraph(const std::string& task, int64_t step_id, StatusCallback done) {
+  bool first, full;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Cleanups& cleanups = cleanups_[task];
+    first = cleanups.step_ids.empty();
+    cleanups.step_ids.push_back(step_id);
+    cleanups.dones.push_back(std::move(done));
+    full = cleanups.step_ids.size() >= kMaxCleanupSteps;
+  }
+  if (full) {
+    SendCleanups(task);
+  } else if (first) {
+    CallTimer::Process().At(absl::Now() + kCleanupWindow,
+                            [calls = shared_from_this(), task] { calls->SendCleanups(task); });
+  }
+}
+
+void WorkerCalls::SendCleanups(const std::string& task) {
+  Cleanups cleanups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cleanups_.find(task);
+    if (it == cleanups_.end()) return;
+    cleanups = std::move(it->second);
+    cleanups_.erase(it);
+  }
+  Call(task, static_cast<uint8_t>(WorkerMethod::kCleanupGraphs), EncodeCleanupSteps(cleanups.step_ids), nullptr,
+       [dones = std::move(cleanups.dones)](const absl::Status& status, std::string_view) {
+         for (const StatusCallback& done : dones) done(status);
+       });
 }
 
 void WorkerCalls::CallProto(const std::string& task, uint8_t method, const google::protobuf::Message& request,

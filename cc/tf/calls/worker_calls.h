@@ -11,10 +11,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cc/tf/calls/call_channel.h"
 #include "cc/tf/calls/call_methods.h"
 #include "cc/tf/runtime/runtime.h"
+#include "absl/time/time.h"
 #include "tensorflow/core/distributed_runtime/call_options.h"
 #include "tensorflow/core/distributed_runtime/worker_interface.h"
 #include "tensorflow/core/platform/threadpool.h"
@@ -46,6 +48,13 @@ class WorkerCalls : public std::enable_shared_from_this<WorkerCalls> {
                  google::protobuf::Message* response, tensorflow::CallOptions* opts,
                  tensorflow::StatusCallback done);
 
+  // CleanupGraph of step `step_id` on `task`'s worker, in one CleanupGraphs call with the other
+  // steps' asked for within kCleanupWindow (up to kMaxCleanupSteps): TensorFlow's master asks
+  // for one after each step and does not wait for it, so a step no longer costs a call of its own
+  // for it. `done` runs once the task cleaned the step up, or with the call's error.
+  static constexpr absl::Duration kCleanupWindow = absl::Milliseconds(1);
+  void CleanupGraph(const std::string& task, int64_t step_id, tensorflow::StatusCallback done);
+
   // Whether calls from this task, named `local_target` by a cache's cluster, to `target` go on
   // tf_rdma: not to itself, nor between tasks a session renamed (counted in stats()['fallback']).
   bool Carries(const std::string& local_target, const std::string& target) const;
@@ -59,6 +68,8 @@ class WorkerCalls : public std::enable_shared_from_this<WorkerCalls> {
               std::string request, tensorflow::CallOptions* opts, Done done);
   absl::StatusOr<std::shared_ptr<CallClient>> ClientFor(const std::string& task,
                                                        const std::shared_ptr<Connection>& connection);
+  // Sends the steps CleanupGraph gathered for `task` so far, if any.
+  void SendCleanups(const std::string& task);
 
   const std::shared_ptr<Runtime> runtime_;
   const CallLimits limits_;
@@ -68,6 +79,12 @@ class WorkerCalls : public std::enable_shared_from_this<WorkerCalls> {
   std::mutex mu_;
   // The calling side of each peer's live connection; replaced with the connection.
   std::map<std::string, std::shared_ptr<CallClient>> clients_;
+  struct Cleanups {
+    std::vector<int64_t> step_ids;
+    std::vector<tensorflow::StatusCallback> dones;
+  };
+  // The steps each task's next CleanupGraphs call cleans up.
+  std::map<std::string, Cleanups> cleanups_;
 };
 
 }  // namespace tf_rdma

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "cc/transport/transport.h"
 
 namespace tf_rdma {
@@ -59,6 +61,12 @@ struct CallReply {
   std::string_view payload;  // a view into the decoded message
 };
 absl::StatusOr<CallReply> DecodeCallReply(const char* message, uint64_t length);
+
+// A CleanupGraphs call's request: the ids of the steps to clean up, 8 bytes each, little-endian;
+// 1 to kMaxCleanupSteps of them.
+constexpr size_t kMaxCleanupSteps = 256;
+std::string EncodeCleanupSteps(absl::Span<const int64_t> step_ids);
+absl::StatusOr<std::vector<int64_t>> DecodeCleanupSteps(std::string_view bytes);
 
 }  // namespace tf_rdma
 

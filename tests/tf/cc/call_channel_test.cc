@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "cc/tf/messages/call_message.h"
 
 namespace tf_rdma {
 namespace {
@@ -152,6 +153,22 @@ class CallChannelTest : public ::testing::TestWithParam<Backend> {
   std::vector<std::shared_ptr<ServedCall>> queued_;
   std::map<std::string, int> served_;  // how often each kCounted request was served
 };
+
+TEST(CleanupStepsTest, StepIdsComeBackAsSentAndARequestOutOfBoundsIsRefused) {
+  const std::vector<int64_t> step_ids = {1, -1, 0, int64_t{1} << 62, -(int64_t{1} << 63), 85668367723381541};
+  const std::string bytes = EncodeCleanupSteps(step_ids);
+  EXPECT_EQ(bytes.size(), 8 * step_ids.size());
+  absl::StatusOr<std::vector<int64_t>> decoded = DecodeCleanupSteps(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, step_ids);
+  const std::vector<int64_t> most(kMaxCleanupSteps, 7);
+  EXPECT_TRUE(DecodeCleanupSteps(EncodeCleanupSteps(most)).ok());
+  for (const std::string& bad : {std::string(), bytes.substr(0, 7), bytes + "x",
+                                 EncodeCleanupSteps(std::vector<int64_t>(kMaxCleanupSteps + 1, 7))}) {
+    absl::StatusOr<std::vector<int64_t>> refused = DecodeCleanupSteps(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << bad.size() << " bytes: " << refused.status();
+  }
+}
 
 TEST_P(CallChannelTest, RequestsAndRepliesOfEverySizeArriveWhole) {
   // Empty, inline, the slot's edge either side, a body of its own, and replies past the first grant.
