@@ -4,7 +4,8 @@ clang under a sanitizer, and tests run against that build (`make sanitizers`, do
   python -m tools.sanitizers build asan|tsan UNIT_TEST_SOURCE...
       the transport library and the bindings into build/<sanitizer>/tf_rdma/ (through setup.py, as
       pip builds them, into a folder of their own: the package's build in tf_rdma/ is untouched), and
-      the unit tests of UNIT_TEST_SOURCE... as build/<sanitizer>/transport_unit_tests
+      the unit tests of UNIT_TEST_SOURCE... as build/<sanitizer>/transport_unit_tests, linking that
+      library
   python -m tools.sanitizers unit-tests asan|tsan [GTEST_OPTION...]
   python -m tools.sanitizers pytest asan|tsan [PYTEST_ARGUMENT...]
       pytest in this (uninstrumented) Python with the sanitizer's runtime preloaded and the sanitized
@@ -70,9 +71,19 @@ def linker_flags():
 
 
 def shared_runtime_link_flags(sanitizer):
-    """For the bindings, the runtime preloaded into Python; the unit tests link clang's own static one."""
+    """For the bindings, the runtime preloaded into Python."""
     runtime = runtime_library(sanitizer)
     return [*SANITIZERS[sanitizer]["flags"], *linker_flags(), str(runtime), f"-Wl,-rpath,{runtime.parent}"]
+
+
+def program_runtime_link_flags(sanitizer):
+    """For the unit tests, the same shared runtime as the library they link (two runtimes in one
+    process refuse to start): clang's static one left out, by -shared-libasan for AddressSanitizer,
+    and for ThreadSanitizer by linking without -fsanitize=thread (clang's runtime) but with GCC's."""
+    runtime = runtime_library(sanitizer)
+    if sanitizer == "asan":
+        return [*SANITIZERS[sanitizer]["flags"], "-shared-libasan", *linker_flags(), f"-Wl,-rpath,{runtime.parent}"]
+    return [*linker_flags(), str(runtime), f"-Wl,-rpath,{runtime.parent}"]
 
 
 def build_bindings(setup_py, sanitizer):
@@ -94,12 +105,14 @@ def build_unit_tests(setup_py, sanitizer, sources):
             if error:
                 sys.exit(error)
     output = build_dir(sanitizer) / "transport_unit_tests"
+    library = build_dir(sanitizer) / "tf_rdma"
     # libcrypto ahead of libtensorflow_framework (which the tests link for absl): a sanitized build
     # loads libcrypto without RTLD_DEEPBIND (cc/transport/crypto.cc), and libcrypto then calls its own
     # functions through the first library of the program that defines them; TensorFlow's BoringSSL
     # defines many under the same names, and OpenSSL's HMAC crashed in them.
     openssl_first = ["-Wl,--no-as-needed", "-l:libcrypto.so.3", "-Wl,--as-needed"]
-    subprocess.run([*compiler(), *SANITIZERS[sanitizer]["flags"], *linker_flags(), "-o", str(output), *map(str, objects), "-lgtest",
+    subprocess.run([*compiler(), *program_runtime_link_flags(sanitizer), "-o", str(output), *map(str, objects),
+                    f"-L{library}", f"-l:lib{setup_py.TRANSPORT_LIBRARY}.so", f"-Wl,-rpath,{library}", "-lgtest",
                     "-lgtest_main", "-pthread", "-ldl", *openssl_first, *tensorflow["lflags"],
                     f"-Wl,-rpath,{tensorflow['lib']}"], check=True)
 
