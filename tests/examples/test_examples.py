@@ -78,8 +78,12 @@ def test_demo_cluster_trains_and_reports_throughput(transport):
     assert run["global_step"] == 2 * 30
     assert run["mib_per_step_each_way"] > 16        # the default MLP: several MB per step
     assert [e["step"] for e in run["evals"]] == [10, 20, 30]
+    # Asynchronous training: a worker whose first steps come after the other's trained the shared
+    # weights starts from a low loss (the demo's 30 steps take a second), so learning is judged
+    # over the run: the worst last window against the first window that saw the untrained model.
+    first = max(worker["loss_first_window"] for worker in run["workers"])
+    assert max(worker["loss_last_window"] for worker in run["workers"]) < 0.5 * first, run["workers"]
     for worker in run["workers"]:
-        assert_learned(worker)
         if transport == "rdma":
             assert_rdma_carried(worker["rdma_stats"])
     assert run["final_test_accuracy"] >= 0.8

@@ -43,10 +43,10 @@ def test_steps_run_on_with_tensorflows_ports_blocked_after_the_first(tmp_path):
         outcome = run_on_with_tensorflows_ports_blocked(cluster, net, "worker", worker, output, warm_timeout=120)
     assert outcome["counter"] == 2 * steps, outcome
     calls = outcome["stats"]["peers"][PS]["calls_made"]
-    # A step's partition on the ps runs by one RunGraph call; its cleanup goes with other steps' in
-    # a CleanupGraphs call (the session's close waited for every step's).
+    # A step's partition on the ps runs by one RunGraph call; its cleanup goes in a CleanupGraphs
+    # call, with the other steps' of the same millisecond (the session's close waited for them all).
     assert calls["RunGraph"] >= 2 * steps and "CleanupGraph" not in calls, calls
-    assert 1 <= calls["CleanupGraphs"] <= 2 * steps, calls
+    assert 1 <= calls["CleanupGraphs"] <= calls["RunGraph"], calls
     # Only device discovery, before the session, stayed on gRPC.
     on_grpc = outcome["stats"]["peers"][PS]["calls_on_grpc"]
     assert set(on_grpc) == {"GetStatus"} and on_grpc["GetStatus"] <= 2, on_grpc
