@@ -145,10 +145,7 @@ absl::StatusOr<CallReply> DecodeCallReply(const char* message, uint64_t length) 
 std::string EncodeCleanupSteps(absl::Span<const int64_t> step_ids) {
   std::string bytes;
   bytes.reserve(step_ids.size() * 8);
-  for (int64_t id : step_ids) {
-    const uint64_t value = static_cast<uint64_t>(id);
-    for (int shift = 0; shift < 64; shift += 8) bytes.push_back(static_cast<char>((value >> shift) & 0xff));
-  }
+  for (int64_t id : step_ids) AppendLittleEndian(bytes, static_cast<uint64_t>(id), 8);
   return bytes;
 }
 
@@ -159,9 +156,7 @@ absl::StatusOr<std::vector<int64_t>> DecodeCleanupSteps(std::string_view bytes) 
   }
   std::vector<int64_t> step_ids(bytes.size() / 8);
   for (size_t i = 0; i < step_ids.size(); ++i) {
-    uint64_t value = 0;
-    for (int b = 7; b >= 0; --b) value = (value << 8) | static_cast<uint8_t>(bytes[i * 8 + b]);
-    step_ids[i] = static_cast<int64_t>(value);
+    step_ids[i] = static_cast<int64_t>(LoadLittleEndian64(reinterpret_cast<const uint8_t*>(bytes.data() + i * 8)));
   }
   return step_ids;
 }
