@@ -135,10 +135,9 @@ STEP_RATES = {"grpc": {"no-op": [1000, 1100, 400], "counter": [800, 700, 300], "
 class _AbortingSession:
     """A session whose runs raise `error` (or return)."""
     def __init__(self, error=None):
-        self.error, self.runs = error, 0
+        self.error = error
 
     def run(self, fetch):
-        self.runs += 1
         if self.error is not None:
             raise self.error
 
